@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Sets up ttf in ./.venv: creates the venv, installs the pinned requirements, builds the ops.
+# Idempotent and fast when nothing changed: later runs only rebuild ops whose sources changed.
+# Used by the README's commands (start_all.sh, test.sh) and by docker/Dockerfile.
+# Env: PYTHON (interpreter for the venv, default python3), TTF_VENV (default ./.venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${TTF_VENV:-$PWD/.venv}
+PY=${PYTHON:-python3}
+stamp=$VENV/.ttf-requirements
+log=build.log
+
+run_logged() {  # runs a step quietly; on failure shows the end of its log
+  if ! "$@" >"$log" 2>&1; then
+    echo "[setup] failed: $*" >&2
+    tail -n 40 "$log" >&2
+    exit 1
+  fi
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating virtual environment $VENV"
+  run_logged "$PY" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
+  echo "[setup] installing pinned requirements: TensorFlow 2.16.2, tf-keras 2.16, TFRA 0.8.1 (a minute or two)"
+  run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip
+  run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check -r requirements.txt
+  echo "[setup] installing ttf (editable) and building its ops"
+  run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -e .
+  cp requirements.txt "$stamp"
+fi
+# Rebuild the op library when any file in ops/ is newer than it (incremental, per object).
+lib=ttf/_ttf_ops.so
+if [ ! -f "$lib" ] || [ -n "$(find ops -newer "$lib" -type f -print -quit)" ]; then
+  echo "[setup] building ttf ops (g++, $(nproc) jobs)"
+  run_logged "$VENV/bin/python" setup.py build_ext --inplace
+fi

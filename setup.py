@@ -1,0 +1,91 @@
+"""Builds every C++ source in ops/ into one TensorFlow op library, ttf/_ttf_ops.so.
+
+The compiler is the system g++ with the flags TensorFlow reports through tf.sysconfig, so
+the library matches the installed TensorFlow's ABI. Objects are compiled in parallel and
+only when their source (or any header in ops/) changed, so a rebuild after a one-file edit
+takes one compile and a link:
+
+    python setup.py build_ext --inplace      # what scripts/setup_env.sh runs after edits
+    pip install --no-build-isolation -e .    # editable install (also builds)
+    pip install .                            # regular install (builds in an isolated env)
+"""
+import concurrent.futures
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+LIB_NAME = "ttf._ttf_ops"
+
+
+def _tf_flags():
+    try:
+        import tensorflow as tf
+    except ImportError as err:
+        sys.exit(
+            "ttf: building the ops needs TensorFlow's headers, but TensorFlow is not importable "
+            f"({err}). Install it first: pip install -r requirements.txt"
+        )
+    return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+
+
+class BuildOps(build_ext):
+    """Compiles ops/**/*.cc with g++ and links them into one shared library."""
+
+    def get_ext_filename(self, ext_name):
+        # A plain name (ttf/_ttf_ops.so): tf.load_op_library needs no Python ABI tag.
+        return os.path.join(*ext_name.split(".")) + ".so"
+
+    def build_extension(self, ext):
+        cxx = os.environ.get("CXX", "g++")
+        if shutil.which(cxx) is None:
+            sys.exit(f"ttf: the C++ compiler '{cxx}' was not found. Install g++ (Debian: apt-get install g++).")
+        tf_version, compile_flags, link_flags = _tf_flags()
+        # Portable code: no -march=native, so the library runs on any x86-64 the TF wheel runs on.
+        cflags = ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-unused-function"] + compile_flags
+        obj_dir = os.path.join(ROOT, "build", "ops_obj")
+        os.makedirs(obj_dir, exist_ok=True)
+        headers = glob.glob(os.path.join(ROOT, "ops", "**", "*.h"), recursive=True)
+        newest_header = max((os.path.getmtime(h) for h in headers), default=0.0)
+
+        def compile_one(src):
+            src = os.path.join(ROOT, src)
+            obj = os.path.join(obj_dir, os.path.relpath(src, ROOT).replace(os.sep, "_") + ".o")
+            if os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header):
+                return obj
+            print(f"ttf: compiling {os.path.relpath(src, ROOT)}", flush=True)
+            cmd = [cxx, "-c", src, "-o", obj] + cflags
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"compiling {src} failed:\n{proc.stderr}")
+            return obj
+
+        jobs = int(os.environ.get("TTF_BUILD_JOBS", os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            try:
+                objects = list(pool.map(compile_one, ext.sources))
+            except RuntimeError as err:
+                sys.exit(f"ttf: {err}")
+        out = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = out + ".tmp"
+        link = [cxx, "-shared", "-o", tmp] + objects + link_flags
+        proc = subprocess.run(link, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"ttf: linking {out} failed:\n{proc.stderr}")
+        os.replace(tmp, out)  # atomic: a running process never sees half a library
+        print(f"ttf: built {os.path.relpath(out, ROOT)} for TensorFlow {tf_version}", flush=True)
+
+
+sources = sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "ops", "**", "*.cc"), recursive=True)
+)
+setup(
+    ext_modules=[Extension(LIB_NAME, sources=sources)],
+    cmdclass={"build_ext": BuildOps},
+)

@@ -1,0 +1,15 @@
+"""ttf: fast TensorFlow recommender training.
+
+Importing ttf selects Keras 2 (tf_keras) for tf.keras by setting TF_USE_LEGACY_KERAS=1,
+which must happen before tf.keras is first used; ttf's layers and optimizers are tf_keras
+classes.
+"""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+if os.environ["TF_USE_LEGACY_KERAS"] not in ("1", "true", "True"):
+    raise ImportError(
+        "ttf needs Keras 2 (tf_keras): unset TF_USE_LEGACY_KERAS or set it to 1 before importing ttf."
+    )
+
+__version__ = "0.1.0"
