@@ -1,0 +1,226 @@
+// Registrations of the dynamic embedding table ops: creating a table, looking keys up
+// (training and inference, single keys and the fused multi-field form), size and memory,
+// eviction, and export/import for checkpoints. Kernels: ops/kernels/embedding_kernels.cc.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace ttf {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+namespace {
+Status ScalarInput(InferenceContext* c, int i) {
+  ShapeHandle unused;
+  return c->WithRank(c->input(i), 0, &unused);
+}
+}  // namespace
+
+REGISTER_OP("TtfEmbeddingTable")
+    .Output("table: resource")
+    .Attr("dim: int >= 1")
+    .Attr("initializer: {'normal', 'truncated_normal', 'uniform', 'zeros', 'constant'} = 'uniform'")
+    .Attr("init_a: float = -0.05")
+    .Attr("init_b: float = 0.05")
+    .Attr("seed: int = 0")
+    .Attr("default_value: float = 0.0")
+    .Attr("admission_min_count: int >= 0 = 0")
+    .Attr("num_shards: int >= 1 = 16")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates (once per shared_name) a dynamic embedding table and returns its handle.
+
+A new key's row is a pure function of (seed, key): normal(mean=init_a, stddev=init_b),
+truncated_normal (within 2 stddev), uniform(minval=init_a, maxval=init_b), zeros, or
+constant(init_a). Missing and not-yet-admitted keys read `default_value` in every element.
+With admission_min_count > 0 a key gets a row only once it was seen in that many
+training lookups.
+)doc");
+
+REGISTER_OP("TtfEmbeddingLookup")
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Output("embeddings: float")
+    .Output("unique_keys: int64")
+    .Output("inverse_index: int32")
+    .Attr("dim: int >= 1")
+    .Attr("training: bool = true")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle ids;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(1), 1, &ids));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->Concatenate(ids, c->Vector(dim), &out));
+      c->set_output(0, out);
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(2, c->Vector(c->NumElements(ids)));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Fused lookup of ids of any shape ([B], [B, F], ...) in one call: de-duplicates the ids,
+probes the table once per unique key and returns embeddings of shape ids.shape + [dim].
+training=true inserts missing keys (or counts them toward admission); training=false never
+changes the table. unique_keys and inverse_index (embeddings = rows(unique_keys)[inverse_index])
+feed the gradient: segment-sum the embedding gradients by inverse_index.
+)doc");
+
+REGISTER_OP("TtfEmbeddingLookupRagged")
+    .Input("table: resource")
+    .Input("values: int64")
+    .Input("row_splits: int64")
+    .Output("embeddings: float")
+    .Output("unique_keys: int64")
+    .Output("inverse_index: int32")
+    .Attr("dim: int >= 1")
+    .Attr("training: bool = true")
+    .Attr("combiner: {'sum', 'mean'} = 'mean'")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle values, splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &values));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &splits));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      DimensionHandle batch;
+      TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
+      c->set_output(0, c->Matrix(batch, dim));
+      c->set_output(1, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(2, c->Vector(c->Dim(values, 0)));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Fused lookup of ragged multi-hot ids (a RaggedTensor's flat values and row_splits, B bags)
+combined per bag by sum or mean into [B, dim]; an empty bag gives zeros.
+)doc");
+
+REGISTER_OP("TtfTableFindOrInsert")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("rows: float")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+      return OkStatus();
+    })
+    .Doc("Training lookup of keys [N] -> rows [N, dim]; inserts missing keys (subject to admission).");
+
+REGISTER_OP("TtfTableFind")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("rows: float")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+      return OkStatus();
+    })
+    .Doc("Inference lookup of keys [N] -> rows [N, dim]; never inserts; missing keys read the default row.");
+
+REGISTER_OP("TtfTableSize")
+    .Input("table: resource")
+    .Output("size: int64")
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc("The number of keys holding a row.");
+
+REGISTER_OP("TtfTableStats")
+    .Input("table: resource")
+    .Output("candidates: int64")
+    .Output("memory_bytes: int64")
+    .Output("step: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
+      return OkStatus();
+    })
+    .Doc("Keys counted toward admission but without a row yet; bytes allocated; the table's step.");
+
+REGISTER_OP("TtfTableEvict")
+    .Input("table: resource")
+    .Input("min_last_seen: int64")
+    .Input("min_count: int64")
+    .Output("evicted: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 2));
+      c->set_output(0, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Removes every key whose last-seen step is below min_last_seen or that was seen in fewer
+than min_count training lookups (admission candidates go by last-seen step only). Returns
+the number of rows removed.
+)doc");
+
+REGISTER_OP("TtfTableExport")
+    .Input("table: resource")
+    .Output("keys: int64")
+    .Output("values: float")
+    .Output("meta: int64")
+    .Output("candidate_keys: int64")
+    .Output("candidate_meta: int64")
+    .Output("optimizer: string")
+    .Output("slot_init: float")
+    .Output("step: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      const auto n = InferenceContext::kUnknownDim;
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, n));
+      c->set_output(2, c->Matrix(n, 2));
+      c->set_output(3, c->Vector(n));
+      c->set_output(4, c->Matrix(n, 2));
+      c->set_output(5, c->Scalar());
+      c->set_output(6, c->Vector(n));
+      c->set_output(7, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Everything a checkpoint needs: keys [N], values [N, dim * (1 + S)] (row then S optimizer
+slots), meta [N, 2] (count, last-seen step), the admission candidates and their meta, the
+optimizer owning the slots, the slots' initial values [S] and the table step.
+)doc");
+
+REGISTER_OP("TtfTableImport")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Input("meta: int64")
+    .Input("candidate_keys: int64")
+    .Input("candidate_meta: int64")
+    .Input("optimizer: string")
+    .Input("slot_init: float")
+    .Input("step: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 2, &unused));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 6));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(7), 1, &unused));
+      TF_RETURN_IF_ERROR(ScalarInput(c, 8));
+      return OkStatus();
+    })
+    .Doc("Replaces the table's whole content with an export (see TtfTableExport).");
+
+REGISTER_OP("TtfTableDestroy")
+    .Input("table: resource")
+    .Attr("ignore_lookup_error: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Deletes the table from its resource manager, freeing its memory.");
+
+}  // namespace ttf
+}  // namespace tensorflow

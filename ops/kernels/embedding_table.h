@@ -1,0 +1,245 @@
+// EmbeddingTable: a dynamic hash table from int64 keys to float32 rows, the resource behind
+// every ttf embedding op.
+//
+// Layout. The table is split into shards by key hash; each shard has its own lock, its own
+// open-addressing index (key -> row id) and its own row store. A row holds the embedding
+// value and the optimizer's slots side by side ([value | slot 0 | slot 1], each `dim`
+// floats), so one probe reaches all of them. Rows live in fixed-size chunks that never move,
+// so growing the store never copies rows. Per-row metadata (times seen, last-seen step)
+// sits in a parallel chunk. Keys not yet admitted (admission_min_count) are counted in a
+// second, row-less store of the same shape.
+//
+// Memory per key with dim 16 and Adam: 192 bytes of row, 16 bytes of metadata and 12 bytes
+// per index slot at a load factor between 3/8 and 3/4 (16-32 bytes), i.e. 224-240 bytes
+// against 200 raw bytes (8-byte key + 3 * 16 floats).
+//
+// Concurrency. A shard's lock guards its index, its stores and its rows. Lookups that only
+// read take it shared; inserts, optimizer updates and eviction take it exclusive. An
+// operation holds one shard lock at a time, except slot re-layout, which takes all of them
+// in order. Growth allocates with the lock released (ReserveRoom), then re-takes it to
+// rehash, so a growing shard never blocks readers during the allocation itself.
+#ifndef TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
+#define TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/lib/core/status.h"
+
+namespace tensorflow {
+namespace ttf {
+
+// SplitMix64 finaliser: a fast, well-mixed 64-bit hash (Steele et al., 2014).
+inline uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+inline uint64_t HashKey(int64_t key) { return Mix64(static_cast<uint64_t>(key)); }
+
+enum class InitKind { kNormal, kTruncatedNormal, kUniform, kZeros, kConstant };
+Status ParseInitKind(const std::string& name, InitKind* kind);
+
+// How a new key's row is filled: a pure function of (seed, key), so values never depend on
+// arrival order, on threads, or on how the table is sharded.
+struct RowInitializer {
+  InitKind kind = InitKind::kUniform;
+  float a = -0.05f;  // normal/truncated_normal: mean; uniform: minval; constant: value
+  float b = 0.05f;   // normal/truncated_normal: stddev; uniform: maxval
+  int64_t seed = 0;
+  void Fill(int64_t key, float* row, int64_t dim) const;
+};
+
+struct TableConfig {
+  int64_t dim = 0;
+  RowInitializer init;
+  float default_value = 0.0f;         // the row a missing (or not yet admitted) key reads
+  int64_t admission_min_count = 0;    // a key gets a row once seen in this many lookups
+  int num_shards = 16;
+};
+
+struct RowMeta {
+  int64_t count;      // training lookups that saw the key
+  int64_t last_seen;  // table step at its latest lookup or update
+};
+
+// key -> uint32 id, open addressing with linear probing (cache friendly; deletion by backward
+// shift, so no tombstones accumulate under eviction churn). Keys may be any int64: emptiness
+// is marked in the id array, not with a reserved key.
+class KeyIndex {
+ public:
+  static constexpr uint32_t kNone = 0xffffffffu;
+  KeyIndex() = default;
+  explicit KeyIndex(int64_t capacity);  // capacity: a power of two
+
+  uint32_t Find(int64_t key, uint64_t hash) const {
+    if (capacity_ == 0) return kNone;
+    for (uint64_t pos = hash & mask_;; pos = (pos + 1) & mask_) {
+      const uint32_t id = ids_[pos];
+      if (id == kNone) return kNone;
+      if (keys_[pos] == key) return id;
+    }
+  }
+  void Prefetch(uint64_t hash) const {
+    if (capacity_ != 0) {
+      __builtin_prefetch(&keys_[hash & mask_]);
+      __builtin_prefetch(&ids_[hash & mask_]);
+    }
+  }
+  // The key must be absent and HasRoom(1) true.
+  void Insert(int64_t key, uint64_t hash, uint32_t id);
+  // Returns the erased id, or kNone when the key is absent.
+  uint32_t Erase(int64_t key, uint64_t hash);
+  bool HasRoom(int64_t extra) const { return (size_ + extra) * 4 <= capacity_ * 3; }
+  static int64_t CapacityFor(int64_t keys);
+  void MoveAllInto(KeyIndex* bigger) const;  // rehash; `bigger` is pre-allocated
+  int64_t size() const { return size_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t bytes() const { return capacity_ * (sizeof(int64_t) + sizeof(uint32_t)); }
+  template <typename F>
+  void ForEach(F&& f) const {  // f(key, id)
+    for (int64_t pos = 0; pos < capacity_; ++pos)
+      if (ids_[pos] != kNone) f(keys_[pos], ids_[pos]);
+  }
+
+ private:
+  std::vector<int64_t> keys_;
+  std::vector<uint32_t> ids_;
+  uint64_t mask_ = 0;
+  int64_t capacity_ = 0;
+  int64_t size_ = 0;
+};
+
+// Rows of `stride` floats plus a RowMeta each, in chunks of kChunkRows that never move.
+// Freed ids are reused before new ones are taken.
+class RowStore {
+ public:
+  static constexpr int64_t kChunkRows = 1024;
+  explicit RowStore(int64_t stride) : stride_(stride) {}
+  int64_t stride() const { return stride_; }
+  float* row(uint32_t id) { return chunks_[id / kChunkRows].values.get() + (id % kChunkRows) * stride_; }
+  const float* row(uint32_t id) const {
+    return chunks_[id / kChunkRows].values.get() + (id % kChunkRows) * stride_;
+  }
+  RowMeta& meta(uint32_t id) { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
+  const RowMeta& meta(uint32_t id) const { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
+  int64_t ChunksNeeded(int64_t extra) const;
+  struct Chunk {
+    std::unique_ptr<float[]> values;
+    std::unique_ptr<RowMeta[]> meta;
+  };
+  static Chunk NewChunk(int64_t stride);
+  void AddChunk(Chunk chunk) { chunks_.push_back(std::move(chunk)); }
+  uint32_t Take();  // requires ChunksNeeded(1) == 0
+  void Release(uint32_t id) { free_ids_.push_back(id); }
+  int64_t bytes() const;
+  // Rebuilds every row with a wider stride: old floats first, then `fill` per new float.
+  void Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+
+ private:
+  int64_t stride_;
+  std::vector<Chunk> chunks_;
+  std::vector<uint32_t> free_ids_;
+  uint32_t next_id_ = 0;
+};
+
+// An index plus its store: the admitted rows, or the admission candidates (stride 0).
+struct KeyedStore {
+  explicit KeyedStore(int64_t stride) : store(stride) {}
+  KeyIndex index;
+  RowStore store;
+  bool HasRoom(int64_t extra) const { return index.HasRoom(extra) && store.ChunksNeeded(extra) == 0; }
+  uint32_t Add(int64_t key, uint64_t hash) {
+    const uint32_t id = store.Take();
+    index.Insert(key, hash, id);
+    return id;
+  }
+  void Remove(int64_t key, uint64_t hash) {
+    const uint32_t id = index.Erase(key, hash);
+    if (id != KeyIndex::kNone) store.Release(id);
+  }
+};
+
+struct TableShard {
+  explicit TableShard(int64_t stride) : rows(stride), candidates(0) {}
+  mutable std::shared_mutex mu;
+  KeyedStore rows;
+  KeyedStore candidates;
+};
+
+// Everything a checkpoint holds, in export order.
+struct TableSnapshot {
+  std::vector<int64_t> keys;
+  std::vector<float> values;  // keys.size() x stride
+  std::vector<RowMeta> meta;
+  std::vector<int64_t> candidate_keys;
+  std::vector<RowMeta> candidate_meta;
+};
+
+class EmbeddingTable : public ResourceBase {
+ public:
+  explicit EmbeddingTable(const TableConfig& config);
+
+  std::string DebugString() const override;
+  int64_t MemoryUsed() const override { return MemoryBytes(); }
+
+  const TableConfig& config() const { return config_; }
+  int64_t dim() const { return config_.dim; }
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+  int ShardOf(uint64_t hash) const { return static_cast<int>((hash >> 40) % shards_.size()); }
+  TableShard& shard(int i) { return *shards_[i]; }
+  int64_t step() const { return step_.load(std::memory_order_relaxed); }
+  void AdvanceStep(int64_t step);
+
+  // Training lookup of distinct keys (all in shard `s`): copies each key's value into
+  // `out` (rows of dim), inserting missing keys, or counting them toward admission and
+  // giving them the default row. Counts and last-seen steps are updated.
+  void FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
+  // Inference lookup: never inserts, never counts; missing keys read the default row.
+  void Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) const;
+
+  // Makes rows hold `slot_init.size()` optimizer slots for `optimizer`, widening every row
+  // (slot j filled with slot_init[j]) the first time. Fails if another optimizer's slots
+  // are already there.
+  Status EnsureSlots(const std::string& optimizer, const std::vector<float>& slot_init);
+  int num_slots() const;  // reads under shard 0's lock
+
+  int64_t Size() const;
+  int64_t CandidateCount() const;
+  int64_t MemoryBytes() const;
+  // Removes keys whose last-seen step is below min_last_seen or whose count is below
+  // min_count; candidates go by last-seen only. Returns the number of rows removed.
+  int64_t Evict(int64_t min_last_seen, int64_t min_count);
+
+  void Export(TableSnapshot* snap, std::string* optimizer, std::vector<float>* slot_init) const;
+  // Replaces the whole content. `values` rows have stride dim * (1 + slot_init.size()).
+  Status Import(const TableSnapshot& snap, const std::string& optimizer,
+                const std::vector<float>& slot_init, int64_t step);
+
+ private:
+  // With `lock` held exclusively on shard `s`, makes room for `extra` more keys in `ks`.
+  // Allocation happens with the lock released; returns with it held again. The caller
+  // must re-probe afterwards: other threads may have changed the shard meanwhile.
+  void ReserveRoom(std::unique_lock<std::shared_mutex>& lock, KeyedStore* ks, int64_t extra);
+  void FillDefault(float* out) const;
+
+  const TableConfig config_;
+  std::vector<std::unique_ptr<TableShard>> shards_;
+  std::atomic<int64_t> step_{0};
+  // Set once by EnsureSlots/Import under every shard lock; read under any shard lock.
+  std::string optimizer_;
+  std::vector<float> slot_init_;
+};
+
+}  // namespace ttf
+}  // namespace tensorflow
+
+#endif  // TTF_OPS_KERNELS_EMBEDDING_TABLE_H_

@@ -1,0 +1,192 @@
+// Kernels of the fused sparse optimizer updates (ops/sparse_apply_ops.cc). One kernel
+// template does the shared work (validate, sum duplicate keys, group by shard, lock each
+// shard once); each optimizer is a small row-update functor whose formulas follow tf_keras'
+// optimizer of the same name, in float32 as Keras computes them.
+#include <cmath>
+#include <cstring>
+
+#include "embedding_table.h"
+#include "table_kernel_util.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tensorflow {
+namespace ttf {
+namespace {
+
+// Each functor: kName (the slot owner recorded in the table), kNumScalars (float inputs
+// after grads), SlotInit (initial slot values), a constructor from the scalars and the
+// step, and Update(row, grad, dim) where row is [value | slots...].
+
+struct SgdUpdate {
+  static constexpr const char* kName = "sgd";
+  static constexpr int kNumScalars = 1;
+  static std::vector<float> SlotInit(float) { return {}; }
+  float lr;
+  SgdUpdate(const float* s, int64_t) : lr(s[0]) {}
+  void Update(float* row, const float* g, int64_t dim) const {
+    for (int64_t j = 0; j < dim; ++j) row[j] -= lr * g[j];
+  }
+};
+
+struct AdagradUpdate {
+  static constexpr const char* kName = "adagrad";
+  static constexpr int kNumScalars = 2;
+  static std::vector<float> SlotInit(float initial_accumulator) { return {initial_accumulator}; }
+  float lr, epsilon;
+  AdagradUpdate(const float* s, int64_t) : lr(s[0]), epsilon(s[1]) {}
+  void Update(float* row, const float* g, int64_t dim) const {
+    float* accum = row + dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      accum[j] += g[j] * g[j];
+      row[j] -= lr * g[j] / std::sqrt(accum[j] + epsilon);  // Keras: epsilon inside the root
+    }
+  }
+};
+
+struct AdamUpdate {
+  static constexpr const char* kName = "adam";
+  static constexpr int kNumScalars = 4;
+  static std::vector<float> SlotInit(float) { return {0.0f, 0.0f}; }
+  float beta_1, beta_2, epsilon, alpha;
+  AdamUpdate(const float* s, int64_t step) : beta_1(s[1]), beta_2(s[2]), epsilon(s[3]) {
+    const float t = static_cast<float>(step);
+    alpha = s[0] * std::sqrt(1.0f - std::pow(beta_2, t)) / (1.0f - std::pow(beta_1, t));
+  }
+  void Update(float* row, const float* g, int64_t dim) const {
+    float* m = row + dim;
+    float* v = row + 2 * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      m[j] += (g[j] - m[j]) * (1.0f - beta_1);
+      v[j] += (g[j] * g[j] - v[j]) * (1.0f - beta_2);
+      row[j] -= (m[j] * alpha) / (std::sqrt(v[j]) + epsilon);
+    }
+  }
+};
+
+struct FtrlUpdate {
+  static constexpr const char* kName = "ftrl";
+  static constexpr int kNumScalars = 6;
+  static std::vector<float> SlotInit(float initial_accumulator) { return {initial_accumulator, 0.0f}; }
+  float lr, lr_power, l1, l2_reg, l2_shrinkage;
+  FtrlUpdate(const float* s, int64_t)
+      : lr(s[0]), lr_power(s[1]), l1(s[2]), l2_reg(s[3] + s[5] / (2.0f * s[0])), l2_shrinkage(s[4]) {}
+  float Power(float x) const { return lr_power == -0.5f ? std::sqrt(x) : std::pow(x, -lr_power); }
+  void Update(float* row, const float* g, int64_t dim) const {
+    float* accum = row + dim;
+    float* linear = row + 2 * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      const float w = row[j];
+      const float grad_to_use = g[j] + 2.0f * l2_shrinkage * w;
+      const float new_accum = accum[j] + g[j] * g[j];
+      const float new_power = Power(new_accum);
+      linear[j] += grad_to_use - (new_power - Power(accum[j])) / lr * w;
+      const float quadratic = new_power / lr + 2.0f * l2_reg;
+      const float clipped = std::min(std::max(linear[j], -l1), l1);
+      row[j] = (clipped - linear[j]) / quadratic;
+      accum[j] = new_accum;
+    }
+  }
+};
+
+template <typename U>
+class TableApplyOp : public OpKernel {
+ public:
+  explicit TableApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    float initial_accumulator = 0.0f;
+    if (HasNodeAttr(ctx->def(), "initial_accumulator_value")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator));
+      OP_REQUIRES(ctx, initial_accumulator >= 0.0f,
+                  errors::InvalidArgument("initial_accumulator_value must be >= 0, got ", initial_accumulator));
+    }
+    slot_init_ = U::SlotInit(initial_accumulator);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    EmbeddingTable* table = nullptr;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    core::ScopedUnref unref(table);
+    const Tensor& keys = ctx->input(1);
+    const Tensor& grads = ctx->input(2);
+    const int64_t dim = table->dim();
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == dim,
+                errors::InvalidArgument("grads must have shape [", keys.dim_size(0), ", ", dim,
+                                        "] (one row of the table's dim per key), got ", grads.shape().DebugString()));
+    float scalars[U::kNumScalars];
+    for (int i = 0; i < U::kNumScalars; ++i) {
+      const Tensor& t = ctx->input(3 + i);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(t.shape()),
+                  errors::InvalidArgument("hyperparameter input ", 3 + i, " (", def().input(3 + i),
+                                          ") must be a scalar, got shape ", t.shape().DebugString()));
+      scalars[i] = t.scalar<float>()();
+    }
+    const Tensor& step_t = ctx->input(3 + U::kNumScalars);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),
+                errors::InvalidArgument("step must be a scalar, got shape ", step_t.shape().DebugString()));
+    const int64_t step = step_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, step >= 1, errors::InvalidArgument("step must be >= 1 (the 1-based global step), got ", step));
+    OP_REQUIRES(ctx, keys.NumElements() <= (int64_t{1} << 31) - 1,
+                errors::InvalidArgument("at most 2^31 - 1 keys per call, got ", keys.NumElements()));
+
+    const int64_t n = keys.dim_size(0);
+    const float* g = grads.flat<float>().data();
+    for (int64_t i = 0; i < n * dim; ++i) {
+      OP_REQUIRES(ctx, std::isfinite(g[i]),
+                  errors::InvalidArgument("grads holds a non-finite value (", g[i], ") in row ", i / dim, " (key ",
+                                          keys.flat<int64_t>()(i / dim), "); no row was updated"));
+    }
+    OP_REQUIRES_OK(ctx, table->EnsureSlots(U::kName, slot_init_));
+
+    GroupedKeys grouped;
+    GroupKeys(keys.flat<int64_t>().data(), n, *table, &grouped);
+    // Sum the gradients of duplicate keys (in grouped order) before any row moves.
+    std::vector<float> summed(grouped.size() * dim, 0.0f);
+    for (int64_t p = 0; p < n; ++p) {
+      float* dst = summed.data() + static_cast<int64_t>(grouped.inverse[p]) * dim;
+      const float* src = g + p * dim;
+      for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
+    }
+    const U update(scalars, step);
+    const int64_t stride = dim * (1 + static_cast<int64_t>(slot_init_.size()));
+    std::atomic<int64_t> updated{0};
+    std::atomic<bool> relaid{false};
+    ForEachShard(ctx, grouped, table->num_shards(), 20 * dim, [&](int s) {
+      TableShard& sh = table->shard(s);
+      std::unique_lock<std::shared_mutex> lock(sh.mu);
+      if (sh.rows.store.stride() != stride) {  // a concurrent import changed the slot layout
+        relaid = true;
+        return;
+      }
+      int64_t done = 0;
+      for (int64_t u = grouped.offsets[s]; u < grouped.offsets[s + 1]; ++u) {
+        if (u + 4 < grouped.offsets[s + 1]) sh.rows.index.Prefetch(grouped.hashes[u + 4]);
+        const uint32_t id = sh.rows.index.Find(grouped.keys[u], grouped.hashes[u]);
+        if (id == KeyIndex::kNone) continue;  // not admitted or evicted: gradient dropped
+        update.Update(sh.rows.store.row(id), summed.data() + u * dim, dim);
+        sh.rows.store.meta(id).last_seen = step;
+        ++done;
+      }
+      updated += done;
+    });
+    OP_REQUIRES(ctx, !relaid, errors::Aborted("the table was re-imported with another optimizer during this "
+                                              "update; some rows were not updated"));
+    table->AdvanceStep(step);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = updated.load();
+  }
+
+ private:
+  std::vector<float> slot_init_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TtfTableApplySgd").Device(DEVICE_CPU), TableApplyOp<SgdUpdate>);
+REGISTER_KERNEL_BUILDER(Name("TtfTableApplyAdagrad").Device(DEVICE_CPU), TableApplyOp<AdagradUpdate>);
+REGISTER_KERNEL_BUILDER(Name("TtfTableApplyAdam").Device(DEVICE_CPU), TableApplyOp<AdamUpdate>);
+REGISTER_KERNEL_BUILDER(Name("TtfTableApplyFtrl").Device(DEVICE_CPU), TableApplyOp<FtrlUpdate>);
+
+}  // namespace
+}  // namespace ttf
+}  // namespace tensorflow
