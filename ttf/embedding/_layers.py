@@ -1,0 +1,251 @@
+"""Keras layers over ttf tables: DynamicEmbedding (any id shape, ragged with a combiner)
+and FusedEmbedding (all fields of a [B, F] batch in one op call)."""
+import tensorflow as tf
+
+from ttf._ops import ops
+from ttf.embedding._table import EmbeddingTable
+
+_FIELD_SHIFT = 56
+_VALUE_MASK = (1 << _FIELD_SHIFT) - 1
+
+
+def embedding_of(variable):
+    """The DynamicEmbedding whose table gradient arrives on `variable`, or None."""
+    return getattr(variable, "_ttf_embedding", None)
+
+
+class DynamicEmbedding(tf.keras.layers.Layer):
+    """An embedding layer over a dynamic hash table: any int64 id gets its own row.
+
+    The table grows on demand during training (no vocabulary, no hash collisions); at
+    inference (training=False, model.predict, a SavedModel) unseen ids read the default row
+    and never grow it. Train it with a ttf optimizer (ttf.optimizers.Adam, ...), which
+    updates only the touched rows and their slots in one fused op per step.
+
+    Args:
+      dim: embedding width.
+      initializer: a new row's values, a pure function of (seed, id): "uniform" (Keras'
+        default, uniform(-0.05, 0.05)), "normal", "truncated_normal", "zeros", a
+        ttf.embedding.RowInitializer, or a matching tf.keras initializer.
+      combiner: None, or "sum" / "mean" to combine ragged (multi-hot) ids per row.
+      name: layer name.
+      seed: row initialisation seed.
+      admission_min_count: an id gets its own row only after it was seen in this many
+        training batches; until then it reads the default row and its gradient is dropped.
+      default_value: the value of every element of the default row.
+      shard_devices: devices to shard the table over by id (a parameter-server cluster:
+        ["/job:ps/replica:0/task:0", ...]); each step then makes one lookup and one update
+        request per shard. None: one table on the layer's device.
+      num_shards: lock shards inside each table (parallelism within one process).
+
+    Input: int64 (or int32) ids of shape [B], [B, F], ..., or a RaggedTensor [B, None]
+    (needs a combiner). Output: float32 [..., dim] ([B, dim] for ragged ids).
+
+    Example:
+      >>> import ttf, tensorflow as tf
+      >>> layer = ttf.DynamicEmbedding(8)
+      >>> layer(tf.constant([[3, 1 << 40], [3, -7]], tf.int64), training=True).shape
+      TensorShape([2, 2, 8])
+      >>> int(layer.size())
+      3
+    """
+
+    def __init__(self, dim, initializer="uniform", combiner=None, name=None, seed=0, admission_min_count=0,
+                 default_value=0.0, shard_devices=None, num_shards=16, **kwargs):
+        kwargs.setdefault("dtype", "float32")  # rows are float32 whatever the model's precision
+        super().__init__(name=name, **kwargs)
+        if combiner not in (None, "sum", "mean"):
+            raise ValueError(f"combiner must be None, 'sum' or 'mean', got {combiner!r}")
+        if shard_devices is not None and not shard_devices:
+            raise ValueError("shard_devices must be None or a non-empty list of device strings")
+        self.dim = dim
+        self.combiner = combiner
+        self.tables = [
+            EmbeddingTable(dim, initializer, seed, default_value, admission_min_count, num_shards,
+                           name=f"{self.name}_shard{i}", device=device)
+            for i, device in enumerate(shard_devices or [""])
+        ]
+
+    def build(self, input_shape):
+        # The anchor carries the table gradient: lookups feed it to a custom gradient that
+        # returns IndexedSlices(row gradients, ids), so tape.gradient / model.fit hand the
+        # optimizer a (gradient, variable) pair like any other weight. Its value is unused.
+        self.anchor = self.add_weight(name="table_anchor", shape=[], initializer="zeros", trainable=True)
+        self.anchor._ttf_embedding = self
+        super().build(input_shape)
+
+    def call(self, ids, training=None):
+        training = _static_bool(training)
+        if isinstance(ids, tf.SparseTensor):
+            ids = tf.RaggedTensor.from_sparse(ids)
+        if isinstance(ids, tf.RaggedTensor):
+            if self.combiner is None:
+                raise ValueError(f"{self.name}: ragged ids need combiner='sum' or 'mean'")
+            if ids.ragged_rank != 1 or ids.shape.rank != 2:
+                raise ValueError(f"{self.name}: ragged ids must have shape [B, None], got {ids.shape}")
+            return self._lookup(_as_keys(ids.values, self.name), ids.row_splits, training)
+        ids = _as_keys(tf.convert_to_tensor(ids), self.name)
+        if ids.shape.rank == 0:
+            raise ValueError(f"{self.name}: ids must have rank >= 1, got a scalar")
+        return self._lookup(self._tag(ids), None, training)
+
+    def _tag(self, ids):
+        return ids
+
+    def size(self):
+        """The number of ids holding a row (int64 scalar tensor)."""
+        return tf.add_n([t.size() for t in self.tables])
+
+    def evict(self, before_step=None, min_count=None):
+        """Removes ids last trained before step `before_step`, or seen in fewer than
+        `min_count` training batches. Returns the number of rows removed."""
+        if before_step is None and min_count is None:
+            raise ValueError("evict needs before_step and/or min_count")
+        min_last_seen = -(1 << 63) if before_step is None else before_step
+        return tf.add_n([t.evict(min_last_seen, min_count or 0) for t in self.tables])
+
+    # -- lookup and gradient
+
+    def _lookup(self, keys, row_splits, training):
+        if not training:
+            return self._forward(keys, row_splits, training=False)[0]
+        if not self.built:
+            self.build(None)
+
+        @tf.custom_gradient
+        def lookup(anchor):
+            del anchor  # only connects the tape to the layer's anchor variable
+            embeddings, unique_keys, inverse = self._forward(keys, row_splits, training=True)
+
+            def grad(upstream):
+                if row_splits is None:
+                    per_key = tf.reshape(upstream, [-1, self.dim])
+                else:  # one gradient row per id of each bag, scaled for the mean
+                    row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+                    per_key = tf.gather(upstream, row_ids)
+                    if self.combiner == "mean":
+                        lengths = tf.cast(tf.maximum(row_splits[1:] - row_splits[:-1], 1), tf.float32)
+                        per_key *= tf.gather(1.0 / lengths, row_ids)[:, None]
+                rows = tf.math.unsorted_segment_sum(per_key, inverse, tf.size(unique_keys))
+                return tf.IndexedSlices(rows, unique_keys)
+
+            return embeddings, grad
+
+        return lookup(tf.convert_to_tensor(self.anchor))
+
+    def _forward(self, keys, row_splits, training):
+        """-> embeddings, unique_keys, inverse_index (embeddings = rows[unique_keys][inverse])."""
+        if len(self.tables) == 1:
+            table = self.tables[0]
+            if row_splits is None:
+                return ops().ttf_embedding_lookup(table.resource_handle, keys, dim=self.dim, training=training)
+            return ops().ttf_embedding_lookup_ragged(table.resource_handle, keys, row_splits, dim=self.dim,
+                                                     training=training, combiner=self.combiner)
+        # Sharded over devices: de-duplicate here, so each shard gets one request of unique ids.
+        flat = tf.reshape(keys, [-1])
+        unique_keys, inverse = tf.unique(flat, out_idx=tf.int32)
+        parts, positions = self._partition(unique_keys)
+        rows = [t.lookup(p, training) for t, p in zip(self.tables, parts)]
+        per_key = tf.gather(tf.dynamic_stitch(positions, rows), inverse)
+        if row_splits is None:
+            embeddings = tf.reshape(per_key, tf.concat([tf.shape(keys), [self.dim]], 0))
+        else:
+            row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+            bags = tf.shape(row_splits)[0] - 1
+            combine = tf.math.unsorted_segment_sum if self.combiner == "sum" else tf.math.unsorted_segment_mean
+            embeddings = combine(per_key, row_ids, bags)
+        return embeddings, unique_keys, inverse
+
+    def _partition(self, keys):
+        """Splits keys by shard (key mod number of shards) -> (keys per shard, their positions)."""
+        n = len(self.tables)
+        shard = tf.cast(tf.math.floormod(keys, n), tf.int32)
+        return (tf.dynamic_partition(keys, shard, n),
+                tf.dynamic_partition(tf.range(tf.size(keys)), shard, n))
+
+    def apply_gradient(self, gradient, apply_fn):
+        """Runs apply_fn(table, keys, rows) on each shard for an IndexedSlices gradient
+        (rows [N, dim] for keys [N]); used by ttf.optimizers. Returns the update ops."""
+        keys = tf.cast(gradient.indices, tf.int64)
+        rows = tf.convert_to_tensor(gradient.values)
+        if len(self.tables) == 1:
+            return [apply_fn(self.tables[0], keys, rows)]
+        key_parts, positions = self._partition(keys)
+        updates = []
+        for table, part, pos in zip(self.tables, key_parts, positions):
+            with tf.device(table._resource_device):
+                updates.append(apply_fn(table, part, tf.gather(rows, pos)))
+        return updates
+
+    def get_config(self):
+        table = self.tables[0]
+        config = super().get_config()
+        config.update(dim=self.dim, combiner=self.combiner, seed=table.seed,
+                      admission_min_count=table.admission_min_count, default_value=table.default_value,
+                      initializer=table.initializer.kind, num_shards=table.num_shards)
+        return config
+
+
+class FusedEmbedding(DynamicEmbedding):
+    """All F sparse fields of a batch in one table and one op call: ids [B, F] -> [B, F, dim].
+
+    One fused lookup de-duplicates the B x F ids, probes the table once per unique id and
+    scatters the rows back; one fused optimizer op updates them. Fields share the table, so
+    ids must not collide across fields: ttf.data's Criteo reader tags each key with its
+    field already; for raw per-field ids pass tag_fields=True, which puts the field index
+    in the top 8 bits of each id (ids must then fit in 56 bits).
+
+    Args: as DynamicEmbedding, plus num_fields (F, checked against the input) and
+    tag_fields. Example:
+      >>> import ttf, tensorflow as tf
+      >>> layer = ttf.FusedEmbedding(16, num_fields=3, tag_fields=True)
+      >>> layer(tf.constant([[1, 1, 1], [2, 1, 5]], tf.int64), training=True).shape
+      TensorShape([2, 3, 16])
+      >>> int(layer.size())  # id 1 in three fields is three keys
+      5
+    """
+
+    def __init__(self, dim, num_fields, tag_fields=False, **kwargs):
+        if kwargs.get("combiner") is not None:
+            raise ValueError("FusedEmbedding takes one id per field; use DynamicEmbedding for ragged ids")
+        if not 0 < num_fields <= 256:
+            raise ValueError(f"num_fields must be in [1, 256], got {num_fields}")
+        super().__init__(dim, **kwargs)
+        self.num_fields = num_fields
+        self.tag_fields = tag_fields
+
+    def call(self, ids, training=None):
+        if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+            raise TypeError(f"{self.name}: FusedEmbedding takes dense ids [B, {self.num_fields}]")
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank != 2 or ids.shape[1] not in (None, self.num_fields):
+            raise ValueError(f"{self.name}: ids must have shape [B, {self.num_fields}], got {ids.shape}")
+        return super().call(ids, training=training)
+
+    def _tag(self, ids):
+        if not self.tag_fields:
+            return ids
+        fields = tf.range(self.num_fields, dtype=tf.int64) << _FIELD_SHIFT
+        return tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(ids, _VALUE_MASK), fields[None, :])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_fields=self.num_fields, tag_fields=self.tag_fields)
+        return config
+
+
+def _as_keys(ids, layer_name):
+    if ids.dtype == tf.int64:
+        return ids
+    if ids.dtype == tf.int32:
+        return tf.cast(ids, tf.int64)
+    raise TypeError(f"{layer_name}: ids must be int64 or int32, got {ids.dtype.name}")
+
+
+def _static_bool(training):
+    if training is None:
+        return False
+    value = tf.get_static_value(training)
+    if value is None:
+        raise ValueError("training must be a Python bool or a constant; ttf picks the lookup op at trace time")
+    return bool(value)

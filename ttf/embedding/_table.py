@@ -1,0 +1,148 @@
+"""EmbeddingTable: the Python side of one ttf table resource (checkpointable, placeable)."""
+import dataclasses
+import itertools
+
+import tensorflow as tf
+
+from ttf._ops import ops
+
+_KINDS = ("normal", "truncated_normal", "uniform", "zeros", "constant")
+_table_ids = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class RowInitializer:
+    """How a new key's row is filled; a pure function of (seed, key).
+
+    kind: "uniform" (minval=a, maxval=b), "normal" / "truncated_normal" (mean=a,
+    stddev=b; truncated at 2 stddev), "zeros", or "constant" (value=a). The default is
+    Keras' Embedding default, uniform(-0.05, 0.05).
+    """
+
+    kind: str = "uniform"
+    a: float = -0.05
+    b: float = 0.05
+
+    def __post_init__(self):
+        if self.kind not in _KINDS:
+            raise ValueError(f"initializer kind must be one of {_KINDS}, got {self.kind!r}")
+        if self.kind in ("normal", "truncated_normal") and not self.b > 0:
+            raise ValueError(f"{self.kind} initializer needs stddev > 0, got {self.b}")
+        if self.kind == "uniform" and not self.a < self.b:
+            raise ValueError(f"uniform initializer needs minval < maxval, got {self.a} and {self.b}")
+
+    @classmethod
+    def of(cls, initializer):
+        """Accepts a RowInitializer, a kind name, or a tf.keras initializer of a matching kind."""
+        if isinstance(initializer, cls):
+            return initializer
+        if isinstance(initializer, str):
+            return {
+                "uniform": cls("uniform", -0.05, 0.05),
+                "normal": cls("normal", 0.0, 0.05),
+                "truncated_normal": cls("truncated_normal", 0.0, 0.05),
+                "zeros": cls("zeros", 0.0, 0.0),
+                "ones": cls("constant", 1.0, 0.0),
+                "constant": cls("constant", 0.0, 0.0),
+            }.get(initializer) or cls(initializer)  # unknown names fail in __post_init__
+        inits = tf.keras.initializers
+        config = initializer.get_config() if hasattr(initializer, "get_config") else {}
+        if isinstance(initializer, inits.RandomUniform):
+            return cls("uniform", config["minval"], config["maxval"])
+        if isinstance(initializer, inits.TruncatedNormal):
+            return cls("truncated_normal", config["mean"], config["stddev"])
+        if isinstance(initializer, inits.RandomNormal):
+            return cls("normal", config["mean"], config["stddev"])
+        if isinstance(initializer, inits.Zeros):
+            return cls("zeros", 0.0, 0.0)
+        if isinstance(initializer, inits.Ones):
+            return cls("constant", 1.0, 0.0)
+        if isinstance(initializer, inits.Constant) and tf.size(config["value"]) == 1:
+            return cls("constant", float(tf.reshape(config["value"], [])), 0.0)
+        raise TypeError(
+            f"initializer must be a RowInitializer, one of {_KINDS}, or a tf.keras RandomUniform, "
+            f"RandomNormal, TruncatedNormal, Zeros, Ones or scalar Constant; got {initializer!r}"
+        )
+
+
+class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
+    """One dynamic hash table of float32 rows keyed by int64, living on `device`.
+
+    Most users reach it through `ttf.DynamicEmbedding`; it is public for custom layers.
+    A checkpoint of it (tf.train.Checkpoint) holds every key, row, optimizer slot, count,
+    last-seen step and admission candidate; restoring gives bit-identical rows.
+
+    Args:
+      dim: row width (> 0).
+      initializer: see RowInitializer.of.
+      seed: with the key, determines a new row.
+      default_value: what missing (and not yet admitted) keys read, in every element.
+      admission_min_count: a key gets its own row once seen in this many training
+        lookups (0: at once). Until then it reads the default row and gets no update.
+      num_shards: lock shards inside the table (parallelism of lookups and updates).
+      name: a readable name (made unique).
+      device: where the table lives, e.g. "/job:ps/replica:0/task:0".
+    """
+
+    def __init__(self, dim, initializer="uniform", seed=0, default_value=0.0, admission_min_count=0,
+                 num_shards=16, name="embedding_table", device=""):
+        if not isinstance(dim, int) or dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if admission_min_count < 0:
+            raise ValueError(f"admission_min_count must be >= 0, got {admission_min_count}")
+        if not 1 <= num_shards <= 4096:
+            raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
+        self.dim = dim
+        self.initializer = RowInitializer.of(initializer)
+        self.seed = int(seed)
+        self.default_value = float(default_value)
+        self.admission_min_count = int(admission_min_count)
+        self.num_shards = int(num_shards)
+        self.name = name
+        self._shared_name = f"{name}_{next(_table_ids)}"
+        super().__init__(device=device)
+        with tf.init_scope():  # create it now, outside whatever graph is being traced
+            self.resource_handle  # noqa: B018  (the property creates the resource)
+
+    def _create_resource(self):
+        return ops().ttf_embedding_table(
+            dim=self.dim, initializer=self.initializer.kind, init_a=self.initializer.a,
+            init_b=self.initializer.b, seed=self.seed, default_value=self.default_value,
+            admission_min_count=self.admission_min_count, num_shards=self.num_shards,
+            shared_name=self._shared_name)
+
+    def _destroy_resource(self):
+        ops().ttf_table_destroy(self.resource_handle)
+
+    def lookup(self, keys, training):
+        """keys int64 [N] -> rows [N, dim]; training inserts missing keys, inference never does."""
+        op = ops().ttf_table_find_or_insert if training else ops().ttf_table_find
+        return op(self.resource_handle, keys, dim=self.dim)
+
+    def size(self):
+        """The number of keys holding a row (int64 scalar tensor)."""
+        return ops().ttf_table_size(self.resource_handle)
+
+    def stats(self):
+        """(candidates, memory_bytes, step): admission candidates, bytes allocated, table step."""
+        return ops().ttf_table_stats(self.resource_handle)
+
+    def evict(self, min_last_seen, min_count):
+        return ops().ttf_table_evict(self.resource_handle, tf.cast(min_last_seen, tf.int64),
+                                     tf.cast(min_count, tf.int64))
+
+    def export(self):
+        """A dict of the table's whole content (see TtfTableExport)."""
+        with tf.device(self._resource_device):
+            exported = ops().ttf_table_export(self.resource_handle)
+        return dict(zip(_EXPORT_FIELDS, exported))
+
+    def _serialize_to_tensors(self):
+        return self.export()
+
+    def _restore_from_tensors(self, restored_tensors):
+        with tf.device(self._resource_device):
+            return ops().ttf_table_import(self.resource_handle, *(restored_tensors[f] for f in _EXPORT_FIELDS))
+
+
+_EXPORT_FIELDS = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")

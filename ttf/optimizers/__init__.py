@@ -1,0 +1,96 @@
+"""Keras optimizers that also train ttf tables.
+
+Each is the tf.keras optimizer of the same name (same arguments, same defaults) for dense
+variables; the gradient of a ttf embedding (an IndexedSlices of row gradients keyed by id)
+goes to the table's fused sparse update instead: one op call per table shard per step,
+updating only the touched rows and their slots, which live beside the rows. Works with
+model.compile/fit and with tape.gradient + apply_gradients.
+
+Differences from Keras for tables, by design: updates are lazy (untouched rows and slots
+do not decay), and clipnorm/clipvalue/global_clipnorm, weight_decay and EMA apply to dense
+variables only. Table updates need plain SGD (momentum=0) and Adam without amsgrad.
+"""
+import tensorflow as tf
+
+from ttf._ops import ops
+from ttf.embedding import embedding_of
+
+
+class _TableUpdates:
+    """Mixin: routes table gradients to the fused op, the rest to the Keras optimizer."""
+
+    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        table_pairs = [(g, v) for g, v in grads_and_vars if embedding_of(v) is not None]
+        dense_pairs = [(g, v) for g, v in grads_and_vars if embedding_of(v) is None]
+        if not table_pairs:
+            return super().apply_gradients(dense_pairs, name, skip_gradients_aggregation, **kwargs)
+        self._check_table_support()
+        step = tf.cast(self.iterations, tf.int64) + 1  # Keras' 1-based local step
+        lr = tf.cast(self.learning_rate, tf.float32)
+        updates = []
+        for grad, var in table_pairs:
+            if grad is None:
+                continue
+            if not isinstance(grad, tf.IndexedSlices):
+                raise TypeError(f"the gradient of ttf table anchor {var.name} must be IndexedSlices, got {type(grad)}")
+            updates += embedding_of(var).apply_gradient(
+                grad, lambda table, keys, rows: self._apply_table(table, keys, rows, lr, step))
+        with tf.control_dependencies(updates):
+            if any(g is not None for g, _ in dense_pairs):
+                return super().apply_gradients(dense_pairs, name, skip_gradients_aggregation, **kwargs)
+            return self.iterations.assign_add(1)
+
+    def _check_table_support(self):
+        pass
+
+    def _apply_table(self, table, keys, rows, lr, step):
+        raise NotImplementedError
+
+
+class SGD(_TableUpdates, tf.keras.optimizers.SGD):
+    __doc__ = "tf.keras.optimizers.SGD; ttf tables get row -= lr * grad.\n\n" + tf.keras.optimizers.SGD.__doc__
+
+    def _check_table_support(self):
+        if self.momentum != 0 or self.nesterov:
+            raise ValueError("ttf.optimizers.SGD updates tables with plain SGD; momentum/nesterov are not supported "
+                             "for ttf tables (use Adam or Adagrad)")
+
+    def _apply_table(self, table, keys, rows, lr, step):
+        return ops().ttf_table_apply_sgd(table.resource_handle, keys, rows, lr, step)
+
+
+class Adagrad(_TableUpdates, tf.keras.optimizers.Adagrad):
+    __doc__ = "tf.keras.optimizers.Adagrad; ttf tables keep the accumulator beside each row.\n\n" + (
+        tf.keras.optimizers.Adagrad.__doc__)
+
+    def _apply_table(self, table, keys, rows, lr, step):
+        return ops().ttf_table_apply_adagrad(table.resource_handle, keys, rows, lr, self.epsilon, step,
+                                             initial_accumulator_value=self.initial_accumulator_value)
+
+
+class Adam(_TableUpdates, tf.keras.optimizers.Adam):
+    __doc__ = "tf.keras.optimizers.Adam; ttf tables get lazy Adam with m and v beside each row.\n\n" + (
+        tf.keras.optimizers.Adam.__doc__)
+
+    def _check_table_support(self):
+        if self.amsgrad:
+            raise ValueError("ttf.optimizers.Adam does not support amsgrad for ttf tables")
+
+    def _apply_table(self, table, keys, rows, lr, step):
+        return ops().ttf_table_apply_adam(table.resource_handle, keys, rows, lr, self.beta_1, self.beta_2,
+                                          self.epsilon, step)
+
+
+class Ftrl(_TableUpdates, tf.keras.optimizers.Ftrl):
+    __doc__ = "tf.keras.optimizers.Ftrl; ttf tables keep accumulator and linear beside each row.\n\n" + (
+        tf.keras.optimizers.Ftrl.__doc__)
+
+    def _apply_table(self, table, keys, rows, lr, step):
+        return ops().ttf_table_apply_ftrl(
+            table.resource_handle, keys, rows, lr, self.learning_rate_power, self.l1_regularization_strength,
+            self.l2_regularization_strength, self.l2_shrinkage_regularization_strength, self.beta, step,
+            initial_accumulator_value=self.initial_accumulator_value)
+
+
+__all__ = ["SGD", "Adagrad", "Adam", "Ftrl"]
