@@ -225,7 +225,7 @@ class FusedEmbedding(DynamicEmbedding):
     def _tag(self, ids):
         if not self.tag_fields:
             return ids
-        fields = tf.range(self.num_fields, dtype=tf.int64) << _FIELD_SHIFT
+        fields = tf.constant([f << _FIELD_SHIFT for f in range(self.num_fields)], tf.int64)
         return tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(ids, _VALUE_MASK), fields[None, :])
 
     def get_config(self):
