@@ -99,6 +99,24 @@ Fused lookup of ragged multi-hot ids (a RaggedTensor's flat values and row_split
 combined per bag by sum or mean into [B, dim]; an empty bag gives zeros.
 )doc");
 
+REGISTER_OP("TtfEmbeddingGrad")
+    .Input("grads: float")
+    .Input("inverse_index: int32")
+    .Input("unique_keys: int64")
+    .Output("unique_grads: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle grads, inverse, unique;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 2, &grads));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &inverse));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unique));
+      c->set_output(0, c->Matrix(c->Dim(unique, 0), c->Dim(grads, -1)));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The gradient of a lookup per unique key: grads [..., D] flattened to [N, D] rows are summed
+into unique_grads [U, D] by inverse_index (N entries in [0, U)), U = size of unique_keys.
+)doc");
+
 REGISTER_OP("TtfTableFindOrInsert")
     .Input("table: resource")
     .Input("keys: int64")

@@ -208,6 +208,41 @@ class EmbeddingLookupRaggedOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfEmbeddingLookupRagged").Device(DEVICE_CPU), EmbeddingLookupRaggedOp);
 
+class EmbeddingGradOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grads = ctx->input(0);
+    const Tensor& inverse = ctx->input(1);
+    const Tensor& unique_keys = ctx->input(2);
+    OP_REQUIRES(ctx, grads.dims() >= 2,
+                errors::InvalidArgument("grads must have rank >= 2, got shape ", grads.shape().DebugString()));
+    OP_REQUIRES(ctx, inverse.dims() == 1 && unique_keys.dims() == 1,
+                errors::InvalidArgument("inverse_index and unique_keys must be rank 1, got shapes ",
+                                        inverse.shape().DebugString(), " and ", unique_keys.shape().DebugString()));
+    const int64_t dim = grads.dim_size(grads.dims() - 1);
+    const int64_t n = inverse.NumElements(), u = unique_keys.NumElements();
+    OP_REQUIRES(ctx, grads.NumElements() == n * dim,
+                errors::InvalidArgument("grads ", grads.shape().DebugString(), " must hold one row of ", dim,
+                                        " per inverse_index entry (", n, ")"));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u, dim}), &out));
+    float* __restrict dst = out->flat<float>().data();
+    const float* __restrict src = grads.flat<float>().data();
+    const int32_t* inv = inverse.flat<int32_t>().data();
+    std::fill(dst, dst + u * dim, 0.0f);
+    // One pass in input order (so the sum order, and the result, are deterministic).
+    for (int64_t p = 0; p < n; ++p) {
+      OP_REQUIRES(ctx, inv[p] >= 0 && inv[p] < u,
+                  errors::InvalidArgument("inverse_index[", p, "] = ", inv[p], " is outside [0, ", u, ")"));
+      float* row = dst + static_cast<int64_t>(inv[p]) * dim;
+      const float* g = src + p * dim;
+      for (int64_t j = 0; j < dim; ++j) row[j] += g[j];
+    }
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TtfEmbeddingGrad").Device(DEVICE_CPU), EmbeddingGradOp);
+
 // TtfTableFindOrInsert / TtfTableFind: keys [N] -> rows [N, dim].
 template <bool kTraining>
 class TableLookupOp : public OpKernel {

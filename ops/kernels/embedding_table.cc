@@ -193,73 +193,86 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
   const int64_t min_count = config_.admission_min_count;
   const int64_t now = step();
   std::unique_lock<std::shared_mutex> lock(sh.mu);
-  std::vector<int64_t> missing;
+  std::vector<uint32_t>& ids = ScratchIds(n);
+  int64_t missing = 0;
   while (true) {
-    // Probe every key; collect the ones without a row. Repeated after a ReserveRoom, which
-    // releases the lock.
-    missing.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      if (i + 4 < n) sh.rows.index.Prefetch(hashes[i + 4]);
-      if (sh.rows.index.Find(keys[i], hashes[i]) == KeyIndex::kNone) missing.push_back(i);
-    }
-    if (missing.empty()) break;
-    if (min_count > 0 && !sh.candidates.HasRoom(missing.size())) {
-      ReserveRoom(lock, &sh.candidates, missing.size());
+    // Probe every key once, remembering its row id. Repeated after a ReserveRoom, which
+    // releases the lock (other threads may insert or evict meanwhile).
+    missing = ProbeAll(sh.rows, keys, hashes, n, ids.data());
+    if (missing == 0) break;
+    if (min_count > 0 && !sh.candidates.HasRoom(missing)) {
+      ReserveRoom(lock, &sh.candidates, missing);
       continue;
     }
-    if (!sh.rows.HasRoom(missing.size())) {
-      ReserveRoom(lock, &sh.rows, missing.size());
+    if (!sh.rows.HasRoom(missing)) {
+      ReserveRoom(lock, &sh.rows, missing);
       continue;
     }
     break;
   }
   // Room is reserved for every missing key: from here on nothing allocates.
-  size_t next_missing = 0;
   for (int64_t i = 0; i < n; ++i) {
+    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 4]));
     float* dst = out + i * dim;
-    if (next_missing < missing.size() && missing[next_missing] == i &&
-        sh.rows.index.Find(keys[i], hashes[i]) == KeyIndex::kNone) {  // re-check: duplicate keys
-      ++next_missing;
-      int64_t count = 1;
-      if (min_count > 0) {
-        uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
-        if (cid == KeyIndex::kNone) {
-          cid = sh.candidates.Add(keys[i], hashes[i]);
-          sh.candidates.store.meta(cid) = RowMeta{0, now};
-        }
-        RowMeta& cm = sh.candidates.store.meta(cid);
-        count = ++cm.count;
-        cm.last_seen = now;
-        if (count < min_count) {
-          FillDefault(dst);
-          continue;
-        }
-        sh.candidates.Remove(keys[i], hashes[i]);
-      }
-      const uint32_t id = sh.rows.Add(keys[i], hashes[i]);
-      float* row = sh.rows.store.row(id);
-      config_.init.Fill(keys[i], row, dim);
-      for (size_t j = 0; j < slot_init_.size(); ++j) std::fill(row + (j + 1) * dim, row + (j + 2) * dim, slot_init_[j]);
-      sh.rows.store.meta(id) = RowMeta{count, now};
-      std::memcpy(dst, row, dim * sizeof(float));
-    } else {
-      if (next_missing < missing.size() && missing[next_missing] == i) ++next_missing;
-      const uint32_t id = sh.rows.index.Find(keys[i], hashes[i]);
+    uint32_t id = ids[i];
+    if (id == KeyIndex::kNone) id = sh.rows.index.Find(keys[i], hashes[i]);  // a repeat of an inserted key
+    if (id != KeyIndex::kNone) {
       RowMeta& m = sh.rows.store.meta(id);
       ++m.count;
       m.last_seen = now;
       std::memcpy(dst, sh.rows.store.row(id), dim * sizeof(float));
+      continue;
     }
+    int64_t count = 1;
+    if (min_count > 0) {
+      uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
+      if (cid == KeyIndex::kNone) {
+        cid = sh.candidates.Add(keys[i], hashes[i]);
+        sh.candidates.store.meta(cid) = RowMeta{0, now};
+      }
+      RowMeta& cm = sh.candidates.store.meta(cid);
+      count = ++cm.count;
+      cm.last_seen = now;
+      if (count < min_count) {
+        FillDefault(dst);
+        continue;
+      }
+      sh.candidates.Remove(keys[i], hashes[i]);
+    }
+    id = sh.rows.Add(keys[i], hashes[i]);
+    float* row = sh.rows.store.row(id);
+    config_.init.Fill(keys[i], row, dim);
+    for (size_t j = 0; j < slot_init_.size(); ++j) std::fill(row + (j + 1) * dim, row + (j + 2) * dim, slot_init_[j]);
+    sh.rows.store.meta(id) = RowMeta{count, now};
+    std::memcpy(dst, row, dim * sizeof(float));
   }
+}
+
+int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hashes, int64_t n, uint32_t* ids) {
+  int64_t missing = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 16 < n) ks.index.Prefetch(hashes[i + 16]);
+    ids[i] = ks.index.Find(keys[i], hashes[i]);
+    missing += ids[i] == KeyIndex::kNone;
+  }
+  return missing;
+}
+
+std::vector<uint32_t>& ScratchIds(int64_t n) {
+  thread_local std::vector<uint32_t> ids;  // reused across calls: no allocation per lookup
+  if (static_cast<int64_t>(ids.size()) < n) ids.resize(n);
+  return ids;
 }
 
 void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) const {
   const TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
   std::shared_lock<std::shared_mutex> lock(sh.mu);
+  std::vector<uint32_t>& ids = ScratchIds(n);
+  ProbeAll(sh.rows, keys, hashes, n, ids.data());
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 4 < n) sh.rows.index.Prefetch(hashes[i + 4]);
-    const uint32_t id = sh.rows.index.Find(keys[i], hashes[i]);
+    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 4]));
+    const uint32_t id = ids[i];
     if (id == KeyIndex::kNone) {
       FillDefault(out + i * dim);
     } else {

@@ -184,6 +184,12 @@ struct TableSnapshot {
   std::vector<RowMeta> candidate_meta;
 };
 
+// Probes each of n keys once (prefetching ahead), writing its id or KeyIndex::kNone;
+// returns how many are missing. The caller holds the shard lock.
+int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hashes, int64_t n, uint32_t* ids);
+// A per-thread buffer of at least n ids, reused across calls.
+std::vector<uint32_t>& ScratchIds(int64_t n);
+
 class EmbeddingTable : public ResourceBase {
  public:
   explicit EmbeddingTable(const TableConfig& config);

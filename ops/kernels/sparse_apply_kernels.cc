@@ -24,7 +24,7 @@ struct SgdUpdate {
   static std::vector<float> SlotInit(float) { return {}; }
   float lr;
   SgdUpdate(const float* s, int64_t) : lr(s[0]) {}
-  void Update(float* row, const float* g, int64_t dim) const {
+  void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
     for (int64_t j = 0; j < dim; ++j) row[j] -= lr * g[j];
   }
 };
@@ -35,8 +35,8 @@ struct AdagradUpdate {
   static std::vector<float> SlotInit(float initial_accumulator) { return {initial_accumulator}; }
   float lr, epsilon;
   AdagradUpdate(const float* s, int64_t) : lr(s[0]), epsilon(s[1]) {}
-  void Update(float* row, const float* g, int64_t dim) const {
-    float* accum = row + dim;
+  void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
+    float* __restrict accum = row + dim;
     for (int64_t j = 0; j < dim; ++j) {
       accum[j] += g[j] * g[j];
       row[j] -= lr * g[j] / std::sqrt(accum[j] + epsilon);  // Keras: epsilon inside the root
@@ -53,9 +53,9 @@ struct AdamUpdate {
     const float t = static_cast<float>(step);
     alpha = s[0] * std::sqrt(1.0f - std::pow(beta_2, t)) / (1.0f - std::pow(beta_1, t));
   }
-  void Update(float* row, const float* g, int64_t dim) const {
-    float* m = row + dim;
-    float* v = row + 2 * dim;
+  void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
+    float* __restrict m = row + dim;
+    float* __restrict v = row + 2 * dim;
     for (int64_t j = 0; j < dim; ++j) {
       m[j] += (g[j] - m[j]) * (1.0f - beta_1);
       v[j] += (g[j] * g[j] - v[j]) * (1.0f - beta_2);
@@ -72,9 +72,9 @@ struct FtrlUpdate {
   FtrlUpdate(const float* s, int64_t)
       : lr(s[0]), lr_power(s[1]), l1(s[2]), l2_reg(s[3] + s[5] / (2.0f * s[0])), l2_shrinkage(s[4]) {}
   float Power(float x) const { return lr_power == -0.5f ? std::sqrt(x) : std::pow(x, -lr_power); }
-  void Update(float* row, const float* g, int64_t dim) const {
-    float* accum = row + dim;
-    float* linear = row + 2 * dim;
+  void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
+    float* __restrict accum = row + dim;
+    float* __restrict linear = row + 2 * dim;
     for (int64_t j = 0; j < dim; ++j) {
       const float w = row[j];
       const float grad_to_use = g[j] + 2.0f * l2_shrinkage * w;
@@ -159,13 +159,19 @@ class TableApplyOp : public OpKernel {
         relaid = true;
         return;
       }
+      const int64_t begin = grouped.offsets[s], n = grouped.offsets[s + 1] - begin;
+      std::vector<uint32_t>& ids = ScratchIds(n);
+      ProbeAll(sh.rows, &grouped.keys[begin], &grouped.hashes[begin], n, ids.data());
       int64_t done = 0;
-      for (int64_t u = grouped.offsets[s]; u < grouped.offsets[s + 1]; ++u) {
-        if (u + 4 < grouped.offsets[s + 1]) sh.rows.index.Prefetch(grouped.hashes[u + 4]);
-        const uint32_t id = sh.rows.index.Find(grouped.keys[u], grouped.hashes[u]);
-        if (id == KeyIndex::kNone) continue;  // not admitted or evicted: gradient dropped
-        update.Update(sh.rows.store.row(id), summed.data() + u * dim, dim);
-        sh.rows.store.meta(id).last_seen = step;
+      for (int64_t i = 0; i < n; ++i) {
+        if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {  // the whole row: value and slots
+          const char* ahead = reinterpret_cast<const char*>(sh.rows.store.row(ids[i + 8]));
+          for (int64_t b = 0; b < stride * 4; b += 64) __builtin_prefetch(ahead + b, 1);
+          __builtin_prefetch(&sh.rows.store.meta(ids[i + 8]), 1);
+        }
+        if (ids[i] == KeyIndex::kNone) continue;  // not admitted or evicted: gradient dropped
+        update.Update(sh.rows.store.row(ids[i]), summed.data() + (begin + i) * dim, dim);
+        sh.rows.store.meta(ids[i]).last_seen = step;
         ++done;
       }
       updated += done;

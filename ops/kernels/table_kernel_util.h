@@ -28,11 +28,13 @@ inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& tabl
   int64_t cap = 16;
   while (cap < 2 * n) cap *= 2;
   const uint64_t mask = cap - 1;
-  std::vector<int32_t> slots(cap, -1);
-  std::vector<int64_t> first_keys;
-  std::vector<uint64_t> first_hashes;
-  first_keys.reserve(n);
-  first_hashes.reserve(n);
+  // Per-thread scratch reused across calls: large fresh buffers would page-fault every step.
+  thread_local std::vector<int32_t> slots;
+  thread_local std::vector<int64_t> first_keys;
+  thread_local std::vector<uint64_t> first_hashes;
+  slots.assign(cap, -1);
+  first_keys.clear();
+  first_hashes.clear();
   out->inverse.resize(n);
   for (int64_t p = 0; p < n; ++p) {
     const int64_t key = keys[p];
@@ -49,7 +51,8 @@ inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& tabl
   // Counting sort of the distinct keys by shard; remap inverse to the sorted order.
   const int num_shards = table.num_shards();
   const int64_t u = first_keys.size();
-  std::vector<int32_t> shard_of(u);
+  thread_local std::vector<int32_t> shard_of;
+  shard_of.resize(u);
   out->offsets.assign(num_shards + 1, 0);
   for (int64_t i = 0; i < u; ++i) {
     shard_of[i] = table.ShardOf(first_hashes[i]);
@@ -57,7 +60,8 @@ inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& tabl
   }
   for (int s = 0; s < num_shards; ++s) out->offsets[s + 1] += out->offsets[s];
   std::vector<int64_t> cursor(out->offsets.begin(), out->offsets.end() - 1);
-  std::vector<int32_t> new_pos(u);
+  thread_local std::vector<int32_t> new_pos;
+  new_pos.resize(u);
   out->keys.resize(u);
   out->hashes.resize(u);
   for (int64_t i = 0; i < u; ++i) {

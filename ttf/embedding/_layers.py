@@ -119,15 +119,14 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
             def grad(upstream):
                 if row_splits is None:
-                    per_key = tf.reshape(upstream, [-1, self.dim])
+                    per_key = upstream
                 else:  # one gradient row per id of each bag, scaled for the mean
                     row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
                     per_key = tf.gather(upstream, row_ids)
                     if self.combiner == "mean":
                         lengths = tf.cast(tf.maximum(row_splits[1:] - row_splits[:-1], 1), tf.float32)
                         per_key *= tf.gather(1.0 / lengths, row_ids)[:, None]
-                rows = tf.math.unsorted_segment_sum(per_key, inverse, tf.size(unique_keys))
-                return tf.IndexedSlices(rows, unique_keys)
+                return tf.IndexedSlices(ops().ttf_embedding_grad(per_key, inverse, unique_keys), unique_keys)
 
             return embeddings, grad
 
