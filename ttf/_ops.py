@@ -22,7 +22,8 @@ def ops():
         module = tf.load_op_library(LIBRARY_PATH)
     except tf.errors.NotFoundError as err:  # undefined symbols: built against another TF
         raise ImportError(f"ttf: loading {LIBRARY_PATH} failed ({err}). {_REBUILD}") from err
-    built_for = module.ttf_build_info().numpy().decode()
+    with tf.init_scope():  # eager even when first called while a graph is being traced
+        built_for = module.ttf_build_info().numpy().decode()
     if built_for != tf.__version__:
         raise ImportError(
             f"ttf: the op library was built for TensorFlow {built_for}, but TensorFlow "
