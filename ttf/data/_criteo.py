@@ -97,7 +97,7 @@ class CriteoReader:
         return lines.enumerate(start=first).map(lambda number, line: (tf.constant(path), number, line))
 
     def dataset(self, batch_size, shuffle=True, seed=0, num_epochs=1, drop_remainder=False,
-                shuffle_buffer=100_000):
+                shuffle_buffer=100_000, split="all", holdout_every=5):
         """A tf.data.Dataset of parsed batches.
 
         Args:
@@ -105,13 +105,20 @@ class CriteoReader:
             lines were skipped, and the last one when drop_remainder=False).
           shuffle: shuffle lines with a buffer of shuffle_buffer and the given seed.
           num_epochs: passes over the files; None repeats forever.
+          split: "all"; or "eval" (every holdout_every-th line of each file, by line
+            number) and "train" (the others): a deterministic held-out split.
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        if split not in ("all", "train", "eval"):
+            raise ValueError(f"split must be 'all', 'train' or 'eval', got {split!r}")
         files = [self._lines(p) for p in self.paths]
         lines = files[0]
         for more in files[1:]:
             lines = lines.concatenate(more)
+        if split != "all":
+            in_eval = split == "eval"
+            lines = lines.filter(lambda path, number, line: tf.equal(number % holdout_every == 0, in_eval))
         if shuffle:
             lines = lines.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
         lines = lines.repeat(num_epochs).batch(batch_size, drop_remainder=drop_remainder)

@@ -1,0 +1,157 @@
+"""DeepFM and Wide&Deep, each built from one spec in three forms that differ only in the
+sparse part and the optimizer:
+
+  native: tf.keras Hashing + Embedding (a fixed bucket count per field) + tf.keras optimizer
+  tfra:   TFRA dynamic_embedding.keras.layers.Embedding + de.DynamicEmbeddingOptimizer
+  ttf:    ttf.FusedEmbedding (one fused lookup for all fields) + ttf.optimizers
+
+Every form embeds each id into dim + 1 floats: dim for the FM / deep part, 1 as the id's
+first-order (linear / wide) weight, so the three are the same model. The dense part is
+built by one function with seeded initialisers: for a given seed all forms start from the
+same dense weights.
+"""
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+import ttf
+
+PATHS = ("native", "tfra", "ttf")
+OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """model: "fm" (DeepFM) or "wdl" (Wide&Deep). mlp: hidden layer sizes of the deep part
+    (default (400, 400, 400) for fm, (1024, 512, 256) for wdl). native_buckets: rows per
+    field of the native path's fixed-size tables."""
+
+    model: str = "fm"
+    embedding_dim: int = 16
+    mlp: tuple = ()
+    num_fields: int = ttf.data.NUM_FIELDS
+    num_dense: int = ttf.data.NUM_DENSE
+    native_buckets: int = 100_000
+
+    def __post_init__(self):
+        if self.model not in ("fm", "wdl"):
+            raise ValueError(f"model must be 'fm' or 'wdl', got {self.model!r}")
+        if self.embedding_dim <= 0 or self.native_buckets <= 0:
+            raise ValueError("embedding_dim and native_buckets must be > 0")
+        if not self.mlp:
+            object.__setattr__(self, "mlp", (400, 400, 400) if self.model == "fm" else (1024, 512, 256))
+
+
+class NativeSparse(tf.keras.layers.Layer):
+    """Hashing into native_buckets rows per field, one Embedding holding every field's rows."""
+
+    def __init__(self, spec, seed, **kwargs):
+        super().__init__(**kwargs)
+        self.hashing = tf.keras.layers.Hashing(num_bins=spec.native_buckets)
+        self.embedding = tf.keras.layers.Embedding(
+            spec.num_fields * spec.native_buckets, spec.embedding_dim + 1,
+            embeddings_initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed))
+        self.offsets = tf.constant(np.arange(spec.num_fields, dtype=np.int64) * spec.native_buckets)
+
+    def call(self, ids, training=None):
+        return self.embedding(self.hashing(ids) + self.offsets)
+
+
+class TfraSparse(tf.keras.layers.Layer):
+    """TFRA's dynamic embedding over the flattened ids."""
+
+    def __init__(self, spec, seed, devices=None, **kwargs):
+        super().__init__(**kwargs)
+        from tensorflow_recommenders_addons import dynamic_embedding as de
+
+        self.dim = spec.embedding_dim + 1
+        self.embedding = de.keras.layers.Embedding(
+            self.dim, initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed), devices=devices,
+            name="tfra_embedding")
+
+    def call(self, ids, training=None):
+        rows = self.embedding(tf.reshape(ids, [-1]))
+        return tf.reshape(rows, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+
+def sparse_layer(spec, path, seed, shard_devices=None):
+    if path == "native":
+        return NativeSparse(spec, seed, name="native_sparse")
+    if path == "tfra":
+        return TfraSparse(spec, seed, devices=shard_devices, name="tfra_sparse")
+    if path == "ttf":
+        return ttf.FusedEmbedding(spec.embedding_dim + 1, num_fields=spec.num_fields, seed=seed,
+                                  initializer=ttf.embedding.RowInitializer("uniform", -0.05, 0.05),
+                                  shard_devices=shard_devices, name="ttf_sparse")
+    raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+
+
+class CTRModel(tf.keras.Model):
+    """features {"ids": int64 [B, F], "dense": float32 [B, 13]} -> click probability [B]."""
+
+    def __init__(self, spec, sparse, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.sparse = sparse
+        glorot = lambda offset: tf.keras.initializers.GlorotUniform(seed=seed + offset)  # noqa: E731
+        self.dense_linear = tf.keras.layers.Dense(1, kernel_initializer=glorot(1), name="dense_linear")
+        self.hidden = [tf.keras.layers.Dense(units, activation="relu", kernel_initializer=glorot(10 + i),
+                                             name=f"mlp_{i}") for i, units in enumerate(spec.mlp)]
+        self.deep_out = tf.keras.layers.Dense(1, kernel_initializer=glorot(2), name="deep_out")
+
+    def call(self, features, training=False):
+        return tf.sigmoid(self.logits(features, training=training))
+
+    def logits(self, features, training=False, compute_dtype=tf.float32):
+        """[B] logits; the dense part runs in compute_dtype (fp32 master weights, cast at the boundary)."""
+        dim = self.spec.embedding_dim
+        rows = self.sparse(features["ids"], training=training)  # [B, F, dim + 1], float32
+        emb, first_order = rows[..., :dim], rows[..., dim]
+        dense = tf.cast(features["dense"], tf.float32)
+        logit = tf.reduce_sum(first_order, axis=1) + self.dense_linear(dense)[:, 0]
+        x = tf.concat([tf.reshape(emb, [-1, self.spec.num_fields * dim]), dense], axis=1)
+        deep_logit = _mlp(self.hidden + [self.deep_out], x, compute_dtype)
+        logit += tf.cast(deep_logit[:, 0], tf.float32)
+        if self.spec.model == "fm":  # FM second order: 0.5 * sum((sum_f e)^2 - sum_f e^2)
+            e = tf.cast(emb, compute_dtype)
+            square_of_sum = tf.square(tf.reduce_sum(e, axis=1))
+            sum_of_squares = tf.reduce_sum(tf.square(e), axis=1)
+            logit += tf.cast(0.5 * tf.reduce_sum(square_of_sum - sum_of_squares, axis=1), tf.float32)
+        return logit
+
+
+def _mlp(layers, x, compute_dtype):
+    """Runs Dense layers in compute_dtype, casting inputs and kernels at the boundary, so the
+    same fp32 weights serve an fp32 and a bf16 variant without rebuilding."""
+    if compute_dtype == tf.float32:
+        for layer in layers:
+            x = layer(x)
+        return x
+    for layer in layers:
+        if not layer.built:
+            layer.build(x.shape)
+        x = tf.matmul(tf.cast(x, compute_dtype), tf.cast(layer.kernel, compute_dtype)) + tf.cast(layer.bias, compute_dtype)
+        if layer.activation is not None:
+            x = layer.activation(x)
+    return x
+
+
+def build(spec, path, seed=0, shard_devices=None):
+    """The model of `spec` in form `path` (native | tfra | ttf)."""
+    return CTRModel(spec, sparse_layer(spec, path, seed, shard_devices), seed=seed, name=f"{spec.model}_{path}")
+
+
+def make_optimizer(path, name, learning_rate):
+    """The optimizer `name` (adam | adagrad | ftrl | sgd) for `path`, with Keras defaults."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    keras_names = {"adam": "Adam", "adagrad": "Adagrad", "ftrl": "Ftrl", "sgd": "SGD"}
+    if path == "ttf":
+        return getattr(ttf.optimizers, keras_names[name])(learning_rate)
+    optimizer = getattr(tf.keras.optimizers, keras_names[name])(learning_rate)
+    if path == "tfra":
+        from tensorflow_recommenders_addons import dynamic_embedding as de
+
+        optimizer = de.DynamicEmbeddingOptimizer(optimizer)
+    return optimizer

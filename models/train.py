@@ -1,0 +1,267 @@
+"""Trains DeepFM or Wide&Deep on Criteo-format data: native TensorFlow, TFRA, or ttf (--tiacc).
+
+One process (default), or the chief of a parameter-server job when --ps-hosts,
+--worker-hosts and --chief-host are given (ps and worker tasks run
+`python -m ttf.distribute.server`; start_all.sh starts all of them). Prints progress while
+training, then global steps/sec, AUC and logloss on the eval data.
+
+Examples:
+  python models/train.py --model fm --tiacc --steps 200
+  python models/train.py --model wdl --tfra --data day_0.tsv.gz --eval-data day_1.tsv.gz --batch-size 4096
+  python models/train.py --model fm --tiacc --checkpoint-dir /tmp/ckpt --metrics-out metrics.json \\
+      --ps-hosts 127.0.0.1:2222 --worker-hosts 127.0.0.1:2223,127.0.0.1:2224 --chief-host 127.0.0.1:2225
+
+Exit codes: 0 done, 1 failure (e.g. a parameter server was lost), 2 bad usage.
+"""
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import ttf  # noqa: E402  (Keras 2 before TensorFlow is used)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from models import ctr  # noqa: E402
+
+DEFAULT_DATA = os.path.join(ROOT, "data", "criteo_sample.txt")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["fm", "wdl"], default="wdl", help="fm: DeepFM, wdl: Wide&Deep (default wdl)")
+    path = p.add_mutually_exclusive_group()
+    path.add_argument("--tiacc", action="store_true", help="ttf: FusedEmbedding + ttf.optimizers")
+    path.add_argument("--tfra", action="store_true", help="TFRA dynamic embeddings (neither flag: native TF)")
+    p.add_argument("--data", nargs="+", default=[DEFAULT_DATA],
+                   help="Criteo files, TSV or CSV, plain or .gz (default: the bundled sample data/criteo_sample.txt)")
+    p.add_argument("--eval-data", nargs="+", default=None,
+                   help="eval files (default: every 5th line of --data, held out of training)")
+    p.add_argument("--batch-size", type=int, default=256, help="examples per step and worker (default 256)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None, help="global steps to train to (default 200)")
+    length.add_argument("--epochs", type=int, default=None, help="passes over --data instead of --steps")
+    p.add_argument("--optimizer", choices=ctr.OPTIMIZERS, default="adam", help="(default adam)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="dense-part precision (default fp32); bf16 casts at the boundary, weights stay fp32")
+    p.add_argument("--embedding-dim", type=int, default=16, help="(default 16)")
+    p.add_argument("--native-buckets", type=int, default=100_000,
+                   help="native path: hash buckets per field (default 100000)")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="save here (chief only) and resume from its latest checkpoint when present")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="model and data-order seed (default 0)")
+    p.add_argument("--log-every", type=int, default=50, help="steps between progress lines (default 50)")
+    p.add_argument("--metrics-out", default=None, help="write the final metrics as JSON to this file")
+    p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
+    cluster = p.add_argument_group("parameter-server job (this process is the chief)")
+    cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
+    cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
+    cluster.add_argument("--chief-host", default=None, help="host:port of this chief")
+    args = p.parse_args(argv)
+    cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
+    if any(cluster_flags) and not all(cluster_flags):
+        p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
+    for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    for path in args.data + (args.eval_data or []):
+        if not os.path.isfile(path):
+            p.error(f"data file not found: {path}")
+    if args.steps is None and args.epochs is None:
+        args.steps = 200
+    return args
+
+
+def log(message):
+    print(message, flush=True)
+
+
+class Trainer:
+    """Builds the model, optimizer and checkpoint for one run; trains and evaluates."""
+
+    def __init__(self, args):
+        self.args = args
+        self.path = "ttf" if args.tiacc else "tfra" if args.tfra else "native"
+        self.spec = ctr.ModelSpec(model=args.model, embedding_dim=args.embedding_dim,
+                                  native_buckets=args.native_buckets)
+        self.cluster = None
+        self.strategy = self.coordinator = None
+        if args.ps_hosts:
+            self.cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
+            log(f"[train] connecting to {len(self.cluster.ps_hosts)} ps and {len(self.cluster.worker_hosts)} "
+                "worker task(s)")
+            self.strategy, self.coordinator = ttf.distribute.make_coordinator(self.cluster)
+        self.reader = ttf.data.CriteoReader(args.data, strict=not args.lenient)
+        scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
+        with scope:
+            shard_devices = self.cluster.ps_devices() if self.cluster else None
+            self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices)
+            self.optimizer = ctr.make_optimizer(self.path, args.optimizer, args.lr)
+            features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
+            self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
+            self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+        self.manager = None
+        if args.checkpoint_dir:
+            self.manager = tf.train.CheckpointManager(self.checkpoint, args.checkpoint_dir, max_to_keep=3)
+            if self.manager.latest_checkpoint:
+                self.checkpoint.restore(self.manager.latest_checkpoint)
+                log(f"[train] resumed from {self.manager.latest_checkpoint} at step {self.step()}")
+        self.compute_dtype = tf.bfloat16 if args.precision == "bf16" else tf.float32
+
+    def step(self):
+        return int(self.optimizer.iterations.numpy())
+
+    def dataset(self, seed):
+        args = self.args
+        split = "all" if args.eval_data else "train"
+        return self.reader.dataset(args.batch_size, shuffle=True, seed=seed, split=split,
+                                   num_epochs=None if args.steps else args.epochs)
+
+    def replica_step(self, features, labels):
+        with tf.GradientTape() as tape:
+            logits = self.model.logits(features, training=True, compute_dtype=self.compute_dtype)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return loss
+
+    def train(self):
+        """Trains to --steps (or for --epochs); returns (steps run, seconds of the timed part)."""
+        if self.coordinator:
+            return self._train_cluster()
+        step_fn = tf.function(self.replica_step)
+        target = self.args.steps
+        if target is not None and self.step() >= target:
+            log(f"[train] already at step {self.step()} >= --steps {target}; nothing to train")
+            return 0, 0.0
+        warmup, timed_start, run = 5, None, 0
+        last_log = time.perf_counter()
+        for features, labels in self.dataset(self.args.seed):
+            loss = step_fn(features, labels)
+            run += 1
+            if run == warmup:
+                loss.numpy()
+                timed_start = time.perf_counter()
+            step = self.step()
+            if step % self.args.log_every == 0:
+                now = time.perf_counter()
+                log(f"[train] step {step}: loss {float(loss):.4f}, {self.args.log_every / (now - last_log):.1f} steps/s")
+                last_log = now
+            self._maybe_checkpoint(step)
+            if target is not None and step >= target:
+                break
+        if timed_start is None:  # shorter than the warm-up: time everything
+            return run, max(time.perf_counter() - last_log, 1e-9)
+        return run - warmup, time.perf_counter() - timed_start
+
+    def _train_cluster(self):
+        strategy, coordinator = self.strategy, self.coordinator
+        workers = len(self.cluster.worker_hosts)
+
+        def dataset_fn(context):
+            return self.dataset(self.args.seed * 1000 + context.input_pipeline_id)
+
+        per_worker = coordinator.create_per_worker_dataset(
+            lambda: strategy.distribute_datasets_from_function(dataset_fn))
+        iterator = iter(per_worker)
+
+        @tf.function
+        def worker_step(it):
+            features, labels = next(it)
+            return strategy.run(self.replica_step, args=(features, labels))
+
+        target = self.args.steps
+        if target is None:
+            raise SystemExit("--epochs is not supported in a parameter-server job; use --steps")
+        start_step = self.step()
+        warmup = min(2 * workers, max(target - start_step, 0))
+        for _ in range(warmup):
+            coordinator.schedule(worker_step, args=(iterator,))
+        coordinator.join()
+        timed_start, timed_from = time.perf_counter(), self.step()
+        last_log = time.perf_counter()
+        while self.step() < target:
+            chunk = min(self.args.log_every, target - self.step())
+            losses = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(chunk)]
+            coordinator.join()
+            now = time.perf_counter()
+            log(f"[train] step {self.step()}: loss {float(losses[-1].fetch()):.4f}, "
+                f"{chunk / (now - last_log):.1f} global steps/s")
+            last_log = now
+            self._maybe_checkpoint(self.step(), every_chunk=True)
+        return self.step() - timed_from, time.perf_counter() - timed_start
+
+    def _maybe_checkpoint(self, step, every_chunk=False):
+        if self.manager is None:
+            return
+        if every_chunk or step % self.args.checkpoint_every == 0:
+            if every_chunk and step // self.args.checkpoint_every == getattr(self, "_last_ckpt", -1):
+                return
+            self._last_ckpt = step // self.args.checkpoint_every
+            self.manager.save(checkpoint_number=step)
+
+    def evaluate(self):
+        """AUC and logloss of the model on the eval data (run on this process)."""
+        args = self.args
+        if args.eval_data:
+            data = ttf.data.CriteoReader(args.eval_data, strict=not args.lenient).dataset(
+                args.batch_size, shuffle=False)
+        else:
+            data = self.reader.dataset(args.batch_size, shuffle=False, split="eval")
+        predict = tf.function(lambda features: tf.sigmoid(self.model.logits(features, training=False)))
+        labels, probs = [], []
+        for features, y in data:
+            labels.append(y.numpy())
+            probs.append(predict(features).numpy())
+        labels, probs = np.concatenate(labels), np.clip(np.concatenate(probs), 1e-7, 1 - 1e-7)
+        logloss = float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
+        auc = ttf.data.best_auc(labels, probs) if 0 < labels.sum() < len(labels) else float("nan")
+        return auc, logloss, len(labels)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    path = "ttf (--tiacc)" if args.tiacc else "TFRA" if args.tfra else "native TensorFlow"
+    log(f"[train] {('DeepFM' if args.model == 'fm' else 'Wide&Deep')} with {path}, optimizer {args.optimizer}, "
+        f"batch {args.batch_size}, precision {args.precision}")
+    try:
+        trainer = Trainer(args)
+        steps, seconds = trainer.train()
+        if trainer.manager:
+            trainer.manager.save(checkpoint_number=trainer.step())
+            log(f"[train] checkpoint {trainer.manager.latest_checkpoint}")
+        auc, logloss, eval_rows = trainer.evaluate()
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
+        lost = trainer.cluster.ps_hosts if getattr(locals().get("trainer"), "cluster", None) else ()
+        log(f"[train] error: lost contact with the cluster ({type(err).__name__}: {str(err).splitlines()[0][:300]}). "
+            f"A parameter server ({', '.join(lost) or 'see above'}) or the network failed; restart the job with the "
+            "same --checkpoint-dir to resume from the last checkpoint.")
+        return 1
+    if args.lenient:
+        trainer.reader.report()
+    steps_per_sec = steps / seconds if seconds > 0 else float("nan")
+    metrics = {
+        "model": args.model, "path": trainer.path, "optimizer": args.optimizer, "batch_size": args.batch_size,
+        "precision": args.precision, "steps": trainer.step(), "timed_steps": steps,
+        "global_steps_per_sec": steps_per_sec, "examples_per_sec": steps_per_sec * args.batch_size,
+        "auc": auc, "logloss": logloss, "eval_rows": eval_rows,
+        "cluster": trainer.cluster.shape() if trainer.cluster else "single",
+    }
+    log(f"[train] done: {trainer.step()} steps, {steps_per_sec:.2f} global steps/sec, "
+        f"AUC {auc:.4f}, logloss {logloss:.4f} on {eval_rows} eval rows")
+    if args.metrics_out:
+        with open(args.metrics_out, "w") as f:
+            json.dump(metrics, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Parameter-server clusters on TensorFlow's own runtime.
+
+`ClusterConfig` describes the job (chief, workers, parameter servers as host:port);
+`python -m ttf.distribute.server` starts one ps or worker task (ttf's ops loaded first, so
+its kernels run there); `make_coordinator` connects the chief with ParameterServerStrategy
+and a ClusterCoordinator. ttf tables are sharded over `config.ps_devices()`.
+"""
+from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
+
+__all__ = ["ClusterConfig", "free_ports", "make_coordinator"]
