@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Starts a ttf training job: by default a local parameter-server cluster (1 ps + 2 workers +
+# the chief, on free localhost ports) training Wide&Deep on the bundled Criteo sample.
+# Run with -h for every flag. Sets itself up on first use (./.venv, packages, op build).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+usage() {
+  cat <<'EOF'
+Usage: ./start_all.sh [options]
+
+Model and path:
+  --fm                 DeepFM (default: Wide&Deep)
+  --tiacc              the ttf path: FusedEmbedding + ttf.optimizers (default: native TensorFlow)
+  --tfra               the TFRA path (dynamic_embedding layers + its optimizer wrapper)
+  --precision P        fp32 | bf16: dense-part precision (default fp32)
+  --optimizer O        adam | adagrad | ftrl | sgd (default adam)
+Training:
+  --steps N            global steps (default 200)
+  --batch-size N       examples per step and worker (default 256)
+  --data FILE          Criteo TSV/CSV, plain or .gz (default: data/criteo_sample.txt)
+  --checkpoint-dir D   save checkpoints here; a restart with the same D resumes
+  --metrics-out FILE   write the final metrics as JSON
+Local job (default: a parameter-server cluster on this host):
+  --ps N               parameter servers (default 1)
+  --workers N          workers (default 2)
+  --single             one process, no cluster
+One role of a multi-host job (run once per task, on its host):
+  --role R             chief | worker | ps
+  --index I            the task's index within its role (default 0)
+  --ps-hosts H         host:port,host:port of every ps task
+  --worker-hosts H     host:port,... of every worker task
+  --chief-host H       host:port of the chief
+  -h, --help           this help
+
+Examples:
+  ./start_all.sh --tiacc --fm                        # DeepFM with ttf, local PS cluster
+  ./start_all.sh --fm --single --steps 500           # native DeepFM in one process
+  ./start_all.sh --role ps --index 0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222 \
+                 --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
+It prints global steps/sec and AUC at the end. Logs of a local cluster go to runs/<time>/.
+EOF
+}
+
+die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
+
+model=wdl path_flag="" precision=fp32 optimizer=adam steps=200 batch=256 data="" ckpt="" metrics=""
+num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
+need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --fm) model=fm ;;
+    --wdl) model=wdl ;;
+    --tiacc) path_flag=--tiacc ;;
+    --tfra) path_flag=--tfra ;;
+    --single) single=1 ;;
+    --precision) need_value "$@"; precision=$2; shift ;;
+    --optimizer) need_value "$@"; optimizer=$2; shift ;;
+    --steps) need_value "$@"; steps=$2; shift ;;
+    --batch-size) need_value "$@"; batch=$2; shift ;;
+    --data) need_value "$@"; data=$2; shift ;;
+    --checkpoint-dir) need_value "$@"; ckpt=$2; shift ;;
+    --metrics-out) need_value "$@"; metrics=$2; shift ;;
+    --ps) need_value "$@"; num_ps=$2; shift ;;
+    --workers) need_value "$@"; num_workers=$2; shift ;;
+    --role) need_value "$@"; role=$2; shift ;;
+    --index) need_value "$@"; index=$2; shift ;;
+    --ps-hosts) need_value "$@"; ps_hosts=$2; shift ;;
+    --worker-hosts) need_value "$@"; worker_hosts=$2; shift ;;
+    --chief-host) need_value "$@"; chief_host=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown option '$1'" ;;
+  esac
+  shift
+done
+for n in steps batch num_ps num_workers index; do
+  [[ ${!n} =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a non-negative integer, got '${!n}'"
+done
+[ "$num_ps" -ge 1 ] && [ "$num_workers" -ge 1 ] || die "--ps and --workers must be at least 1"
+case "$role" in ""|chief|worker|ps) ;; *) die "--role must be chief, worker or ps, got '$role'" ;; esac
+if [ -n "$role" ] && { [ -z "$ps_hosts" ] || [ -z "$worker_hosts" ] || [ -z "$chief_host" ]; }; then
+  die "--role needs --ps-hosts, --worker-hosts and --chief-host"
+fi
+
+echo "[start_all] set-up: checking .venv and the op build"
+./scripts/setup_env.sh
+PY=.venv/bin/python
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+
+train_args=(--model "$model" --precision "$precision" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
+[ -n "$path_flag" ] && train_args+=("$path_flag")
+[ -n "$data" ] && train_args+=(--data "$data")
+[ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")
+[ -n "$metrics" ] && train_args+=(--metrics-out "$metrics")
+
+# One role of a multi-host job: this process becomes that task.
+if [ -n "$role" ]; then
+  cluster=(--ps-hosts "$ps_hosts" --worker-hosts "$worker_hosts" --chief-host "$chief_host")
+  if [ "$role" = chief ]; then
+    echo "[start_all] chief: training (${train_args[*]})"
+    exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"
+  fi
+  echo "[start_all] $role $index: starting its TensorFlow server"
+  exec "$PY" -m ttf.distribute.server --job "$role" --index "$index" "${cluster[@]}"
+fi
+
+if [ "$single" = 1 ]; then
+  echo "[start_all] single process: training (${train_args[*]})"
+  exec "$PY" models/train.py "${train_args[@]}"
+fi
+
+# A local cluster: servers in the background, the chief in the foreground, a watchdog between.
+logdir=runs/$(date +%Y%m%d-%H%M%S)-$$
+mkdir -p "$logdir"
+# Free ports: bind to port 0 and read what the kernel gave (without importing TensorFlow).
+read -r -a ports <<<"$("$PY" -c "
+import socket
+socks = [socket.socket() for _ in range($num_ps + $num_workers + 1)]
+for s in socks: s.bind(('127.0.0.1', 0))
+print(*[s.getsockname()[1] for s in socks])")"
+join_hosts() { local IFS=,; echo "$*"; }
+ps_list=() worker_list=()
+for ((i = 0; i < num_ps; i++)); do ps_list+=("127.0.0.1:${ports[i]}"); done
+for ((i = 0; i < num_workers; i++)); do worker_list+=("127.0.0.1:${ports[num_ps + i]}"); done
+cluster=(--ps-hosts "$(join_hosts "${ps_list[@]}")" --worker-hosts "$(join_hosts "${worker_list[@]}")"
+         --chief-host "127.0.0.1:${ports[num_ps + num_workers]}")
+
+pids=() names=()
+cleanup() {
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  sleep 0.5
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'echo "[start_all] interrupted: stopping every process"; exit 130' INT TERM
+
+echo "[start_all] cluster: $num_ps ps + $num_workers worker(s) on 127.0.0.1, logs in $logdir"
+for ((i = 0; i < num_ps; i++)); do
+  "$PY" -m ttf.distribute.server --job ps --index "$i" "${cluster[@]}" >"$logdir/ps$i.log" 2>&1 &
+  pids+=($!) names+=("ps $i")
+done
+for ((i = 0; i < num_workers; i++)); do
+  "$PY" -m ttf.distribute.server --job worker --index "$i" "${cluster[@]}" >"$logdir/worker$i.log" 2>&1 &
+  pids+=($!) names+=("worker $i")
+done
+
+died() {  # reports why task $1 (a name) stopped, from its exit status and log
+  local name=$1 pid=$2 log=$3 rc=0
+  wait "$pid" 2>/dev/null || rc=$?
+  local why="exit code $rc"
+  [ "$rc" -gt 128 ] && why="killed by signal $((rc - 128))"
+  echo "[start_all] $name (pid $pid) stopped: $why; last lines of $log:" >&2
+  tail -n 5 "$log" | sed 's/^/    /' >&2
+}
+
+for ((i = 0; i < ${#pids[@]}; i++)); do  # wait until every server listens
+  log="$logdir/${names[i]/ /}.log"
+  for ((t = 0; t < 120; t++)); do
+    grep -q "ready at" "$log" 2>/dev/null && break
+    if ! kill -0 "${pids[i]}" 2>/dev/null; then died "${names[i]}" "${pids[i]}" "$log"; exit 1; fi
+    sleep 0.5
+  done
+  grep -q "ready at" "$log" || { echo "[start_all] ${names[i]} did not start within 60s; see $log" >&2; exit 1; }
+done
+echo "[start_all] servers ready; chief: training (${train_args[*]})"
+
+"$PY" models/train.py "${train_args[@]}" "${cluster[@]}" 2>"$logdir/chief.err" > >(tee "$logdir/chief.log") &
+chief=$!
+pids+=($chief)
+alive=() ps_lost_at=""
+for ((i = 0; i < num_ps + num_workers; i++)); do alive[i]=1; done
+while kill -0 "$chief" 2>/dev/null; do
+  for ((i = 0; i < num_ps + num_workers; i++)); do
+    if [ "${alive[i]}" = 1 ] && ! kill -0 "${pids[i]}" 2>/dev/null; then
+      alive[i]=0
+      died "${names[i]}" "${pids[i]}" "$logdir/${names[i]/ /}.log"
+      if [ "$i" -lt "$num_ps" ]; then
+        echo "[start_all] parameter server lost: the chief stops with an error; restart with the same" \
+             "--checkpoint-dir to resume" >&2
+        ps_lost_at=$SECONDS
+      else
+        echo "[start_all] the chief goes on with the remaining workers" >&2
+      fi
+    fi
+  done
+  if [ -n "$ps_lost_at" ] && [ $((SECONDS - ps_lost_at)) -gt 90 ]; then
+    echo "[start_all] the chief did not stop within 90s of losing a parameter server: stopping it" >&2
+    exit 1
+  fi
+  workers_alive=0
+  for ((i = num_ps; i < num_ps + num_workers; i++)); do workers_alive=$((workers_alive + alive[i])); done
+  if [ "$workers_alive" = 0 ]; then echo "[start_all] every worker is gone: stopping the job" >&2; exit 1; fi
+  sleep 1
+done
+rc=0
+wait "$chief" || rc=$?
+if [ "$rc" != 0 ]; then
+  echo "[start_all] the chief failed (exit code $rc); its errors:" >&2
+  grep -v -E "^(WARNING|I0000|W0000)" "$logdir/chief.err" | tail -n 15 | sed 's/^/    /' >&2
+  exit "$rc"
+fi
+echo "[start_all] done; logs in $logdir"
