@@ -68,7 +68,7 @@ class TfraSparse(tf.keras.layers.Layer):
         self.dim = spec.embedding_dim + 1
         self.embedding = de.keras.layers.Embedding(
             self.dim, initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed), devices=devices,
-            name="tfra_embedding")
+            name=f"tfra_embedding_{tf.keras.backend.get_uid('tfra_embedding')}")  # TFRA names are process-global
 
     def call(self, ids, training=None):
         rows = self.embedding(tf.reshape(ids, [-1]))

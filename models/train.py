@@ -119,6 +119,16 @@ class Trainer:
     def step(self):
         return int(self.optimizer.iterations.numpy())
 
+    def table_summary(self):
+        """ttf path: (ids stored, float64 sum of every stored value and slot) over all shards,
+        to check a restore against its checkpoint; None on other paths."""
+        if self.path != "ttf":
+            return None
+        exports = [table.export() for table in self.model.sparse.tables]
+        keys = np.concatenate([e["keys"].numpy() for e in exports])
+        values = np.concatenate([e["values"].numpy() for e in exports])
+        return len(keys), float(np.sum(values[np.argsort(keys)], dtype=np.float64))  # order-independent
+
     def dataset(self, seed):
         args = self.args
         split = "all" if args.eval_data else "train"
@@ -255,6 +265,9 @@ def main(argv=None):
         "auc": auc, "logloss": logloss, "eval_rows": eval_rows,
         "cluster": trainer.cluster.shape() if trainer.cluster else "single",
     }
+    summary = trainer.table_summary()
+    if summary:
+        metrics["table_size"], metrics["table_checksum"] = summary
     log(f"[train] done: {trainer.step()} steps, {steps_per_sec:.2f} global steps/sec, "
         f"AUC {auc:.4f}, logloss {logloss:.4f} on {eval_rows} eval rows")
     if args.metrics_out:
