@@ -1,0 +1,73 @@
+"""Two hosts on one machine (network namespaces joined by a veth link): the parameter server
+on one, the workers and the chief on the other, training and checkpointing over that link
+with start_all.sh's multi-host flags."""
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+START = os.path.join(ROOT, "start_all.sh")
+pytestmark = pytest.mark.slow
+
+
+def sh(*cmd):
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    tag = uuid.uuid4().hex[:6]
+    host_a, host_b = f"ttfa{tag}", f"ttfb{tag}"
+    try:
+        sh("ip", "netns", "add", host_a)
+    except (subprocess.CalledProcessError, FileNotFoundError) as err:
+        pytest.skip(f"network namespaces are not permitted here ({err})")
+    try:
+        sh("ip", "netns", "add", host_b)
+        sh("ip", "link", "add", f"va{tag}", "type", "veth", "peer", "name", f"vb{tag}")
+        sh("ip", "link", "set", f"va{tag}", "netns", host_a)
+        sh("ip", "link", "set", f"vb{tag}", "netns", host_b)
+        for host, dev, addr in ((host_a, f"va{tag}", "10.231.7.1/24"), (host_b, f"vb{tag}", "10.231.7.2/24")):
+            sh("ip", "-n", host, "addr", "add", addr, "dev", dev)
+            sh("ip", "-n", host, "link", "set", dev, "up")
+            sh("ip", "-n", host, "link", "set", "lo", "up")
+        yield host_a, host_b
+    finally:
+        for host in (host_a, host_b):
+            subprocess.run(["ip", "netns", "pids", host], capture_output=True)
+            pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                subprocess.run(["kill", "-9", pid], capture_output=True)
+            subprocess.run(["ip", "netns", "del", host], capture_output=True)
+
+
+def test_ps_on_one_host_workers_and_chief_on_another(two_hosts, tmp_path):
+    host_a, host_b = two_hosts
+    cluster = ["--ps-hosts", "10.231.7.1:22220", "--worker-hosts", "10.231.7.2:22221,10.231.7.2:22222",
+               "--chief-host", "10.231.7.2:22223"]
+    common = ["--tiacc", "--fm", "--batch-size", "64"]
+
+    def role(host, *args):
+        return subprocess.Popen(["ip", "netns", "exec", host, START, *common, *args, *cluster], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    servers = [role(host_a, "--role", "ps", "--index", "0"),
+               role(host_b, "--role", "worker", "--index", "0"),
+               role(host_b, "--role", "worker", "--index", "1")]
+    try:
+        metrics = tmp_path / "m.json"
+        chief = subprocess.run(["ip", "netns", "exec", host_b, START, *common, "--role", "chief", "--steps", "60",
+                                "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-out", str(metrics), *cluster],
+                               cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert chief.returncode == 0, chief.stdout[-3000:] + chief.stderr[-3000:]
+        result = json.loads(metrics.read_text())
+        assert result["steps"] == 60 and result["cluster"] == {"ps": 1, "workers": 2} and result["table_size"] > 0
+        assert tf.train.latest_checkpoint(str(tmp_path / "ckpt")).endswith("ckpt-60")
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
