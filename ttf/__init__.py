@@ -14,7 +14,7 @@ if os.environ["TF_USE_LEGACY_KERAS"] not in ("1", "true", "True"):
 
 __version__ = "0.1.0"
 
-from ttf import data, distribute, optimizers  # noqa: E402
+from ttf import data, distribute, optimizers, precision  # noqa: E402
 from ttf.embedding import DynamicEmbedding, FusedEmbedding  # noqa: E402
 
-__all__ = ["DynamicEmbedding", "FusedEmbedding", "data", "distribute", "optimizers"]
+__all__ = ["DynamicEmbedding", "FusedEmbedding", "data", "distribute", "optimizers", "precision"]
