@@ -13,7 +13,7 @@ Model and path:
   --fm                 DeepFM (default: Wide&Deep)
   --tiacc              the ttf path: FusedEmbedding + ttf.optimizers (default: native TensorFlow)
   --tfra               the TFRA path (dynamic_embedding layers + its optimizer wrapper)
-  --precision P        fp32 | bf16: dense-part precision (default fp32)
+  --precision P        auto | fp32 | bf16: dense-part precision (default auto with --tiacc, else fp32)
   --optimizer O        adam | adagrad | ftrl | sgd (default adam)
 Training:
   --steps N            global steps (default 200)
@@ -44,7 +44,7 @@ EOF
 
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
-model=wdl path_flag="" precision=fp32 optimizer=adam steps=200 batch=256 data="" ckpt="" metrics=""
+model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics=""
 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
@@ -87,7 +87,8 @@ echo "[start_all] set-up: checking .venv and the op build"
 PY=.venv/bin/python
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
-train_args=(--model "$model" --precision "$precision" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
+train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
+[ -n "$precision" ] && train_args+=(--precision "$precision")
 [ -n "$path_flag" ] && train_args+=("$path_flag")
 [ -n "$data" ] && train_args+=(--data "$data")
 [ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")

@@ -48,8 +48,10 @@ def parse_args(argv):
     length.add_argument("--epochs", type=int, default=None, help="passes over --data instead of --steps")
     p.add_argument("--optimizer", choices=ctr.OPTIMIZERS, default="adam", help="(default adam)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="dense-part precision (default fp32); bf16 casts at the boundary, weights stay fp32")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None,
+                   help="dense-part precision: auto (ttf.precision's loss policy: bf16 while the loss is calm, "
+                        "fp32 after spikes, NaN steps skipped), fp32 or bf16 (weights stay fp32 either way); "
+                        "default auto with --tiacc, fp32 otherwise")
     p.add_argument("--embedding-dim", type=int, default=16, help="(default 16)")
     p.add_argument("--native-buckets", type=int, default=100_000,
                    help="native path: hash buckets per field (default 100000)")
@@ -77,6 +79,8 @@ def parse_args(argv):
             p.error(f"data file not found: {path}")
     if args.steps is None and args.epochs is None:
         args.steps = 200
+    if args.precision is None:
+        args.precision = "auto" if args.tiacc else "fp32"
     return args
 
 
@@ -107,14 +111,22 @@ class Trainer:
             self.optimizer = ctr.make_optimizer(self.path, args.optimizer, args.lr)
             features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
             self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
-            self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+            self.precision = None
+            parts = {"model": self.model, "optimizer": self.optimizer}
+            if args.precision == "auto":
+                self.precision = ttf.precision.AdaptivePrecision("loss", warmup_steps=20, calm_steps=10,
+                                                                 hold_steps=50, interval=500, interval_hold=10)
+                if not self.strategy:
+                    self.optimizer.build(self.model.trainable_variables)  # slots now, not inside the NaN guard
+                parts["precision"] = self.precision
+            self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = None
         if args.checkpoint_dir:
             self.manager = tf.train.CheckpointManager(self.checkpoint, args.checkpoint_dir, max_to_keep=3)
             if self.manager.latest_checkpoint:
                 self.checkpoint.restore(self.manager.latest_checkpoint)
                 log(f"[train] resumed from {self.manager.latest_checkpoint} at step {self.step()}")
-        self.compute_dtype = tf.bfloat16 if args.precision == "bf16" else tf.float32
+        self.low_steps = 0  # steps run with the dense part in bf16
 
     def step(self):
         return int(self.optimizer.iterations.numpy())
@@ -135,27 +147,42 @@ class Trainer:
         return self.reader.dataset(args.batch_size, shuffle=True, seed=seed, split=split,
                                    num_epochs=None if args.steps else args.epochs)
 
-    def replica_step(self, features, labels):
+    def replica_step(self, compute_dtype, features, labels):
         with tf.GradientTape() as tape:
-            logits = self.model.logits(features, training=True, compute_dtype=self.compute_dtype)
+            logits = self.model.logits(features, training=True, compute_dtype=compute_dtype)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        grads = tape.gradient(loss, self.model.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        variables = self.model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        if self.precision is not None and self.strategy is None:
+            # The switch skips NaN/Inf steps: no weight moves. (Not in a parameter-server job:
+            # ParameterServerStrategy cannot apply gradients inside a tf.cond.)
+            ttf.precision.apply_if_finite(self.optimizer, loss, grads, variables)
+        else:
+            self.optimizer.apply_gradients(zip(grads, variables))
         return loss
+
+    def use_bf16(self, loss):
+        """This step's precision: fixed by --precision, or the switch's call on the last loss."""
+        if self.precision is None:
+            return self.args.precision == "bf16"
+        return self.precision.enable_mixed_precision(self.step(), loss=loss)
 
     def train(self):
         """Trains to --steps (or for --epochs); returns (steps run, seconds of the timed part)."""
         if self.coordinator:
             return self._train_cluster()
-        step_fn = tf.function(self.replica_step)
+        step_fn = ttf.precision.DualPrecisionStep(self.replica_step)
         target = self.args.steps
         if target is not None and self.step() >= target:
             log(f"[train] already at step {self.step()} >= --steps {target}; nothing to train")
             return 0, 0.0
         warmup, timed_start, run = 5, None, 0
-        last_log = time.perf_counter()
+        last_log, last_loss = time.perf_counter(), None
         for features, labels in self.dataset(self.args.seed):
-            loss = step_fn(features, labels)
+            low = self.use_bf16(last_loss)
+            loss = step_fn(low, features, labels)
+            last_loss = float(loss) if self.precision is not None else None
+            self.low_steps += int(low)
             run += 1
             if run == warmup:
                 loss.numpy()
@@ -183,27 +210,38 @@ class Trainer:
             lambda: strategy.distribute_datasets_from_function(dataset_fn))
         iterator = iter(per_worker)
 
-        @tf.function
-        def worker_step(it):
-            features, labels = next(it)
-            return strategy.run(self.replica_step, args=(features, labels))
+        def worker_step_for(dtype):
+            @tf.function
+            def worker_step(it):
+                features, labels = next(it)
+                return strategy.run(self.replica_step, args=(dtype, features, labels))
+            return worker_step
+
+        worker_steps = {False: worker_step_for(tf.float32), True: worker_step_for(tf.bfloat16)}
 
         target = self.args.steps
         if target is None:
             raise SystemExit("--epochs is not supported in a parameter-server job; use --steps")
         start_step = self.step()
         warmup = min(2 * workers, max(target - start_step, 0))
+        low = self.use_bf16(None)
         for _ in range(warmup):
-            coordinator.schedule(worker_step, args=(iterator,))
+            coordinator.schedule(worker_steps[low], args=(iterator,))
         coordinator.join()
+        self.low_steps += warmup * int(low)
         timed_start, timed_from = time.perf_counter(), self.step()
         last_log = time.perf_counter()
         while self.step() < target:
             chunk = min(self.args.log_every, target - self.step())
-            losses = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(chunk)]
+            losses = [coordinator.schedule(worker_steps[low], args=(iterator,)) for _ in range(chunk)]
             coordinator.join()
+            self.low_steps += chunk * int(low)
+            losses = [float(loss.fetch()) for loss in losses]
+            for loss in losses:  # the switch sees every loss; its last call sets the next chunk's precision
+                low = self.use_bf16(loss)
+            last_loss = losses[-1]
             now = time.perf_counter()
-            log(f"[train] step {self.step()}: loss {float(losses[-1].fetch()):.4f}, "
+            log(f"[train] step {self.step()}: loss {last_loss:.4f}, "
                 f"{chunk / (now - last_log):.1f} global steps/s")
             last_log = now
             self._maybe_checkpoint(self.step(), every_chunk=True)
@@ -244,7 +282,9 @@ def main(argv=None):
         f"batch {args.batch_size}, precision {args.precision}")
     try:
         trainer = Trainer(args)
+        start_step = trainer.step()
         steps, seconds = trainer.train()
+        steps_run = trainer.step() - start_step
         if trainer.manager:
             trainer.manager.save(checkpoint_number=trainer.step())
             log(f"[train] checkpoint {trainer.manager.latest_checkpoint}")
@@ -261,7 +301,7 @@ def main(argv=None):
     metrics = {
         "model": args.model, "path": trainer.path, "optimizer": args.optimizer, "batch_size": args.batch_size,
         "precision": args.precision, "steps": trainer.step(), "timed_steps": steps,
-        "global_steps_per_sec": steps_per_sec, "examples_per_sec": steps_per_sec * args.batch_size,
+        "global_steps_per_sec": steps_per_sec, "bf16_fraction": trainer.low_steps / max(steps_run, 1), "examples_per_sec": steps_per_sec * args.batch_size,
         "auc": auc, "logloss": logloss, "eval_rows": eval_rows,
         "cluster": trainer.cluster.shape() if trainer.cluster else "single",
     }

@@ -165,7 +165,9 @@ class AdaptivePrecision(tf.Module):
 def apply_if_finite(optimizer, loss, grads, variables):
     """Applies the gradients only when `loss` is finite: a NaN/Inf step leaves every weight
     (and the optimizer's step) untouched. Returns whether it applied. Build the optimizer's
-    slots first (optimizer.build(variables)) when calling this inside a tf.function."""
+    slots first (optimizer.build(variables)) when calling this inside a tf.function.
+    Works where apply_gradients may run inside a tf.cond: single-process training (not
+    under ParameterServerStrategy, whose update path cannot run in a branch)."""
     def apply():
         optimizer.apply_gradients(zip(grads, variables))
         return tf.constant(True)
