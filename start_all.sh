@@ -19,6 +19,7 @@ Training:
   --steps N            global steps (default 200)
   --batch-size N       examples per step and worker (default 256)
   --data FILE          Criteo TSV/CSV, plain or .gz (default: data/criteo_sample.txt)
+  --eval-data FILE     eval data (default: every 5th line of --data, held out)
   --checkpoint-dir D   save checkpoints here; a restart with the same D resumes
   --metrics-out FILE   write the final metrics as JSON
 Local job (default: a parameter-server cluster on this host):
@@ -44,7 +45,7 @@ EOF
 
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
-model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics=""
+model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
@@ -59,6 +60,7 @@ while [ $# -gt 0 ]; do
     --steps) need_value "$@"; steps=$2; shift ;;
     --batch-size) need_value "$@"; batch=$2; shift ;;
     --data) need_value "$@"; data=$2; shift ;;
+    --eval-data) need_value "$@"; eval_data=$2; shift ;;
     --checkpoint-dir) need_value "$@"; ckpt=$2; shift ;;
     --metrics-out) need_value "$@"; metrics=$2; shift ;;
     --ps) need_value "$@"; num_ps=$2; shift ;;
@@ -91,6 +93,7 @@ train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-s
 [ -n "$precision" ] && train_args+=(--precision "$precision")
 [ -n "$path_flag" ] && train_args+=("$path_flag")
 [ -n "$data" ] && train_args+=(--data "$data")
+[ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")
 [ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")
 [ -n "$metrics" ] && train_args+=(--metrics-out "$metrics")
 

@@ -1,0 +1,162 @@
+"""Steps/sec and accuracy of DeepFM and Wide&Deep: native TensorFlow vs TFRA vs ttf.
+
+Same synthetic data (Criteo schema, Zipf keys, a planted logistic model), same steps, batch,
+optimizer and cluster shape for every path; each run is a real `start_all.sh` job (one
+process with --single, or the local parameter-server cluster: 1 ps + 2 workers). Paths run
+interleaved, --repeats times; the table gives medians of global steps/sec, the ratio to
+native and to TFRA, AUC (and its difference to native) and logloss on a held-out file. It
+is printed, appended to benchmarks/RESULTS.md with this command, and drawn to
+benchmarks/compare.png.
+
+    .venv/bin/python benchmarks/compare.py                       # full: about 20 minutes
+    .venv/bin/python benchmarks/compare.py --quick               # a smoke run (tiny), nothing recorded
+    .venv/bin/python benchmarks/compare.py --optimizers adagrad --shapes single --models fm
+"""
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PATHS = {"native": [], "tfra": ["--tfra"], "ttf": ["--tiacc"]}
+
+
+def make_data(rows, eval_rows, vocab, out_dir):
+    import ttf
+
+    os.makedirs(out_dir, exist_ok=True)
+    files, best = {}, {}
+    for name, n, seed in (("train", rows, 1), ("eval", eval_rows, 2)):
+        path = os.path.join(out_dir, f"{name}_{n}_{vocab}.tsv")
+        if not os.path.exists(path):
+            print(f"[compare] writing {n:,} synthetic rows to {path}", flush=True)
+            best[name] = ttf.data.write_synthetic_criteo(path + ".tmp", n, ttf.data.SyntheticCriteo(vocab), seed=seed,
+                                                         progress=False)
+            os.replace(path + ".tmp", path)
+        files[name] = path
+    return files
+
+
+def run(path, model, optimizer, shape, args, files, out):
+    cmd = [os.path.join(ROOT, "start_all.sh"), "--fm" if model == "fm" else "--wdl", *PATHS[path],
+           "--optimizer", optimizer, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+           "--data", files["train"], "--eval-data", files["eval"], "--metrics-out", out]
+    if shape == "single":
+        cmd.append("--single")
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        print(f"[compare] {model}/{path}/{optimizer}/{shape} FAILED:\n{tail}", flush=True)
+        return None
+    metrics = json.load(open(out))
+    print(f"[compare] {model:3} {path:6} {optimizer:7} {shape:7}: {metrics['global_steps_per_sec']:7.2f} steps/s, "
+          f"AUC {metrics['auc']:.4f} ({time.time() - t0:.0f}s)", flush=True)
+    return metrics
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="fm,wdl", help="comma list of fm,wdl (default both)")
+    p.add_argument("--optimizers", default="adam,adagrad", help="comma list (default adam,adagrad)")
+    p.add_argument("--shapes", default="single,cluster", help="single and/or cluster (1 ps + 2 workers)")
+    p.add_argument("--steps", type=int, default=300, help="global steps per run (default 300)")
+    p.add_argument("--batch-size", type=int, default=1024, help="per step and worker (default 1024)")
+    p.add_argument("--rows", type=int, default=400_000, help="synthetic training rows (default 400000)")
+    p.add_argument("--vocab", type=int, default=1_000_000, help="synthetic ids per field (default 1M)")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved repetitions per configuration (default 1)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes; prints but records nothing")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.batch_size, args.rows, args.vocab, args.repeats = 20, 64, 4000, 1000, 1
+    files = make_data(args.rows, max(args.rows // 8, 1000), args.vocab, os.path.join(ROOT, "runs", "compare_data"))
+    results = {}
+    configs = list(itertools.product(args.optimizers.split(","), args.shapes.split(","), args.models.split(",")))
+    for rep in range(args.repeats):
+        for optimizer, shape, model in configs:
+            for path in PATHS:
+                out = os.path.join(ROOT, "runs", f"compare_{model}_{path}_{optimizer}_{shape}.json")
+                metrics = run(path, model, optimizer, shape, args, files, out)
+                if metrics:
+                    results.setdefault((optimizer, shape, model, path), []).append(metrics)
+    table = render(results, configs)
+    print(table)
+    if not args.quick:
+        record(args, table)
+        draw(results, configs, os.path.join(ROOT, "benchmarks", "compare.png"))
+
+
+def median(runs, key):
+    return statistics.median(r[key] for r in runs)
+
+
+def render(results, configs):
+    lines = ["| optimizer | shape | model | path | global steps/s | vs native | vs TFRA | AUC | AUC - native | logloss |"
+             " bf16 share |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for optimizer, shape, model in configs:
+        native, tfra = results.get((optimizer, shape, model, "native")), results.get((optimizer, shape, model, "tfra"))
+        for path in PATHS:
+            runs = results.get((optimizer, shape, model, path))
+            if not runs:
+                lines.append(f"| {optimizer} | {shape} | {model} | {path} | failed | | | | | | |")
+                continue
+            sps, auc = median(runs, "global_steps_per_sec"), median(runs, "auc")
+            vs = lambda ref: f"{sps / median(ref, 'global_steps_per_sec'):.2f}x" if ref else "-"  # noqa: E731
+            d_auc = f"{auc - median(native, 'auc'):+.4f}" if native else "-"
+            lines.append(f"| {optimizer} | {shape} | {model} | {path} | {sps:.2f} | {vs(native)} | {vs(tfra)} | "
+                         f"{auc:.4f} | {d_auc} | {median(runs, 'logloss'):.4f} | "
+                         f"{median(runs, 'bf16_fraction'):.2f} |")
+    return "\n".join(lines)
+
+
+def record(args, table):
+    flags = open("/proc/cpuinfo").read().split("flags\t\t: ")[1].split("\n")[0].split()
+    import tensorflow as tf
+    import tensorflow_recommenders_addons as tfra
+
+    command = "benchmarks/compare.py " + " ".join(sys.argv[1:])
+    entry = (f"\n## DeepFM / Wide&Deep steps/sec: native vs TFRA vs ttf\n\n"
+             f"Command: `.venv/bin/python {command.strip()}`  \n"
+             f"Machine: {os.cpu_count()} cores, avx512_bf16={'avx512_bf16' in flags}; TensorFlow {tf.__version__}, "
+             f"TFRA {tfra.__version__}, Python {platform.python_version()}.  \n"
+             f"Data: synthetic Criteo schema, {args.rows:,} training rows, Zipf(1.1) ids over {args.vocab:,} per "
+             f"field, planted logistic model; eval on a separate file. {args.steps} global steps of batch "
+             f"{args.batch_size} per worker; medians of {args.repeats} interleaved run(s). Native: Hashing into "
+             f"100,000 buckets per field + Embedding; ttf runs with its default --precision auto (bf16 share in the "
+             f"last column).\n\n{table}\n\n![steps/sec](compare.png)\n")
+    with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
+        f.write(entry)
+    print("[compare] appended to benchmarks/RESULTS.md")
+
+
+def draw(results, configs, png):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{m}\n{o}\n{s}" for o, s, m in configs]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 4))
+    width = 0.27
+    for i, path in enumerate(PATHS):
+        values = [median(results[(o, s, m, path)], "global_steps_per_sec") if results.get((o, s, m, path)) else 0
+                  for o, s, m in configs]
+        ax.bar([x + (i - 1) * width for x in range(len(configs))], values, width, label=path)
+    ax.set_xticks(range(len(configs)), labels, fontsize=8)
+    ax.set_ylabel("global steps / sec")
+    ax.set_title("native vs TFRA vs ttf (higher is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"[compare] chart {png}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
