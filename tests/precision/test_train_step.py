@@ -1,0 +1,203 @@
+"""make_train_step / use_adaptive_precision: one trace per variant, bf16 math, skipped updates,
+and a toy task where the "loss" policy matches float32 AUC."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ttf.precision import AdaptivePrecision, low_precision, make_train_step, use_adaptive_precision
+
+
+def mlp(seed=0, inputs=8, hidden=16):
+    tf.keras.utils.set_random_seed(seed)
+    x = tf.keras.Input((inputs,))
+    h = tf.keras.layers.Dense(hidden, activation="relu")(x)
+    h = tf.keras.layers.BatchNormalization()(h)
+    h = tf.keras.layers.Dense(hidden, activation="relu")(h)
+    return tf.keras.Model(x, tf.keras.layers.Dense(1)(h))
+
+
+def batch(seed=0, size=64, inputs=8):
+    rng = np.random.default_rng(seed)
+    features = rng.standard_normal((size, inputs)).astype(np.float32)
+    labels = (features[:, :1] + 0.5 * rng.standard_normal((size, 1)) > 0).astype(np.float32)
+    return tf.constant(features), tf.constant(labels)
+
+
+BCE = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+
+
+def test_each_variant_is_traced_once_over_many_switching_steps():
+    model = mlp()
+    policy = AdaptivePrecision("loss", warmup_steps=3, calm_steps=1, hold_steps=1, interval=6, interval_hold=2)
+    step_fn = make_train_step(model, BCE, tf.keras.optimizers.Adam(1e-3), policy)
+    modes = []
+    for index in range(60):
+        features, labels = batch(seed=index % 5)
+        modes.append(bool(step_fn(features, labels)["low_precision"]))
+    switches = sum(a != b for a, b in zip(modes, modes[1:]))
+    assert switches >= 10, f"the run must switch often to test retracing, switched {switches} times"
+    assert step_fn.trace_counts == {"float32": 1, "low": 1}
+    assert int(step_fn.step) == 60
+
+
+def _matmul_dtypes(step_fn, features, labels):
+    graph = step_fn._function.get_concrete_function(features, labels, None).graph
+    dtypes = {}
+    for function in graph.as_graph_def().library.function:
+        for node in function.node_def:
+            if node.op == "MatMul":
+                dtypes.setdefault(function.signature.name, set()).add(tf.dtypes.as_dtype(node.attr["T"].type).name)
+    return dtypes
+
+
+def test_low_branch_multiplies_in_bfloat16_and_keeps_float32_weights():
+    model = mlp()
+    features, labels = batch()
+    step_fn = make_train_step(model, BCE, tf.keras.optimizers.SGD(0.1), AdaptivePrecision("time", start_step=0))
+    result = step_fn(features, labels)
+    assert bool(result["low_precision"]) and result["loss"].dtype == tf.float32
+    per_function = _matmul_dtypes(step_fn, features, labels)
+    assert {"bfloat16"} in per_function.values()  # the low branch, forward and backward
+    assert {"float32"} in per_function.values()  # the float32 branch
+    assert all(v.dtype == tf.float32 for v in model.variables)
+    # The model is back to float32 outside the traced low branch.
+    assert model(features).dtype == tf.float32
+
+
+def test_low_precision_forward_is_close_to_float32():
+    model = mlp()
+    features, _ = batch()
+    expected = model(features, training=False).numpy()
+    with low_precision(model):
+        got = model(features, training=False)
+    assert got.dtype == tf.bfloat16
+    # bfloat16 keeps 8 significant bits (relative error 2^-9 per rounding); three layers
+    # of 8-16 term sums stay within a few percent of the output scale.
+    np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), expected, atol=0.05 * np.abs(expected).max())
+
+
+def _snapshot(model, optimizer):
+    return [v.numpy().copy() for v in model.variables + optimizer.variables]
+
+
+def test_non_finite_loss_skips_the_update_and_touches_no_weight():
+    model = mlp()
+    optimizer = tf.keras.optimizers.Adam(1e-2)
+    policy = AdaptivePrecision("loss", warmup_steps=2, calm_steps=1, hold_steps=3, interval=0)
+    step_fn = make_train_step(model, BCE, optimizer, policy)
+    features, labels = batch()
+    for _ in range(5):
+        step_fn(features, labels)
+    before = _snapshot(model, optimizer)
+    # A NaN label makes the loss NaN (a NaN feature may not: ReLU can map NaN to 0).
+    bad_labels = tf.tensor_scatter_nd_update(labels, [[0, 0]], [np.nan])
+    result = step_fn(features, bad_labels)
+    assert np.isnan(result["loss"].numpy()) and bool(result["skipped"])
+    after = _snapshot(model, optimizer)
+    for b, a in zip(before, after):
+        np.testing.assert_array_equal(a, b)  # bit-identical: nothing ran
+    # The next steps are float32 (hold) and update again.
+    results = [step_fn(features, labels) for _ in range(3)]
+    assert not any(bool(r["low_precision"]) for r in results)
+    assert not any(bool(r["skipped"]) for r in results)
+    assert not np.array_equal(model.variables[0].numpy(), before[0])
+
+
+def test_plain_callable_model_with_its_own_variables():
+    tf.keras.utils.set_random_seed(0)
+    kernel = tf.Variable(tf.random.normal((8, 1)) * 0.1)
+
+    def model_fn(features):  # casts its weights to the dtype it is given
+        return tf.matmul(features, tf.cast(kernel, features.dtype))
+
+    step_fn = make_train_step(model_fn, BCE, tf.keras.optimizers.SGD(0.5), AdaptivePrecision("time", start_step=1),
+                              variables=[kernel])
+    features, labels = batch()
+    losses = [float(step_fn(features, labels)["loss"]) for _ in range(20)]
+    assert losses[-1] < losses[0]
+    assert step_fn.trace_counts == {"float32": 1, "low": 1}
+    with pytest.raises(ValueError, match="pass the variables"):
+        make_train_step(model_fn, BCE, tf.keras.optimizers.SGD(0.5), AdaptivePrecision("time"))
+
+
+def test_model_fit_hook_switches_per_batch():
+    model = mlp()
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-2), loss=BCE)
+    hook = use_adaptive_precision(model, AdaptivePrecision("time", start_step=3, end_step=6))
+    features, labels = batch(size=256)
+    seen = []
+
+    class Record(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(logs["low_precision"])
+
+    history = model.fit(features, labels, batch_size=32, epochs=2, verbose=0, callbacks=[Record()], shuffle=False)
+    assert seen == [0.0] * 3 + [1.0] * 3 + [0.0] * 10
+    assert history.history["loss"][1] < history.history["loss"][0]
+    assert hook.trace_counts == {"float32": 1, "low": 1}
+    assert int(hook.step) == 16
+
+
+def _auc(model, features, labels):
+    metric = tf.keras.metrics.AUC(num_thresholds=2000)
+    metric.update_state(labels, tf.sigmoid(model(features, training=False)))
+    return float(metric.result())
+
+
+def test_loss_policy_reaches_float32_auc_on_a_toy_task():
+    rng = np.random.default_rng(0)
+    inputs = 32
+    weights = rng.standard_normal((inputs, 1)) / np.sqrt(inputs)
+    features = rng.standard_normal((24576, inputs)).astype(np.float32)
+    logits = 2.0 * features @ weights + np.sin(3 * features[:, :1]) * features[:, 1:2]
+    labels = (rng.random((len(features), 1)) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+    train_x, test_x = features[:16384], features[16384:]
+    train_y, test_y = labels[:16384], labels[16384:]
+
+    results = {}
+    for name in ("float32", "loss"):
+        model = mlp(seed=1, inputs=inputs, hidden=64)
+        policy = AdaptivePrecision(
+            "time" if name == "float32" else "loss",
+            **({"start_step": 10**9} if name == "float32" else
+               {"warmup_steps": 20, "calm_steps": 5, "hold_steps": 20, "interval": 200, "interval_hold": 10}))
+        step_fn = make_train_step(model, BCE, tf.keras.optimizers.Adam(3e-3), policy)
+        low_steps = 0
+        for epoch in range(3):
+            for start in range(0, len(train_x), 128):
+                out = step_fn(train_x[start:start + 128], train_y[start:start + 128])
+                low_steps += int(out["low_precision"])
+        results[name] = (_auc(model, test_x, test_y), low_steps)
+
+    auc_fp32, _ = results["float32"]
+    auc_loss, low_steps = results["loss"]
+    assert auc_fp32 > 0.75, "the toy task must be learnable for the comparison to mean anything"
+    assert low_steps > 0.6 * 384, f"only {low_steps} of 384 steps ran in bf16"
+    assert abs(auc_loss - auc_fp32) < 0.005, (auc_fp32, auc_loss)
+
+
+def test_apply_if_finite_and_dual_precision_step():
+    from ttf.precision import DualPrecisionStep, apply_if_finite
+
+    kernel = tf.Variable([[0.5], [-0.5]])
+    optimizer = tf.keras.optimizers.Adam(0.1)
+    optimizer.build([kernel])
+
+    def step_fn(dtype, features, labels):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(tf.matmul(tf.cast(features, dtype), tf.cast(kernel, dtype)), tf.float32)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        grads = tape.gradient(loss, [kernel])
+        return loss, apply_if_finite(optimizer, loss, grads, [kernel])
+
+    step = DualPrecisionStep(step_fn)
+    features, labels = tf.ones((4, 2)), tf.ones((4, 1))
+    for index in range(6):
+        loss, applied = step(index % 2 == 1, features, labels)
+        assert bool(applied)
+    before = [v.numpy().copy() for v in [kernel] + optimizer.variables]
+    loss, applied = step(True, features, tf.fill((4, 1), float("nan")))
+    assert not bool(applied) and np.isnan(float(loss))
+    for b, v in zip(before, [kernel] + optimizer.variables):
+        np.testing.assert_array_equal(v.numpy(), b)
+    assert step.traces == {"fp32": 1, "bf16": 1}
