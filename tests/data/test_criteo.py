@@ -101,7 +101,7 @@ def test_lenient_mode_skips_and_counts_exactly_the_bad_lines(tmp_path, capsys):
 def test_parse_op_bad_input_is_a_clear_error():
     with pytest.raises(tf.errors.InvalidArgumentError, match="lines must be rank 1"):
         ops().ttf_parse_criteo([["a"]], [["x"]], [[1]])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="filenames and line_numbers must have the shape"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="line_numbers must have the shape of lines"):
         ops().ttf_parse_criteo(["a", "b"], ["x"], [1, 2])
     with pytest.raises((TypeError, tf.errors.InvalidArgumentError)):
         ops().ttf_parse_criteo([1, 2], ["x", "y"], [1, 2])
