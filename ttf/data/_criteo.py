@@ -7,6 +7,7 @@ shuffles, and cuts batches of exactly `batch_size` rows with `Dataset.rebatch`.
 """
 import gzip
 import os
+import sys
 
 import tensorflow as tf
 
@@ -155,7 +156,6 @@ class CriteoReader:
             ["GZIP" if p.endswith(".gz") else "" for p in self.paths]))
         if shuffle:
             files = files.shuffle(len(self.paths), seed=seed, reshuffle_each_iteration=True)
-        files = files.repeat(num_epochs)
 
         def file_blocks(path, first_line, compression):
             """(path, line numbers [n], lines [n]) per block of one file."""
@@ -191,6 +191,9 @@ class CriteoReader:
             rows = rows.rebatch(shuffle_window).enumerate().map(
                 lambda index, element: _permute_rows(element, tf.stack([tf.cast(seed, tf.int64), index])),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        # Repeating after the shuffle keeps passes apart: every row once per pass, and every
+        # pass (a new iteration of the shuffles above) in a new order.
+        rows = rows.repeat(num_epochs)
         return rows.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 
     def _report_at_end(self):
@@ -200,7 +203,7 @@ class CriteoReader:
 
         def report(_):
             printed = tf.print("ttf.data: skipped", bad_lines.read_value(), "bad line(s) so far in", where,
-                               "(strict=False)", output_stream="file://stderr")
+                               "(strict=False)", output_stream=sys.stderr)
             with tf.control_dependencies([printed]):
                 return ({"ids": tf.zeros([0, NUM_FIELDS], tf.int64), "dense": tf.zeros([0, NUM_DENSE], tf.float32)},
                         tf.zeros([0], tf.float32))
