@@ -217,9 +217,14 @@ def test_lenient_mode_skips_and_counts_exactly_the_bad_lines(tmp_path, capfd):
     assert len(labels) == 150 and reader.bad_lines == 150
     np.testing.assert_array_equal(ids, expected_from([good] * 150)[0])
     assert "skipped 150 bad line(s)" in reader.report()
-    assert "ttf.data: skipped 150 bad line(s) so far in" in capfd.readouterr().err  # printed at the end
-    list(reader.dataset(batch_size=64, shuffle=True))  # a second pass counts again
-    assert reader.bad_lines == 300
+    assert "ttf.data: skipped 150 more bad line(s), 150 in all, in" in capfd.readouterr().err  # printed at the end
+    list(reader.dataset(batch_size=64, shuffle=True, num_epochs=2))  # every pass counts again
+    assert reader.bad_lines == 450
+    err = capfd.readouterr().err
+    assert "skipped 150 more bad line(s), 300 in all" in err and "skipped 150 more bad line(s), 450 in all" in err
+    clean = ttf.data.CriteoReader([SAMPLE], strict=False)
+    list(clean.dataset(64))
+    assert clean.bad_lines == 0 and "ttf.data: skipped" not in capfd.readouterr().err  # nothing to say
 
 
 def test_shuffle_is_seeded_complete_and_changes_every_pass(tmp_path):

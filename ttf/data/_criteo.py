@@ -75,8 +75,9 @@ class CriteoReader:
     strict=True (default) fails on the first bad line (wrong field count, label not 0/1,
     integer column not a number) with InvalidArgumentError `file:line: bad Criteo line: why`.
     strict=False skips bad lines and counts them: `bad_lines` (all datasets of this reader,
-    all passes so far), `report()`, and a line `ttf.data: skipped N bad line(s) ...` printed
-    to stderr at the end of every pass. Nothing is dropped silently.
+    all passes so far), `report()`, and a line `ttf.data: skipped K more bad line(s), N in
+    all, ...` printed to stderr at the end of every pass that skipped lines. Nothing is
+    dropped silently.
 
     Args:
       paths: a file name or a list of them (str or os.PathLike).
@@ -106,6 +107,7 @@ class CriteoReader:
         self._first_lines = [2 if _has_header(p) else 1 for p in self.paths]
         with tf.init_scope():
             self._bad_lines = tf.Variable(0, dtype=tf.int64, trainable=False, name="criteo_bad_lines")
+            self._reported = tf.Variable(0, dtype=tf.int64, trainable=False, name="criteo_bad_lines_printed")
 
     @property
     def bad_lines(self):
@@ -197,14 +199,21 @@ class CriteoReader:
         return rows.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 
     def _report_at_end(self):
-        """One empty block whose making prints the skipped-line count: concatenated after
-        the parsed blocks, it runs once every parse of the pass has finished."""
-        bad_lines, where = self._bad_lines, ", ".join(self.paths)
+        """One empty block whose making prints the lines skipped since the last such print
+        (if any): concatenated after the parsed blocks, it runs once every parse of the pass
+        has finished."""
+        bad_lines, reported, where = self._bad_lines, self._reported, ", ".join(self.paths)
+
+        def print_new():
+            total = bad_lines.read_value()
+            printed = tf.print("ttf.data: skipped", total - reported.read_value(), "more bad line(s),", total,
+                               "in all, in", where, "(strict=False)", output_stream=sys.stderr)
+            with tf.control_dependencies([printed]):
+                return reported.assign(total)
 
         def report(_):
-            printed = tf.print("ttf.data: skipped", bad_lines.read_value(), "bad line(s) so far in", where,
-                               "(strict=False)", output_stream=sys.stderr)
-            with tf.control_dependencies([printed]):
+            done = tf.cond(bad_lines.read_value() > reported.read_value(), print_new, reported.read_value)
+            with tf.control_dependencies([done]):
                 return ({"ids": tf.zeros([0, NUM_FIELDS], tf.int64), "dense": tf.zeros([0, NUM_DENSE], tf.float32)},
                         tf.zeros([0], tf.float32))
 
@@ -220,7 +229,7 @@ def _permute_rows(element, seed):
 def criteo_dataset(paths, batch_size, *, shuffle=True, seed=0, num_epochs=1, strict=True, drop_remainder=False):
     """Shorthand for `CriteoReader(paths, strict).dataset(batch_size, ...)`: elements
     `({"ids": int64 [B, 26], "dense": float32 [B, 13]}, label float32 [B])`. With
-    strict=False the skipped-line count is printed at the end of every pass; keep a
+    strict=False the skipped-line count is printed after every pass that skipped lines; keep a
     CriteoReader to read it as a number (`reader.bad_lines`).
 
     Example:
