@@ -19,10 +19,11 @@ REGISTER_OP("TtfParseCriteo")
     .Output("bad_lines: int64")
     .Attr("strict: bool = true")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle lines, unused;
+      ShapeHandle lines, filenames, line_numbers;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &lines));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(1), 1, &filenames));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &line_numbers));
+      TF_RETURN_IF_ERROR(c->Merge(lines, line_numbers, &lines));
       const auto rows = InferenceContext::kUnknownDim;  // bad lines may be skipped
       c->set_output(0, c->Vector(rows));
       c->set_output(1, c->Matrix(rows, 13));
@@ -33,6 +34,9 @@ REGISTER_OP("TtfParseCriteo")
     .Doc(R"doc(
 Parses Criteo lines: label, 13 integer columns, 26 categorical columns, separated by tabs
 (the raw Kaggle form) or commas (the CSV form, header removed); empty fields are missing.
+filenames is one name for all lines (a scalar) or one per line; line_numbers [N] are the
+1-based numbers of the lines in their files (both only name a bad line in the error).
+A number field is [+-]?(D+(.D*)?|.D+)([eE][+-]?D+)? with a finite value, or empty.
 labels [N] are 0 or 1; dense [N, 13] = log(1 + max(x, 0)), missing as 0; ids [N, 26] are
 keys tagged with their field: (field << 56) | v, v = the value itself for up to 8 hex
 digits, a 64-bit FNV-1a hash folded into [2^32, 2^56 - 1) for other strings, and

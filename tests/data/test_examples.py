@@ -1,0 +1,17 @@
+"""The examples in ttf.data's docstrings run as written (from the repository root)."""
+import doctest
+import os
+
+import pytest
+
+import ttf
+from ttf.data import _criteo, synthetic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("module", [ttf.data, _criteo, synthetic], ids=lambda m: m.__name__)
+def test_docstring_examples(module, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
