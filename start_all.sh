@@ -97,6 +97,10 @@ train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-s
 [ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")
 [ -n "$metrics" ] && train_args+=(--metrics-out "$metrics")
 
+# TFRA's kernels must be registered in the servers too (ttf's are always loaded there).
+server_imports=()
+[ "$path_flag" = --tfra ] && server_imports=(--import tensorflow_recommenders_addons.dynamic_embedding)
+
 # One role of a multi-host job: this process becomes that task.
 if [ -n "$role" ]; then
   cluster=(--ps-hosts "$ps_hosts" --worker-hosts "$worker_hosts" --chief-host "$chief_host")
@@ -105,7 +109,7 @@ if [ -n "$role" ]; then
     exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"
   fi
   echo "[start_all] $role $index: starting its TensorFlow server"
-  exec "$PY" -m ttf.distribute.server --job "$role" --index "$index" "${cluster[@]}"
+  exec "$PY" -m ttf.distribute.server --job "$role" --index "$index" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"}
 fi
 
 if [ "$single" = 1 ]; then
@@ -142,11 +146,13 @@ trap 'echo "[start_all] interrupted: stopping every process"; exit 130' INT TERM
 
 echo "[start_all] cluster: $num_ps ps + $num_workers worker(s) on 127.0.0.1, logs in $logdir"
 for ((i = 0; i < num_ps; i++)); do
-  "$PY" -m ttf.distribute.server --job ps --index "$i" "${cluster[@]}" >"$logdir/ps$i.log" 2>&1 &
+  "$PY" -m ttf.distribute.server --job ps --index "$i" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"} \
+    >"$logdir/ps$i.log" 2>&1 &
   pids+=($!) names+=("ps $i")
 done
 for ((i = 0; i < num_workers; i++)); do
-  "$PY" -m ttf.distribute.server --job worker --index "$i" "${cluster[@]}" >"$logdir/worker$i.log" 2>&1 &
+  "$PY" -m ttf.distribute.server --job worker --index "$i" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"} \
+    >"$logdir/worker$i.log" 2>&1 &
   pids+=($!) names+=("worker $i")
 done
 

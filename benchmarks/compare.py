@@ -44,8 +44,8 @@ def make_data(rows, eval_rows, vocab, out_dir):
     return files
 
 
-def run(path, model, optimizer, shape, args, files, out):
-    cmd = [os.path.join(ROOT, "start_all.sh"), "--fm" if model == "fm" else "--wdl", *PATHS[path],
+def run(path, model, optimizer, shape, args, files, out, extra=()):
+    cmd = [os.path.join(ROOT, "start_all.sh"), "--fm" if model == "fm" else "--wdl", *PATHS[path], *extra,
            "--optimizer", optimizer, "--steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--data", files["train"], "--eval-data", files["eval"], "--metrics-out", out]
     if shape == "single":
@@ -54,10 +54,11 @@ def run(path, model, optimizer, shape, args, files, out):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-        print(f"[compare] {model}/{path}/{optimizer}/{shape} FAILED:\n{tail}", flush=True)
+        print(f"[compare] {model}/{path}/{optimizer}/{shape} {' '.join(extra)} FAILED:\n{tail}", flush=True)
         return None
     metrics = json.load(open(out))
-    print(f"[compare] {model:3} {path:6} {optimizer:7} {shape:7}: {metrics['global_steps_per_sec']:7.2f} steps/s, "
+    print(f"[compare] {model:3} {path:6} {optimizer:7} {shape:7} {' '.join(extra)}: "
+          f"{metrics['global_steps_per_sec']:7.2f} steps/s, "
           f"AUC {metrics['auc']:.4f} ({time.time() - t0:.0f}s)", flush=True)
     return metrics
 

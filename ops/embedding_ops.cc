@@ -17,6 +17,16 @@ Status ScalarInput(InferenceContext* c, int i) {
   ShapeHandle unused;
   return c->WithRank(c->input(i), 0, &unused);
 }
+
+// keys [N] (input 1) -> rows [N, dim].
+Status KeysToRowsShape(InferenceContext* c) {
+  ShapeHandle keys;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+  return OkStatus();
+}
 }  // namespace
 
 REGISTER_OP("TtfEmbeddingTable")
@@ -122,14 +132,7 @@ REGISTER_OP("TtfTableFindOrInsert")
     .Input("keys: int64")
     .Output("rows: float")
     .Attr("dim: int >= 1")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle keys;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
-      return OkStatus();
-    })
+    .SetShapeFn(KeysToRowsShape)
     .Doc("Training lookup of keys [N] -> rows [N, dim]; inserts missing keys (subject to admission).");
 
 REGISTER_OP("TtfTableFind")
@@ -137,14 +140,7 @@ REGISTER_OP("TtfTableFind")
     .Input("keys: int64")
     .Output("rows: float")
     .Attr("dim: int >= 1")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle keys;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
-      int64_t dim;
-      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
-      c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
-      return OkStatus();
-    })
+    .SetShapeFn(KeysToRowsShape)
     .Doc("Inference lookup of keys [N] -> rows [N, dim]; never inserts; missing keys read the default row.");
 
 REGISTER_OP("TtfTableSize")

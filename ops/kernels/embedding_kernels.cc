@@ -111,16 +111,13 @@ Status CheckDim(const EmbeddingTable& table, int64_t dim) {
   return OkStatus();
 }
 
-class EmbeddingLookupOp : public OpKernel {
+class EmbeddingLookupOp : public TableOpKernel {
  public:
-  explicit EmbeddingLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit EmbeddingLookupOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("training", &training_));
   }
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     OP_REQUIRES_OK(ctx, CheckDim(*table, dim_));
     const Tensor& ids = ctx->input(1);
     OP_REQUIRES(ctx, ids.dims() >= 1,
@@ -142,19 +139,16 @@ class EmbeddingLookupOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfEmbeddingLookup").Device(DEVICE_CPU), EmbeddingLookupOp);
 
-class EmbeddingLookupRaggedOp : public OpKernel {
+class EmbeddingLookupRaggedOp : public TableOpKernel {
  public:
-  explicit EmbeddingLookupRaggedOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit EmbeddingLookupRaggedOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     std::string combiner;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("training", &training_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("combiner", &combiner));
     mean_ = combiner == "mean";
   }
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     OP_REQUIRES_OK(ctx, CheckDim(*table, dim_));
     const Tensor& values = ctx->input(1);
     const Tensor& splits = ctx->input(2);
@@ -245,13 +239,10 @@ REGISTER_KERNEL_BUILDER(Name("TtfEmbeddingGrad").Device(DEVICE_CPU), EmbeddingGr
 
 // TtfTableFindOrInsert / TtfTableFind: keys [N] -> rows [N, dim].
 template <bool kTraining>
-class TableLookupOp : public OpKernel {
+class TableLookupOp : public TableOpKernel {
  public:
-  explicit TableLookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) { OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_)); }
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  explicit TableLookupOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) { OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_)); }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     OP_REQUIRES_OK(ctx, CheckDim(*table, dim_));
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES(ctx, keys.dims() == 1,
@@ -276,25 +267,19 @@ void OutputScalar(OpKernelContext* ctx, int index, int64_t value) {
   out->scalar<int64_t>()() = value;
 }
 
-class TableSizeOp : public OpKernel {
+class TableSizeOp : public TableOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  using TableOpKernel::TableOpKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     OutputScalar(ctx, 0, table->Size());
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableSize").Device(DEVICE_CPU), TableSizeOp);
 
-class TableStatsOp : public OpKernel {
+class TableStatsOp : public TableOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  using TableOpKernel::TableOpKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     OutputScalar(ctx, 0, table->CandidateCount());
     OutputScalar(ctx, 1, table->MemoryBytes());
     OutputScalar(ctx, 2, table->step());
@@ -302,13 +287,10 @@ class TableStatsOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableStats").Device(DEVICE_CPU), TableStatsOp);
 
-class TableEvictOp : public OpKernel {
+class TableEvictOp : public TableOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  using TableOpKernel::TableOpKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     for (int i = 1; i <= 2; ++i) {
       OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(i).shape()),
                   errors::InvalidArgument(i == 1 ? "min_last_seen" : "min_count", " must be a scalar, got shape ",
@@ -339,13 +321,10 @@ std::vector<int64_t> FlattenMeta(const std::vector<RowMeta>& meta) {
   return flat;
 }
 
-class TableExportOp : public OpKernel {
+class TableExportOp : public TableOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  using TableOpKernel::TableOpKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     TableSnapshot snap;
     std::string optimizer;
     std::vector<float> slot_init;
@@ -377,13 +356,10 @@ Status ReadMeta(const Tensor& t, const char* name, int64_t n, std::vector<RowMet
   return OkStatus();
 }
 
-class TableImportOp : public OpKernel {
+class TableImportOp : public TableOpKernel {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  using TableOpKernel::TableOpKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
     const Tensor& candidate_keys = ctx->input(4);

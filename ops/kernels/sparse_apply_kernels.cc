@@ -90,9 +90,9 @@ struct FtrlUpdate {
 };
 
 template <typename U>
-class TableApplyOp : public OpKernel {
+class TableApplyOp : public TableOpKernel {
  public:
-  explicit TableApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit TableApplyOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     float initial_accumulator = 0.0f;
     if (HasNodeAttr(ctx->def(), "initial_accumulator_value")) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator));
@@ -102,10 +102,7 @@ class TableApplyOp : public OpKernel {
     slot_init_ = U::SlotInit(initial_accumulator);
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    EmbeddingTable* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    core::ScopedUnref unref(table);
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& grads = ctx->input(2);
     const int64_t dim = table->dim();

@@ -91,6 +91,22 @@ inline Status GetTable(OpKernelContext* ctx, EmbeddingTable** table) {
   return LookupResource(ctx, HandleFromInput(ctx, 0), table);
 }
 
+// Base of the kernels whose input 0 is a table: resolves the handle (a clear error when
+// it names no table) and holds a reference for the duration of ComputeWithTable.
+class TableOpKernel : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) final {
+    EmbeddingTable* table = nullptr;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    core::ScopedUnref unref(table);
+    ComputeWithTable(ctx, table);
+  }
+
+ protected:
+  virtual void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) = 0;
+};
+
 }  // namespace ttf
 }  // namespace tensorflow
 

@@ -7,6 +7,7 @@ ttf's op library is loaded before the server starts, so the table kernels are re
 this process. Prints one "ready" line once it listens.
 """
 import argparse
+import importlib
 import sys
 
 import ttf  # noqa: F401  (Keras 2 before TensorFlow is used)
@@ -23,6 +24,9 @@ def main(argv=None):
     parser.add_argument("--ps-hosts", required=True, help="comma-separated host:port of every ps task")
     parser.add_argument("--worker-hosts", required=True, help="comma-separated host:port of every worker task")
     parser.add_argument("--chief-host", required=True, help="host:port of the chief")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="also import MODULE before starting, so its ops run here too "
+                             "(e.g. tensorflow_recommenders_addons.dynamic_embedding for TFRA jobs); repeatable")
     args = parser.parse_args(argv)
     try:
         config = ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
@@ -32,9 +36,15 @@ def main(argv=None):
     if not 0 <= args.index < len(tasks):
         parser.error(f"--index {args.index} is outside the {len(tasks)} {args.job} task(s)")
     ops()
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            parser.error(f"--import {module}: {err}")
     server = tf.distribute.Server(config.cluster_spec(), job_name=args.job, task_index=args.index,
                                   protocol="grpc", start=True)
-    print(f"[{args.job}:{args.index}] ready at {tasks[args.index]} (ttf ops loaded)", flush=True)
+    loaded = ", ".join(["ttf ops"] + args.imports)
+    print(f"[{args.job}:{args.index}] ready at {tasks[args.index]} ({loaded} loaded)", flush=True)
     server.join()
     return 0
 
