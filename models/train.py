@@ -136,9 +136,8 @@ class Trainer:
         to check a restore against its checkpoint; None on other paths."""
         if self.path != "ttf":
             return None
-        exports = [table.export() for table in self.model.sparse.tables]
-        keys = np.concatenate([e["keys"].numpy() for e in exports])
-        values = np.concatenate([e["values"].numpy() for e in exports])
+        table = self.model.sparse.export_table()  # every shard's keys
+        keys, values = table["keys"].numpy(), table["values"].numpy()
         return len(keys), float(np.sum(values[np.argsort(keys)], dtype=np.float64))  # order-independent
 
     def dataset(self, seed):

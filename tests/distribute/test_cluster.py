@@ -69,7 +69,7 @@ def checkpoint_tables(path):
     """(ids, float64 sum of values) of every table shard saved in checkpoint `path`."""
     reader = tf.train.load_checkpoint(path)
     names = reader.get_variable_to_shape_map()
-    keys = [n for n in names if n.endswith("/.ATTRIBUTES/keys")]  # one per table shard
+    keys = [n for n in names if n.endswith("/.ATTRIBUTES/keys")]  # the logical table of each layer
     values = [n[: -len("keys")] + "values" for n in keys]
     assert keys, sorted(names)
     all_keys = np.concatenate([reader.get_tensor(k) for k in keys])

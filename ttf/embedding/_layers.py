@@ -3,6 +3,7 @@ and FusedEmbedding (all fields of a [B, F] batch in one op call)."""
 import tensorflow as tf
 
 from ttf._ops import ops
+from ttf.embedding._logical import LogicalTable, merge_exports, shard_of
 from ttf.embedding._table import EmbeddingTable
 
 _FIELD_SHIFT = 56
@@ -35,7 +36,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       default_value: the value of every element of the default row.
       shard_devices: devices to shard the table over by id (a parameter-server cluster:
         ["/job:ps/replica:0/task:0", ...]); each step then makes one lookup and one update
-        request per shard. None: one table on the layer's device.
+        request per shard. None: one table on the layer's device. A checkpoint holds the
+        logical table (every id of every shard), so it restores into any sharding.
       num_shards: lock shards inside each table (parallelism within one process).
 
     Input: int64 (or int32) ids of shape [B], [B, F], ..., or a RaggedTensor [B, None]
@@ -65,6 +67,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                            name=f"{self.name}_shard{i}", device=device)
             for i, device in enumerate(shard_devices or [""])
         ]
+        self.logical_table = LogicalTable(self)  # the checkpoint entry (not the shards)
+        self._serving_table = None  # set by ttf.export_for_serving while it traces
 
     def build(self, input_shape):
         # The anchor carries the table gradient: lookups feed it to a custom gradient that
@@ -134,6 +138,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def _forward(self, keys, row_splits, training):
         """-> embeddings, unique_keys, inverse_index (embeddings = rows[unique_keys][inverse])."""
+        if self._serving_table is not None and not training:
+            return self._combine(self._serving_table.lookup(tf.reshape(keys, [-1])), keys, row_splits), None, None
         if len(self.tables) == 1:
             table = self.tables[0]
             if row_splits is None:
@@ -146,19 +152,21 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         parts, positions = self._partition(unique_keys)
         rows = [t.lookup(p, training) for t, p in zip(self.tables, parts)]
         per_key = tf.gather(tf.dynamic_stitch(positions, rows), inverse)
+        return self._combine(per_key, keys, row_splits), unique_keys, inverse
+
+    def _combine(self, per_key, keys, row_splits):
+        """Rows of the flattened keys [N, dim] -> [..., dim] in keys' shape, or one combined row per bag."""
         if row_splits is None:
-            embeddings = tf.reshape(per_key, tf.concat([tf.shape(keys), [self.dim]], 0))
-        else:
-            row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
-            bags = tf.shape(row_splits)[0] - 1
-            combine = tf.math.unsorted_segment_sum if self.combiner == "sum" else tf.math.unsorted_segment_mean
-            embeddings = combine(per_key, row_ids, bags)
-        return embeddings, unique_keys, inverse
+            return tf.reshape(per_key, tf.concat([tf.shape(keys), [self.dim]], 0))
+        row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+        bags = tf.shape(row_splits)[0] - 1
+        combine = tf.math.unsorted_segment_sum if self.combiner == "sum" else tf.math.unsorted_segment_mean
+        return combine(per_key, row_ids, bags)
 
     def _partition(self, keys):
-        """Splits keys by shard (key mod number of shards) -> (keys per shard, their positions)."""
+        """Splits keys by shard (shard_of) -> (keys per shard, their positions)."""
         n = len(self.tables)
-        shard = tf.cast(tf.math.floormod(keys, n), tf.int32)
+        shard = shard_of(keys, n)
         return (tf.dynamic_partition(keys, shard, n),
                 tf.dynamic_partition(tf.range(tf.size(keys)), shard, n))
 
@@ -176,12 +184,28 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 updates.append(apply_fn(table, part, tf.gather(rows, pos)))
         return updates
 
+    # -- checkpoints: the logical table (see ttf/embedding/_logical.py)
+
+    def export_table(self):
+        """The logical table: every id of every shard with its row, optimizer slots and
+        counters, as one dict of tensors (the fields of EmbeddingTable.export). A
+        checkpoint saves this. Override it (with import_table) for shards that live in
+        other processes, e.g. gather them on Horovod."""
+        return merge_exports([t.export() for t in self.tables], self.dim)
+
+    def import_table(self, tensors):
+        """Replaces the content of every shard with the ids of `tensors` (a logical table
+        written by any topology: one process, N shards, N ranks) that shard_of routes to
+        it, so each id lands where its lookup goes. A checkpoint restore calls this."""
+        n = len(self.tables)
+        return tf.group(*[table.restore(tensors, n, i) for i, table in enumerate(self.tables)])
+
     def get_config(self):
         table = self.tables[0]
         config = super().get_config()
         config.update(dim=self.dim, combiner=self.combiner, seed=table.seed,
                       admission_min_count=table.admission_min_count, default_value=table.default_value,
-                      initializer=table.initializer.kind, num_shards=table.num_shards)
+                      initializer=table.initializer.get_config(), num_shards=table.num_shards)
         return config
 
 
@@ -224,6 +248,14 @@ class FusedEmbedding(DynamicEmbedding):
     def _tag(self, ids):
         if not self.tag_fields:
             return ids
+        # The field goes in the top 8 bits: an id outside [0, 2**56) would lose bits to it
+        # and silently share a row with another id.
+        in_range = tf.reduce_all((ids >= 0) & (ids <= _VALUE_MASK))
+        message = tf.strings.format(
+            f"{self.name}: with tag_fields=True ids must be in [0, 2**56) (the field takes the top 8 bits); "
+            "got min {} and max {}", (tf.reduce_min(ids), tf.reduce_max(ids)))
+        with tf.control_dependencies([tf.debugging.Assert(in_range, [message])]):
+            ids = tf.identity(ids)
         fields = tf.constant([f << _FIELD_SHIFT for f in range(self.num_fields)], tf.int64)
         return tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(ids, _VALUE_MASK), fields[None, :])
 

@@ -1,13 +1,15 @@
 """EmbeddingTable: the Python side of one ttf table resource (checkpointable, placeable)."""
 import dataclasses
-import itertools
+import uuid
 
 import tensorflow as tf
+from tensorflow.core.protobuf import struct_pb2
+from tensorflow.python.saved_model import nested_structure_coder, registration
 
 from ttf._ops import ops
+from ttf.embedding._logical import EXPORT_FIELDS, select_partition
 
 _KINDS = ("normal", "truncated_normal", "uniform", "zeros", "constant")
-_table_ids = itertools.count()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +35,12 @@ class RowInitializer:
 
     @classmethod
     def of(cls, initializer):
-        """Accepts a RowInitializer, a kind name, or a tf.keras initializer of a matching kind."""
+        """Accepts a RowInitializer, its config dict ({"kind", "a", "b"}, as get_config
+        writes it), a kind name, or a tf.keras initializer of a matching kind."""
         if isinstance(initializer, cls):
             return initializer
+        if isinstance(initializer, dict) and set(initializer) == {"kind", "a", "b"}:
+            return cls(initializer["kind"], float(initializer["a"]), float(initializer["b"]))
         if isinstance(initializer, str):
             return {
                 "uniform": cls("uniform", -0.05, 0.05),
@@ -65,12 +70,20 @@ class RowInitializer:
         )
 
 
+    def get_config(self):
+        return dataclasses.asdict(self)
+
+
+@registration.register_serializable(package="ttf", name="EmbeddingTable")
 class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
     """One dynamic hash table of float32 rows keyed by int64, living on `device`.
 
-    Most users reach it through `ttf.DynamicEmbedding`; it is public for custom layers.
-    A checkpoint of it (tf.train.Checkpoint) holds every key, row, optimizer slot, count,
-    last-seen step and admission candidate; restoring gives bit-identical rows.
+    Most users reach it through `ttf.DynamicEmbedding`, whose checkpoint holds the
+    logical table of all its shards (see ttf/embedding/_logical.py); export() and
+    restore() are the table's half of that. It is public for custom layers.
+
+    Every table object owns its own table: the resource name is unique per object, and a
+    SavedModel loaded into a process (ttf imported) gets new tables, never the live ones.
 
     Args:
       dim: row width (> 0).
@@ -99,7 +112,9 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         self.admission_min_count = int(admission_min_count)
         self.num_shards = int(num_shards)
         self.name = name
-        self._shared_name = f"{name}_{next(_table_ids)}"
+        # Unique per object and process: a second model, or a SavedModel loaded here, never
+        # shares (or, when garbage-collected, destroys) another object's table.
+        self._shared_name = f"{name}_{uuid.uuid4().hex}"
         super().__init__(device=device)
         with tf.init_scope():  # create it now, outside whatever graph is being traced
             self.resource_handle  # noqa: B018  (the property creates the resource)
@@ -132,17 +147,34 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
                                      tf.cast(min_count, tf.int64))
 
     def export(self):
-        """A dict of the table's whole content (see TtfTableExport)."""
+        """A dict of the table's whole content: keys [N], values [N, dim * (1 + S)] (row
+        then S optimizer slots), meta [N, 2] (count, last-seen step), candidate_keys [C],
+        candidate_meta [C, 2], optimizer (string), slot_init [S], step (see TtfTableExport)."""
         with tf.device(self._resource_device):
             exported = ops().ttf_table_export(self.resource_handle)
-        return dict(zip(_EXPORT_FIELDS, exported))
+        return dict(zip(EXPORT_FIELDS, exported))
 
-    def _serialize_to_tensors(self):
-        return self.export()
-
-    def _restore_from_tensors(self, restored_tensors):
+    def restore(self, export, num_partitions=1, partition=0):
+        """Replaces the table's content with the keys of `export` (a dict as export()
+        returns, possibly of another table or of a whole logical table) that
+        shard_of(key, num_partitions) routes to `partition`: this table is that shard."""
+        part = select_partition(export, num_partitions, partition)  # here: only the part travels
         with tf.device(self._resource_device):
-            return ops().ttf_table_import(self.resource_handle, *(restored_tensors[f] for f in _EXPORT_FIELDS))
+            return ops().ttf_table_import(self.resource_handle, *(part[f] for f in EXPORT_FIELDS))
 
+    # -- SavedModel: a loaded table is a new table (tables are not shared by name)
 
-_EXPORT_FIELDS = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
+    def _serialize_to_proto(self, object_proto=None, **kwargs):
+        config = dict(dim=self.dim, initializer=self.initializer.get_config(), seed=self.seed,
+                      default_value=self.default_value, admission_min_count=self.admission_min_count,
+                      num_shards=self.num_shards, name=self.name)
+        return nested_structure_coder.encode_structure(config)
+
+    @classmethod
+    def _deserialize_from_proto(cls, proto, object_proto=None, **kwargs):
+        """Loading a SavedModel where ttf is imported: a fresh table on this process
+        (the checkpoint in the SavedModel then fills it); without ttf, TensorFlow revives
+        the saved resource as is."""
+        value = struct_pb2.StructuredValue()
+        proto.Unpack(value)
+        return cls(**nested_structure_coder.decode_proto(value))
