@@ -62,6 +62,7 @@ def parse_args(argv):
     p.add_argument("--log-every", type=int, default=50, help="steps between progress lines (default 50)")
     p.add_argument("--metrics-out", default=None, help="write the final metrics as JSON to this file")
     p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
+    add_checkpoint_args(p)
     cluster = p.add_argument_group("parameter-server job (this process is the chief)")
     cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
     cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
@@ -81,7 +82,20 @@ def parse_args(argv):
         args.steps = 200
     if args.precision is None:
         args.precision = "auto" if args.tiacc else "fp32"
+    if args.export_dir and args.tfra:
+        p.error("--export-dir writes a SavedModel of stock TensorFlow ops; TFRA's tables need TFRA's ops "
+                "(use --tiacc or the native path)")
     return args
+
+
+def add_checkpoint_args(p):
+    """Flags of the serving export (and checkpoints)."""
+    group = p.add_argument_group("serving export")
+    group.add_argument("--export-dir", default=None,
+                       help="after training, write a SavedModel for serving here that needs only stock TensorFlow "
+                            "(ttf.export_for_serving: tables frozen into id->row lookups, unseen ids read the default "
+                            "row); its serving_default signature takes ids int64 [B, 26] and dense float32 [B, 13] and "
+                            "returns probability [B]. Example: --export-dir /tmp/ctr_serving")
 
 
 def log(message):
@@ -139,6 +153,20 @@ class Trainer:
         table = self.model.sparse.export_table()  # every shard's keys
         keys, values = table["keys"].numpy(), table["values"].numpy()
         return len(keys), float(np.sum(values[np.argsort(keys)], dtype=np.float64))  # order-independent
+
+    def export_for_serving(self, path):
+        """Writes the serving SavedModel. In a parameter-server job the model is first copied
+        into this process (tables through their logical export), so no remote variable is saved."""
+        model = self.model
+        if self.strategy is not None:
+            model = ctr.build(self.spec, self.path, seed=self.args.seed)
+            features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
+            model(features, training=False)
+            for local, remote in zip(model.variables, self.model.variables):  # built alike: same order
+                local.assign(remote.read_value())
+            if self.path == "ttf":
+                model.sparse.import_table(self.model.sparse.export_table())
+        ttf.export_for_serving(model, path)
 
     def dataset(self, seed):
         args = self.args
@@ -288,6 +316,9 @@ def main(argv=None):
             trainer.manager.save(checkpoint_number=trainer.step())
             log(f"[train] checkpoint {trainer.manager.latest_checkpoint}")
         auc, logloss, eval_rows = trainer.evaluate()
+        if args.export_dir:
+            trainer.export_for_serving(args.export_dir)
+            log(f"[train] serving SavedModel (stock TensorFlow ops only) written to {args.export_dir}")
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
         lost = trainer.cluster.ps_hosts if getattr(locals().get("trainer"), "cluster", None) else ()
         log(f"[train] error: lost contact with the cluster ({type(err).__name__}: {str(err).splitlines()[0][:300]}). "

@@ -16,5 +16,6 @@ __version__ = "0.1.0"
 
 from ttf import data, distribute, optimizers, precision  # noqa: E402
 from ttf.embedding import DynamicEmbedding, FusedEmbedding  # noqa: E402
+from ttf.serving import export_for_serving  # noqa: E402
 
-__all__ = ["DynamicEmbedding", "FusedEmbedding", "data", "distribute", "optimizers", "precision"]
+__all__ = ["DynamicEmbedding", "FusedEmbedding", "data", "distribute", "export_for_serving", "optimizers", "precision"]
