@@ -21,6 +21,11 @@ Training:
   --data FILE          Criteo TSV/CSV, plain or .gz (default: data/criteo_sample.txt)
   --eval-data FILE     eval data (default: every 5th line of --data, held out)
   --checkpoint-dir D   save checkpoints here; a restart with the same D resumes
+  --checkpoint-every N steps between checkpoints (default 100)
+  --full-every M       every M-th checkpoint is full, the others deltas: rows touched since the
+                       last checkpoint + evicted ids (default 1: all full)
+  --export-dir D       after training, write a SavedModel for serving that needs only stock
+                       TensorFlow (signature serving_default: ids, dense -> probability)
   --metrics-out FILE   write the final metrics as JSON
 Local job (default: a parameter-server cluster on this host):
   --ps N               parameter servers (default 1)
@@ -46,6 +51,7 @@ EOF
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
 model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
+ckpt_every="" full_every="" export_dir=""
 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
@@ -62,6 +68,9 @@ while [ $# -gt 0 ]; do
     --data) need_value "$@"; data=$2; shift ;;
     --eval-data) need_value "$@"; eval_data=$2; shift ;;
     --checkpoint-dir) need_value "$@"; ckpt=$2; shift ;;
+    --checkpoint-every) need_value "$@"; ckpt_every=$2; shift ;;
+    --full-every) need_value "$@"; full_every=$2; shift ;;
+    --export-dir) need_value "$@"; export_dir=$2; shift ;;
     --metrics-out) need_value "$@"; metrics=$2; shift ;;
     --ps) need_value "$@"; num_ps=$2; shift ;;
     --workers) need_value "$@"; num_workers=$2; shift ;;
@@ -95,6 +104,9 @@ train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-s
 [ -n "$data" ] && train_args+=(--data "$data")
 [ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")
 [ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")
+[ -n "$ckpt_every" ] && train_args+=(--checkpoint-every "$ckpt_every")
+[ -n "$full_every" ] && train_args+=(--full-every "$full_every")
+[ -n "$export_dir" ] && train_args+=(--export-dir "$export_dir")
 [ -n "$metrics" ] && train_args+=(--metrics-out "$metrics")
 
 # TFRA's kernels must be registered in the servers too (ttf's are always loaded there).

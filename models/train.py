@@ -71,7 +71,7 @@ def parse_args(argv):
     cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
     if any(cluster_flags) and not all(cluster_flags):
         p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
-    for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every"):
+    for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every", "full_every"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -89,8 +89,13 @@ def parse_args(argv):
 
 
 def add_checkpoint_args(p):
-    """Flags of the serving export (and checkpoints)."""
-    group = p.add_argument_group("serving export")
+    """Flags of delta checkpoints and the serving export."""
+    group = p.add_argument_group("delta checkpoints and serving export")
+    group.add_argument("--full-every", type=int, default=1,
+                       help="every M-th checkpoint is full, the M - 1 between are deltas: only the table rows touched "
+                            "since the previous checkpoint, evicted ids as deletions, and the dense state "
+                            "(ttf.checkpoint.CheckpointManager; a resume restores the last full one plus its deltas). "
+                            "Default 1: every checkpoint is full. Example: --checkpoint-every 100 --full-every 10")
     group.add_argument("--export-dir", default=None,
                        help="after training, write a SavedModel for serving here that needs only stock TensorFlow "
                             "(ttf.export_for_serving: tables frozen into id->row lookups, unseen ids read the default "
@@ -136,10 +141,10 @@ class Trainer:
             self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = None
         if args.checkpoint_dir:
-            self.manager = tf.train.CheckpointManager(self.checkpoint, args.checkpoint_dir, max_to_keep=3)
-            if self.manager.latest_checkpoint:
-                self.checkpoint.restore(self.manager.latest_checkpoint)
-                log(f"[train] resumed from {self.manager.latest_checkpoint} at step {self.step()}")
+            self.manager = ttf.checkpoint.CheckpointManager(self.checkpoint, args.checkpoint_dir,
+                                                            full_every=args.full_every, max_to_keep=3)
+            if self.manager.restore_latest() is not None:
+                log(f"[train] resumed from {self.manager.latest} at step {self.step()}")
         self.low_steps = 0  # steps run with the dense part in bf16
 
     def step(self):
@@ -281,7 +286,7 @@ class Trainer:
             if every_chunk and step // self.args.checkpoint_every == getattr(self, "_last_ckpt", -1):
                 return
             self._last_ckpt = step // self.args.checkpoint_every
-            self.manager.save(checkpoint_number=step)
+            self.manager.save(step)
 
     def evaluate(self):
         """AUC and logloss of the model on the eval data (run on this process)."""
@@ -313,8 +318,9 @@ def main(argv=None):
         steps, seconds = trainer.train()
         steps_run = trainer.step() - start_step
         if trainer.manager:
-            trainer.manager.save(checkpoint_number=trainer.step())
-            log(f"[train] checkpoint {trainer.manager.latest_checkpoint}")
+            if trainer.manager.last_step != trainer.step():  # else saved at this step already
+                trainer.manager.save(trainer.step())
+            log(f"[train] checkpoint {trainer.manager.latest}")
         auc, logloss, eval_rows = trainer.evaluate()
         if args.export_dir:
             trainer.export_for_serving(args.export_dir)

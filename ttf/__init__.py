@@ -14,8 +14,8 @@ if os.environ["TF_USE_LEGACY_KERAS"] not in ("1", "true", "True"):
 
 __version__ = "0.1.0"
 
-from ttf import data, distribute, optimizers, precision  # noqa: E402
+from ttf import checkpoint, data, distribute, optimizers, precision  # noqa: E402
 from ttf.embedding import DynamicEmbedding, FusedEmbedding  # noqa: E402
 from ttf.serving import export_for_serving  # noqa: E402
 
-__all__ = ["DynamicEmbedding", "FusedEmbedding", "data", "distribute", "export_for_serving", "optimizers", "precision"]
+__all__ = ["DynamicEmbedding", "FusedEmbedding", "checkpoint", "data", "distribute", "export_for_serving", "optimizers", "precision"]

@@ -186,19 +186,25 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     # -- checkpoints: the logical table (see ttf/embedding/_logical.py)
 
-    def export_table(self):
+    def export_table(self, since_step=None, reset_deleted=False):
         """The logical table: every id of every shard with its row, optimizer slots and
         counters, as one dict of tensors (the fields of EmbeddingTable.export). A
-        checkpoint saves this. Override it (with import_table) for shards that live in
-        other processes, e.g. gather them on Horovod."""
-        return merge_exports([t.export() for t in self.tables], self.dim)
+        checkpoint saves this. since_step / reset_deleted: a delta, see
+        EmbeddingTable.export. Override it (with import_table and reset_deleted) for
+        shards that live in other processes, e.g. gather them on Horovod."""
+        return merge_exports([t.export(since_step, reset_deleted) for t in self.tables], self.dim)
 
     def import_table(self, tensors):
-        """Replaces the content of every shard with the ids of `tensors` (a logical table
-        written by any topology: one process, N shards, N ranks) that shard_of routes to
-        it, so each id lands where its lookup goes. A checkpoint restore calls this."""
+        """Loads a logical table written by any topology (one process, N shards, N ranks):
+        each shard takes the ids shard_of routes to it, so each id lands where its lookup
+        goes. A full export replaces the content; a delta (with deleted_keys) is applied on
+        top of it. A checkpoint restore calls this."""
         n = len(self.tables)
         return tf.group(*[table.restore(tensors, n, i) for i, table in enumerate(self.tables)])
+
+    def reset_deleted(self):
+        """Clears and (re)starts every shard's record of deleted ids (delta checkpoints)."""
+        return tf.group(*[table.reset_deleted() for table in self.tables])
 
     def get_config(self):
         table = self.tables[0]

@@ -11,7 +11,10 @@ The hook for a new topology is the pair of DynamicEmbedding methods the checkpoi
 (route every key to its shard). A layer whose shards live in other processes (Horovod:
 rank r holds shard r of size n) overrides them: export gathers the shards (an allgather of
 `merge_exports`' inputs), import keeps its own part with
-`table.restore(tensors, num_partitions=n, partition=r)`.
+`table.restore(tensors, num_partitions=n, partition=r)` (the Import op takes only those
+keys, reading the input in place). Delta checkpoints (ttf.checkpoint) go through the same
+two methods: `export_table(since_step=S)` adds `deleted_keys`, and import_table applies
+such a delta on top of the current content; plus `reset_deleted()`.
 """
 import weakref
 
@@ -63,22 +66,8 @@ def merge_exports(exports, dim):
         "optimizer": tf.gather(tf.stack([e["optimizer"] for e in exports]), owner),
         "slot_init": slot_init,
         "step": tf.reduce_max(tf.stack([e["step"] for e in exports])),
+        **({"deleted_keys": tf.concat([e["deleted_keys"] for e in exports], 0)} if "deleted_keys" in exports[0] else {}),
     }
-
-
-def select_partition(export, num_partitions, partition):
-    """The part of an export whose keys (and candidates) route to `partition` of
-    `num_partitions` by shard_of; optimizer, slot_init and step are shared."""
-    if num_partitions == 1:
-        return dict(export)
-    part = dict(export)
-    mine = tf.equal(shard_of(export["keys"], num_partitions), partition)
-    for name in ("keys", "values", "meta"):
-        part[name] = tf.boolean_mask(export[name], mine)
-    mine = tf.equal(shard_of(export["candidate_keys"], num_partitions), partition)
-    for name in ("candidate_keys", "candidate_meta"):
-        part[name] = tf.boolean_mask(export[name], mine)
-    return part
 
 
 class LogicalTable(tf.__internal__.tracking.Trackable):

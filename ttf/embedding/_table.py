@@ -7,7 +7,7 @@ from tensorflow.core.protobuf import struct_pb2
 from tensorflow.python.saved_model import nested_structure_coder, registration
 
 from ttf._ops import ops
-from ttf.embedding._logical import EXPORT_FIELDS, select_partition
+from ttf.embedding._logical import EXPORT_FIELDS
 
 _KINDS = ("normal", "truncated_normal", "uniform", "zeros", "constant")
 
@@ -146,21 +146,44 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         return ops().ttf_table_evict(self.resource_handle, tf.cast(min_last_seen, tf.int64),
                                      tf.cast(min_count, tf.int64))
 
-    def export(self):
-        """A dict of the table's whole content: keys [N], values [N, dim * (1 + S)] (row
-        then S optimizer slots), meta [N, 2] (count, last-seen step), candidate_keys [C],
-        candidate_meta [C, 2], optimizer (string), slot_init [S], step (see TtfTableExport)."""
+    def export(self, since_step=None, reset_deleted=False):
+        """The table's content as a dict: keys [N], values [N, dim * (1 + S)] (row then S
+        optimizer slots), meta [N, 2] (count, last-seen step), candidate_keys [C],
+        candidate_meta [C, 2], optimizer (string), slot_init [S], step. One consistent
+        snapshot (TtfTableExport).
+
+        since_step: a delta instead (TtfTableExportDelta): only rows and candidates last
+          seen after table step since_step, plus deleted_keys, the keys removed since the
+          record of deletions was last reset.
+        reset_deleted: clear and (re)start that record in the same snapshot (the base of
+          a chain of deltas).
+        """
         with tf.device(self._resource_device):
-            exported = ops().ttf_table_export(self.resource_handle)
-        return dict(zip(EXPORT_FIELDS, exported))
+            if since_step is None:
+                return dict(zip(EXPORT_FIELDS, ops().ttf_table_export(self.resource_handle,
+                                                                      reset_deleted=reset_deleted)))
+            exported = ops().ttf_table_export_delta(self.resource_handle, tf.cast(since_step, tf.int64),
+                                                    reset_deleted=reset_deleted)
+        return dict(zip(EXPORT_FIELDS + ("deleted_keys",), exported))
 
     def restore(self, export, num_partitions=1, partition=0):
-        """Replaces the table's content with the keys of `export` (a dict as export()
-        returns, possibly of another table or of a whole logical table) that
-        shard_of(key, num_partitions) routes to `partition`: this table is that shard."""
-        part = select_partition(export, num_partitions, partition)  # here: only the part travels
+        """Loads the keys of `export` (a dict as export() returns, of any table or of a
+        whole logical table) that shard_of(key, num_partitions) routes to `partition`:
+        this table is that shard. A full export replaces the table's content; a delta
+        (with deleted_keys) removes those keys, then upserts its rows and candidates."""
+        fields = [export[f] for f in EXPORT_FIELDS]
+        partitioned = dict(num_partitions=num_partitions, partition=partition)
         with tf.device(self._resource_device):
-            return ops().ttf_table_import(self.resource_handle, *(part[f] for f in EXPORT_FIELDS))
+            if "deleted_keys" not in export:
+                return ops().ttf_table_import(self.resource_handle, *fields, **partitioned)
+            removed = ops().ttf_table_remove(self.resource_handle, export["deleted_keys"])  # others' keys: ignored
+            with tf.control_dependencies([removed]):
+                return ops().ttf_table_import(self.resource_handle, *fields, merge=True, **partitioned)
+
+    def reset_deleted(self):
+        """Clears and (re)starts the record of deleted keys (see export)."""
+        with tf.device(self._resource_device):
+            return ops().ttf_table_deleted_keys(self.resource_handle, reset=True)
 
     # -- SavedModel: a loaded table is a new table (tables are not shared by name)
 
