@@ -134,7 +134,7 @@ def test_export_import_round_trip_is_bit_identical():
                                    0.01, 0.9, 0.999, 1e-7, step)
     dst = EmbeddingTable(4, "normal", seed=5, admission_min_count=2, num_shards=3)
     exported = src.export()
-    dst._restore_from_tensors(exported)
+    dst.restore(exported)
     a, b = sorted_export(src), sorted_export(dst)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)

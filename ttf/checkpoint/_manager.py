@@ -17,29 +17,27 @@ _DELTA_DTYPES = {"keys": tf.int64, "values": tf.float32, "meta": tf.int64, "cand
 class _FullSave:
     """A full save that also starts each table's record of deleted ids (the chain's base)."""
 
-    def serialize(self, layer):
-        return layer.export_table(reset_deleted=True)
+    def serialize(self, logical):
+        return logical.layer.export_table(reset_deleted=True)
 
 
 class _DeltaSave:
-    def __init__(self, since_step):
-        self.since_step = since_step
-
-    def serialize(self, layer):
-        # Lookups after a save at step S mark rows last-seen S, so rows seen after S - 1 are
-        # every row that changed since that save (TtfTableExportDelta's contract).
-        delta = layer.export_table(since_step=self.since_step - 1, reset_deleted=True)
+    def serialize(self, logical):
+        # Lookups after a save at table step S mark rows last-seen S, so rows seen after S - 1
+        # are every row that changed since that save (TtfTableExportDelta's contract). The
+        # table step, not the global step: a skipped (non-finite) step does not advance it.
+        delta = logical.layer.export_table(since_step=logical.saved_step - 1, reset_deleted=True)
         return {f"delta_{name}": tensor for name, tensor in delta.items()}
 
 
 class _DeltaRestore:
-    def serialize(self, layer):
+    def serialize(self, logical):
         # Only the names and dtypes matter: the restore reads the tensors from the file.
         return {f"delta_{name}": tf.zeros([0], dtype) if name not in ("optimizer", "step") else tf.zeros([], dtype)
                 for name, dtype in _DELTA_DTYPES.items()}
 
-    def restore(self, layer, restored_tensors):
-        return layer.import_table({name: restored_tensors[f"delta_{name}"] for name in _DELTA_FIELDS})
+    def restore(self, logical, restored_tensors):
+        return logical.layer.import_table({name: restored_tensors[f"delta_{name}"] for name in _DELTA_FIELDS})
 
 
 class CheckpointManager:
@@ -95,10 +93,11 @@ class CheckpointManager:
         """Writes a full or a delta checkpoint for global step `step`; returns its path."""
         step = int(step)
         delta = (self._chain is not None and self._last_step is not None and self.full_every > 1
-                 and len(self._chain["deltas"]) + 1 < self.full_every)
+                 and len(self._chain["deltas"]) + 1 < self.full_every
+                 and all(t.saved_step is not None for t in self._tables()))
         if delta:
             path = os.path.join(self.directory, f"delta-{step}")
-            with self._mode(_DeltaSave(self._last_step)):
+            with self._mode(_DeltaSave()):
                 self.checkpoint.write(path)
             self._write_chain({"full": self._chain["full"], "deltas": self._chain["deltas"] + [path]})
         else:
@@ -126,7 +125,7 @@ class CheckpointManager:
             for path in self._chain["deltas"]:
                 self.checkpoint.restore(path)
         for table in self._tables():  # deletions from here on belong to the next delta
-            table._layer().reset_deleted()
+            table.layer.reset_deleted()
         self._last_step = int(self.latest.rsplit("-", 1)[1])
         return self._last_step
 

@@ -74,21 +74,35 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
     """The checkpoint entry of a DynamicEmbedding: its logical table (every key of every
     shard, under `.../logical_table/.ATTRIBUTES/<field>`). Saving calls the layer's
     export_table(), restoring its import_table(). `mode` (set by ttf.checkpoint while it
-    writes or reads a delta checkpoint) replaces both."""
+    writes or reads a delta checkpoint) replaces both. `saved_step` is the table step of
+    the last eager save or restore (where the next delta starts)."""
 
     def __init__(self, layer):
         self._layer = weakref.ref(layer)  # the layer tracks this object, not the reverse
         self.mode = None
+        self.saved_step = None
+
+    @property
+    def layer(self):
+        return self._layer()
 
     def _serialize_to_tensors(self):
-        if self.mode is not None:
-            return self.mode.serialize(self._layer())
-        return self._layer().export_table()
+        tensors = self.mode.serialize(self) if self.mode is not None else self.layer.export_table()
+        self._note_step(tensors)
+        return tensors
 
     def _restore_from_tensors(self, restored_tensors):
         if self.mode is not None:
-            return self.mode.restore(self._layer(), restored_tensors)
-        return self._layer().import_table(restored_tensors)
+            restored = self.mode.restore(self, restored_tensors)
+        else:
+            restored = self.layer.import_table(restored_tensors)
+        self._note_step(restored_tensors)
+        return restored
+
+    def _note_step(self, tensors):
+        step = tensors.get("step", tensors.get("delta_step"))
+        if isinstance(step, tf.Tensor) and hasattr(step, "numpy"):  # eager: a checkpoint, not a trace
+            self.saved_step = int(step.numpy())
 
     def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
         # tf.saved_model.save writes the checkpoint from a graph holding copies of the tables.
