@@ -402,6 +402,14 @@ def main(argv=None):
             f"A parameter server ({', '.join(lost) or 'see above'}) or the network failed; restart the job with the "
             "same --checkpoint-dir to resume from the last checkpoint.")
         return 1
+    except tf.errors.OpError as err:
+        if not args.horovod:
+            raise
+        # Every rank prints this: the peers of a lost rank are the ones still able to say so.
+        print(f"[train] error (rank {_LOG_RANK[0]}): a Horovod collective failed ({type(err).__name__}: "
+              f"{str(err).splitlines()[0][:300]}). Another rank stopped or the network failed; restart every rank "
+              "with the same --checkpoint-dir to resume from the last checkpoint.", file=sys.stderr, flush=True)
+        return 1
     if args.lenient:
         trainer.reader.report()
     steps_per_sec = steps / seconds if seconds > 0 else float("nan")
