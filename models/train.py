@@ -124,6 +124,9 @@ class HorovodRanks:
             import ttf.distribute.horovod as tdh  # imports horovod, with a clear error when it is missing
         except ImportError as err:
             raise SystemExit(f"[train] error: --horovod needs horovod: {err}".replace("\n", " ")) from err
+        # A collective that some rank never joins (which a bug, not a lost rank, would cause:
+        # horovodrun stops the job when a rank dies) stops the job instead of hanging.
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "300")
         hvd = tdh.hvd
         hvd.init()
         self.hvd, self.tdh = hvd, tdh
