@@ -139,7 +139,8 @@ class HorovodRanks:
         except ValueError as err:
             raise SystemExit(f"[train] error (rank {self.rank}): {err}") from err
         self.per_rank_batch = args.batch_size
-        log(f"[train] Horovod job: {self.size} rank(s), tables sharded by id, compression {self.compression}")
+        tables = "ttf tables sharded by id" if args.tiacc else "Keras embeddings through horovod's DistributedOptimizer"
+        log(f"[train] Horovod job: {self.size} rank(s), {tables}, compression {self.compression}")
 
     def distribute(self, model, optimizer):
         if ttf.embedding.DynamicEmbedding in type(model.sparse).__mro__:
