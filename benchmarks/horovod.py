@@ -74,6 +74,8 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=400_000, help="synthetic training rows (default 400000)")
     p.add_argument("--vocab", type=int, default=1_000_000, help="synthetic ids per field (default 1M)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved repetitions (default 2)")
+    p.add_argument("--repeat-shapes", default="hvd,ps,single",
+                   help="shapes run in every repetition; the others run once (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes; prints but records nothing")
     args = p.parse_args(argv)
     if args.quick:
@@ -82,6 +84,8 @@ def main(argv=None):
     results, compressed = {}, {}
     for rep in range(args.repeats):
         for shape in SHAPES:
+            if rep > 0 and shape not in args.repeat_shapes.split(","):
+                continue
             for path in PATHS:
                 metrics = run(path, shape, args, files)
                 if metrics:
@@ -100,20 +104,20 @@ def main(argv=None):
 
 
 def render(results, compressed):
-    lines = ["| shape | path | examples/s | ttf vs native | examples seen | AUC | logloss | bf16 share |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | path | examples/s | ttf vs native | examples seen | AUC | logloss | bf16 share | runs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for shape in SHAPES:
         native = results.get(("native", shape))
         for path in PATHS:
             runs = results.get((path, shape))
             if not runs:
-                lines.append(f"| {shape} | {path} | failed | | | | | |")
+                lines.append(f"| {shape} | {path} | failed | | | | | | |")
                 continue
             eps = median(runs, "examples_per_sec")
             ratio = f"{eps / median(native, 'examples_per_sec'):.2f}x" if native and path == "ttf" else "-"
             lines.append(f"| {shape} | {path} | {eps:.0f} | {ratio} | {runs[0]['examples_seen']:,} | "
                          f"{median(runs, 'auc'):.4f} | {median(runs, 'logloss'):.4f} | "
-                         f"{median(runs, 'bf16_fraction'):.2f} |")
+                         f"{median(runs, 'bf16_fraction'):.2f} | {len(runs)} |")
     lines += ["", "| ttf on 2 Horovod ranks, --hvd-compression | bytes sent per step and rank | vs none | examples/s "
               "| AUC | AUC - none |", "|---|---|---|---|---|---|"]
     base = compressed.get("none")
@@ -141,7 +145,7 @@ def record(args, table):
              f"Machine: {os.cpu_count()} cores shared with other jobs, avx512_bf16={'avx512_bf16' in flags}; "
              f"TensorFlow {tf.__version__}, horovod {horovod.__version__} (Gloo), Python {platform.python_version()}.  \n"
              f"Data: synthetic Criteo schema, {args.rows:,} training rows, {args.vocab:,} ids per field; eval on a "
-             f"separate file. Every shape sees {2 * args.steps * args.batch_size:,} examples: hvd 2 ranks x batch "
+             f"separate file. Shapes repeated: {args.repeat_shapes} (the others ran once). Every shape sees {2 * args.steps * args.batch_size:,} examples: hvd 2 ranks x batch "
              f"{args.batch_size} x {args.steps} steps, ps 2 workers x batch {args.batch_size} x {2 * args.steps} "
              f"async worker steps, single batch {2 * args.batch_size} x {args.steps}. Medians of {args.repeats} "
              f"interleaved run(s); every path at its default --precision (ttf: auto).\n\n{table}\n\n"
