@@ -59,7 +59,7 @@ volume=${volume:-$job-ckpt}
 build_flags=()
 read -r -a build_flags <<<"${TTF_BUILD_FLAGS:-}"
 "$DOCKER_DIR/build.sh" ${build_flags[@]+"${build_flags[@]}"}
-pick_engine
+pick_engine no quiet
 [ "$ENGINE" = podman ] && check_engine "$IMAGE"
 
 network=$job-net port=2222
@@ -82,15 +82,17 @@ trap cleanup EXIT
 trap 'echo "[cluster] interrupted: removing the job'"'"'s containers"; exit 130' INT TERM
 
 remove_containers  # left over from an earlier run of the same job
-engine network inspect "$network" >/dev/null 2>&1 || engine network create "$network" >/dev/null
+engine network inspect "$network" >/dev/null 2>&1 || engine network create "$network" >/dev/null 2>&1 ||
+  fail "could not create the network $network ($ENGINE network create $network)"
 if [[ $volume == /* ]]; then mkdir -p "$volume"; else
   engine volume inspect "$volume" >/dev/null 2>&1 || engine volume create "$volume" >/dev/null
 fi
 
 start_task() {  # name, role flags...: one detached container running start_all.sh in that role
-  local name=$1; shift
-  engine run -d --name "$name" --hostname "$name" --network "$network" --stop-timeout 2 \
-    "${RUN_OPTS[@]}" -v "$volume:/ckpt" "$IMAGE" "${job_flags[@]}" "$@" "${cluster[@]}" >/dev/null
+  local name=$1 err; shift
+  err=$(engine run -d --name "$name" --hostname "$name" --network "$network" --stop-timeout 2 \
+    "${RUN_OPTS[@]}" -v "$volume:/ckpt" "$IMAGE" "${job_flags[@]}" "$@" "${cluster[@]}" 2>&1 >/dev/null) ||
+    fail "could not start container $name: ${err##*$'\n'}"
 }
 running() { engine inspect -f '{{.State.Running}}' "$1" 2>/dev/null | grep -q true; }
 exit_code() { engine inspect -f '{{.State.ExitCode}}' "$1" 2>/dev/null || echo "?"; }
@@ -119,7 +121,8 @@ for ((i = 0; i < ${#names[@]}; i++)); do  # wait until every server listens
 done
 echo "[cluster] servers ready; starting the chief ($job-chief)"
 start_task "$job-chief" --role chief
-engine logs -f "$job-chief" &
+# The chief's output, less TensorFlow's start-up chatter on stderr (as start_all.sh keeps it out).
+engine logs -f "$job-chief" 2>&1 | grep --line-buffered -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+: [IWE] ' &
 follower=$!
 
 alive=() ps_lost_at=""

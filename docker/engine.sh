@@ -42,9 +42,10 @@ install_podman() {
     fail "apt-get could not install podman runc debootstrap; run it by hand to see why"
 }
 
-# Sets ENGINE, RUN_OPTS and BUILD_OPTS. $1 = yes: install podman without asking when no engine.
+# Sets ENGINE, RUN_OPTS and BUILD_OPTS. $1 = yes: install podman without asking when no engine;
+# $2 = quiet: no note about the choice (build.sh, run first, gave it).
 pick_engine() {
-  local install=${1:-no} docker_err
+  local install=${1:-no} quiet=${2:-} docker_err
   case "${TTF_ENGINE:-}" in
     docker)
       docker_err=$(docker info 2>&1 >/dev/null) ||
@@ -55,7 +56,7 @@ pick_engine() {
       if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
         ENGINE=docker
       else
-        command -v docker >/dev/null && say "docker's client is here but no Docker engine answers (docker info fails): using podman"
+        command -v docker >/dev/null && [ -z "$quiet" ] && say "docker's client is here but no Docker engine answers (docker info fails): using podman"
         command -v podman >/dev/null || install_podman "$install"
         ENGINE=podman
       fi ;;
@@ -74,7 +75,7 @@ pick_engine() {
 # Runs `true` in image $1; on failure says which of podman's settings is missing.
 check_engine() {
   local image=$1 err
-  err=$(engine run --rm "${RUN_OPTS[@]}" --network none "$image" true 2>&1 >/dev/null) && return 0
+  err=$(engine run --rm "${RUN_OPTS[@]}" --network none --entrypoint /bin/true "$image" 2>&1 >/dev/null) && return 0
   local last=${err##*$'\n'} runtime=${TTF_OCI_RUNTIME:-runc}
   [ "$ENGINE" = docker ] && fail "docker cannot start a container: $last"
   case "$err" in
@@ -84,7 +85,7 @@ check_engine() {
     *rlimit*|*ulimit*)
       fail "podman cannot start a container here: the default ulimits are refused ($last). Set" \
            "'default_ulimits = []' under [containers] in $CONTAINERS_CONF (docker/containers.conf has it)" ;;
-    *"not found"*|*"no such file"*|*"executable file"*)
+    *"no valid executable"*|*"not found"*|*"no such file"*|*"executable file"*)
       fail "podman cannot start a container here: the OCI runtime '$runtime' is not installed ($last)." \
            "Install runc (apt-get install runc) and run with --runtime runc (TTF_OCI_RUNTIME=runc, the default)" ;;
     *) fail "$ENGINE cannot start a container here: $last" ;;

@@ -13,7 +13,7 @@ source "$(dirname "$0")/engine.sh"
 build_flags=()
 read -r -a build_flags <<<"${TTF_BUILD_FLAGS:-}"
 "$DOCKER_DIR/build.sh" ${build_flags[@]+"${build_flags[@]}"}
-pick_engine
+pick_engine no quiet
 [ "$ENGINE" = podman ] && check_engine "$IMAGE"
 
 tty=()

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 import tensorflow as tf
-from conftest import DOCKER, ROOT, engine, engine_env
+from container_engine import DOCKER, ROOT, engine, engine_env
 
 pytestmark = pytest.mark.slow
 JOB_FLAGS = ["--tiacc", "--fm", "--batch-size", "64"]

@@ -4,7 +4,7 @@ import os
 import shutil
 
 import pytest
-from conftest import DOCKER, engine_name, script
+from container_engine import DOCKER, engine_name, script
 
 pytestmark = pytest.mark.slow
 
