@@ -67,6 +67,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                            name=f"{self.name}_shard{i}", device=device)
             for i, device in enumerate(shard_devices or [""])
         ]
+        # None, or an object whose lookup(layer, keys, row_splits, training) replaces the
+        # local lookup: ttf.distribute.horovod.shard_tables sets one that makes this table one
+        # rank's shard of a table spread over the Horovod ranks. Its export_table(layer) and
+        # import_table(layer, tensors) then carry the checkpoint (see export_table).
+        self.sharding = None
         self.logical_table = LogicalTable(self)  # the checkpoint entry (not the shards)
         self._serving_table = None  # set by ttf.export_for_serving while it traces
 
@@ -111,6 +116,10 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     # -- lookup and gradient
 
     def _lookup(self, keys, row_splits, training):
+        if self._serving_table is not None and not training:  # ttf.export_for_serving is tracing
+            return self._combine(self._serving_table.lookup(tf.reshape(keys, [-1])), keys, row_splits)
+        if self.sharding is not None:
+            return self.sharding.lookup(self, keys, row_splits, training)
         if not training:
             return self._forward(keys, row_splits, training=False)[0]
         if not self.built:
@@ -138,8 +147,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def _forward(self, keys, row_splits, training):
         """-> embeddings, unique_keys, inverse_index (embeddings = rows[unique_keys][inverse])."""
-        if self._serving_table is not None and not training:
-            return self._combine(self._serving_table.lookup(tf.reshape(keys, [-1])), keys, row_splits), None, None
         if len(self.tables) == 1:
             table = self.tables[0]
             if row_splits is None:
@@ -192,6 +199,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         checkpoint saves this. since_step / reset_deleted: a delta, see
         EmbeddingTable.export. Override it (with import_table and reset_deleted) for
         shards that live in other processes, e.g. gather them on Horovod."""
+        if self.sharding is not None:  # shards on other ranks: the sharding gathers them (a collective)
+            if since_step is not None or reset_deleted:
+                raise NotImplementedError(f"{self.name}: delta checkpoints of a table sharded over Horovod ranks "
+                                          "are not supported yet; save full checkpoints (full_every=1)")
+            return self.sharding.export_table(self)
         return merge_exports([t.export(since_step, reset_deleted) for t in self.tables], self.dim)
 
     def import_table(self, tensors):
@@ -199,6 +211,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         each shard takes the ids shard_of routes to it, so each id lands where its lookup
         goes. A full export replaces the content; a delta (with deleted_keys) is applied on
         top of it. A checkpoint restore calls this."""
+        if self.sharding is not None:  # this rank keeps the ids it owns
+            return self.sharding.import_table(self, tensors)
         n = len(self.tables)
         return tf.group(*[table.restore(tensors, n, i) for i, table in enumerate(self.tables)])
 
