@@ -8,7 +8,7 @@ import pytest
 
 import ttf
 from ttf.data import SyntheticCriteo
-from ttf.data import synthetic
+from ttf.data import _synthetic as synthetic
 
 
 def test_schema_and_determinism():
