@@ -46,6 +46,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
     parser.add_argument("--lines", type=int, default=65_536, help="lines per op call (default 65536)")
     parser.add_argument("--file-rows", type=int, default=500_000, help="rows of the pipeline's file (default 500000)")
+    parser.add_argument("--no-pipeline", action="store_true", help="time the op calls only")
     args = parser.parse_args()
 
     directory = tempfile.mkdtemp(prefix="ttf_parse_bench_")
@@ -74,7 +75,7 @@ def main():
                 pass
         return run
 
-    pipelines = {f"Reader {name} (pipeline)": pipeline(name) for name in ("criteo", "avazu")}
+    pipelines = {} if args.no_pipeline else {f"Reader {name} (pipeline)": pipeline(name) for name in ("criteo", "avazu")}
     seconds = {name: [] for name in list(calls) + list(pipelines)}
     for _ in range(args.repeats):
         for name, fn in calls.items():

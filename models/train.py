@@ -24,8 +24,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 # TensorFlow logs while it is imported, before argparse runs: --verbose is read here too.
+# Without it only this CLI's lines are shown (TensorFlow's C++ log level 3 also hides the
+# cuDNN/cuFFT/cuBLAS "E" lines a CPU machine prints at start-up); with it, everything.
 VERBOSE = "--verbose" in sys.argv[1:]
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if VERBOSE else "3")
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if VERBOSE else "3"
 
 import ttf  # noqa: E402  (Keras 2 before TensorFlow is used)
 import numpy as np  # noqa: E402
@@ -77,8 +79,8 @@ def parse_args(argv):
     p.add_argument("--metrics-out", default=None, help="write the final metrics as JSON to this file")
     p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
     p.add_argument("--verbose", action="store_true",
-                   help="show TensorFlow's own log lines (C++ and Python); without it only this CLI's lines are "
-                        "printed (TF_CPP_MIN_LOG_LEVEL=3 unless set)")
+                   help="show TensorFlow's own log lines (sets TF_CPP_MIN_LOG_LEVEL=0); without it only this CLI's "
+                        "lines are printed (TF_CPP_MIN_LOG_LEVEL=3)")
     synthetic = p.add_argument_group("synthetic data (--data synthetic)")
     synthetic.add_argument("--synthetic-rows", type=int, default=SYNTHETIC_ROWS,
                            help=f"rows of the synthetic file, every 5th held out for eval (default {SYNTHETIC_ROWS:,})")
@@ -148,13 +150,11 @@ def prepare_synthetic(args):
     """--data synthetic: points args.data at the cached synthetic file (written on first use);
     returns the best achievable AUC on the rows evaluated (None with --eval-data)."""
     config = ttf.data.Synthetic(schema=args.schema, vocab_per_field=args.synthetic_vocab)
-    start = time.perf_counter()
     path, info = ttf.data.cached_synthetic(args.cache_dir, args.synthetic_rows, config)
-    made = time.perf_counter() - start > 0.5
+    shown = os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT + os.sep) else path
     log(f"[train] data: {info['rows']:,} synthetic {args.schema.name} rows of a planted model "
         f"({args.synthetic_vocab:,} values per field), "
-        f"{'written in ' + format(time.perf_counter() - start, '.1f') + 's to' if made else 'cached in'} "
-        f"{os.path.relpath(path, ROOT)}")
+        f"{'cached in' if info['cached'] else 'written in ' + format(info['seconds'], '.1f') + 's to'} {shown}")
     args.data = [path]
     return None if args.eval_data else info["best_auc_eval"]
 

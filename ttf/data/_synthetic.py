@@ -421,7 +421,8 @@ def cached_synthetic(directory, num_rows, config=Synthetic(), seed=0, holdout_ev
 
     Returns:
       (path, info): info is the dict of the JSON file: rows, seed, config, best_auc_all,
-      best_auc_eval, best_auc_train, seconds (time it took to write), holdout_every.
+      best_auc_eval, best_auc_train, label_rate, seconds (time it took to write),
+      holdout_every; plus cached (False when this call wrote the file).
 
     Example:
       >>> import ttf
@@ -441,7 +442,7 @@ def cached_synthetic(directory, num_rows, config=Synthetic(), seed=0, holdout_ev
     info_path = path + ".json"
     if os.path.isfile(path) and os.path.isfile(info_path):
         with open(info_path) as f:
-            return path, json.load(f)
+            return path, dict(json.load(f), cached=True)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     start = time.time()
     temporary = f"{path}.{os.getpid()}.tmp"
@@ -463,7 +464,7 @@ def cached_synthetic(directory, num_rows, config=Synthetic(), seed=0, holdout_ev
         for leftover in (temporary, info_path + ".tmp"):
             if os.path.exists(leftover):
                 os.remove(leftover)
-    return path, info
+    return path, dict(info, cached=False)
 
 
 def main(argv=None):
