@@ -115,9 +115,9 @@ class NativeBagSparse(tf.keras.layers.Layer):
 def bag_layer(spec, path, seed, index, shard_devices=None):
     """The table of multi-hot field `index`: flat ids [T] -> rows [T, dim + 1]."""
     if path == "native":
-        return NativeBagSparse(spec, seed, name=f"native_bag_{index}")
+        return NativeBagSparse(spec, seed, name=f"native_bag_{index}", autocast=False)
     if path == "tfra":
-        return TfraSparse(spec, seed, devices=shard_devices, name=f"tfra_bag_{index}")
+        return TfraSparse(spec, seed, devices=shard_devices, name=f"tfra_bag_{index}", autocast=False)
     if path == "ttf":
         return ttf.DynamicEmbedding(spec.embedding_dim + 1, seed=seed,
                                     initializer=ttf.embedding.RowInitializer("uniform", -0.05, 0.05),
@@ -129,9 +129,9 @@ def sparse_layer(spec, path, seed, shard_devices=None):
     if spec.num_fields == 0:
         return None
     if path == "native":
-        return NativeSparse(spec, seed, name="native_sparse")
+        return NativeSparse(spec, seed, name="native_sparse", autocast=False)
     if path == "tfra":
-        return TfraSparse(spec, seed, devices=shard_devices, name="tfra_sparse")
+        return TfraSparse(spec, seed, devices=shard_devices, name="tfra_sparse", autocast=False)
     if path == "ttf":
         return ttf.FusedEmbedding(spec.embedding_dim + 1, num_fields=spec.num_fields, seed=seed,
                                   initializer=ttf.embedding.RowInitializer("uniform", -0.05, 0.05),
@@ -158,35 +158,46 @@ class CTRModel(tf.keras.Model):
     def call(self, features, training=False):
         return tf.sigmoid(self.logits(features, training=training))
 
-    def logits(self, features, training=False, compute_dtype=tf.float32):
-        """[B] logits; the dense part runs in compute_dtype (fp32 master weights, cast at the boundary)."""
+    def logits(self, features, training=False, compute_dtype=None):
+        """[B] float32 logits. The dense part runs in compute_dtype (default: this model's
+        compute dtype, bfloat16 inside ttf.precision's low-precision step); weights stay fp32."""
+        rows = self.field_rows(features, training)  # [B, F + M, dim + 1]
+        return self.dense_logits(rows, features["dense"] if self.spec.num_dense else None, compute_dtype)
+
+    def dense_logits(self, rows, dense, compute_dtype=None):
+        """The dense part: [B] float32 logits from the embedding rows [B, F + M, dim + 1] (one-hot
+        fields, then one combined row per multi-hot field) and the dense features [B, D] (None
+        when the spec has no dense columns). Runs in compute_dtype (default: this model's
+        compute dtype, bfloat16 inside ttf.precision's low-precision step); weights stay fp32."""
+        dtype = tf.as_dtype(compute_dtype or self.compute_dtype)
         dim = self.spec.embedding_dim
-        rows = self.field_rows(features, training)  # [B, F + M, dim + 1], float32
+        rows = tf.cast(rows, tf.float32)
         emb, first_order = rows[..., :dim], rows[..., dim]
         logit = tf.reduce_sum(first_order, axis=1)
         x = tf.reshape(emb, [-1, self.spec.num_embedded_fields * dim])
         if self.spec.num_dense:
-            dense = tf.cast(features["dense"], tf.float32)
-            logit += self.dense_linear(dense)[:, 0]
+            dense = tf.cast(dense, tf.float32)
+            linear = _mlp([self.dense_linear], dense, dtype)
+            logit += tf.cast(linear[:, 0], tf.float32)
             x = tf.concat([x, dense], axis=1)
-        deep_logit = _mlp(self.hidden + [self.deep_out], x, compute_dtype)
+        deep_logit = _mlp(self.hidden + [self.deep_out], x, dtype)
         logit += tf.cast(deep_logit[:, 0], tf.float32)
         if self.spec.model == "fm":  # FM second order: 0.5 * sum((sum_f e)^2 - sum_f e^2)
-            e = tf.cast(emb, compute_dtype)
+            e = tf.cast(emb, dtype)
             square_of_sum = tf.square(tf.reduce_sum(e, axis=1))
             sum_of_squares = tf.reduce_sum(tf.square(e), axis=1)
             logit += tf.cast(0.5 * tf.reduce_sum(square_of_sum - sum_of_squares, axis=1), tf.float32)
         return logit
 
-
     def field_rows(self, features, training):
-        """[B, F + M, dim + 1]: the one-hot fields' rows, then one combined row per multi-hot field."""
+        """[B, F + M, dim + 1] float32: the one-hot fields' rows, then one row per multi-hot
+        field, the mean (or sum) of its ids' rows (zeros for an empty list)."""
         parts = []
         if self.sparse is not None:
-            parts.append(self.sparse(features["ids"], training=training))
+            parts.append(tf.cast(self.sparse(features["ids"], training=training), tf.float32))
         for (name, combiner), bag in zip(self.spec.multi_hot, self.bags):
             ids = features[name]  # ragged [B, None]
-            rows = bag(ids.values, training=training)  # [T, dim + 1]
+            rows = tf.cast(bag(ids.values, training=training), tf.float32)  # [T, dim + 1]
             summed = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), ids.nrows())
             if combiner == "mean":
                 counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
@@ -195,16 +206,28 @@ class CTRModel(tf.keras.Model):
         return parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
 
 
+class Logits(tf.keras.Model):
+    """The logits of a CTRModel as a Keras model sharing its weights: what the training
+    step runs (a from-logits loss is stabler than one on probabilities)."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(name=f"{model.name}_logits", **kwargs)
+        self.ctr = model
+
+    def call(self, features, training=False):
+        return self.ctr.logits(features, training=training)
+
+
 def _mlp(layers, x, compute_dtype):
-    """Runs Dense layers in compute_dtype, casting inputs and kernels at the boundary, so the
-    same fp32 weights serve an fp32 and a bf16 variant without rebuilding."""
-    if compute_dtype == tf.float32:
-        for layer in layers:
-            x = layer(x)
-        return x
+    """Runs Dense layers in compute_dtype. A layer whose policy already computes in it
+    (float32, or bfloat16 under ttf.precision.low_precision) casts by itself; otherwise
+    inputs and kernels are cast here, so the same fp32 weights serve both precisions."""
     for layer in layers:
         if not layer.built:
             layer.build(x.shape)
+        if tf.as_dtype(layer.compute_dtype) == compute_dtype:
+            x = layer(x)
+            continue
         x = tf.matmul(tf.cast(x, compute_dtype), tf.cast(layer.kernel, compute_dtype)) + tf.cast(layer.bias, compute_dtype)
         if layer.activation is not None:
             x = layer.activation(x)

@@ -39,6 +39,17 @@ int HexDigit(char c) {
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
+// Hex digit values by byte, -1 for other bytes: one lookup per byte in the fast path.
+struct HexTable {
+  int8_t value[256];
+  constexpr HexTable() : value() {
+    for (int i = 0; i < 256; ++i) value[i] = -1;
+    for (int i = 0; i < 10; ++i) value['0' + i] = static_cast<int8_t>(i);
+    for (int i = 0; i < 6; ++i) value['a' + i] = value['A' + i] = static_cast<int8_t>(10 + i);
+  }
+};
+constexpr HexTable kHexTable;
+
 inline int64_t Tag(int field, uint64_t v) {
   return static_cast<int64_t>((static_cast<uint64_t>(field) << kValueBits) | v);
 }
@@ -119,6 +130,17 @@ bool ParseNumber(const char* s, size_t n, double* out) {
   buf[n] = '\0';
   *out = std::strtod(buf, nullptr);
   return std::isfinite(*out);
+}
+
+// The position of the next `sep` at or after i, or len. CTR fields are short (Criteo's are at
+// most 8 bytes), where a plain loop beats a call to memchr; long fields go to memchr.
+inline size_t FindSeparator(const char* p, size_t i, size_t len, char sep) {
+  const size_t short_end = std::min(len, i + 16);
+  for (; i < short_end; ++i)
+    if (p[i] == sep) return i;
+  if (i == len) return len;
+  const void* found = std::memchr(p + i, sep, len - i);
+  return found != nullptr ? static_cast<const char*>(found) - p : len;
 }
 
 // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
@@ -232,6 +254,10 @@ class ParseLinesOp : public OpKernel {
       names_.push_back(names[c]);
     }
     OP_REQUIRES(ctx, labels == 1, errors::InvalidArgument("exactly one label column, got ", labels));
+    for (int c = 0; c < static_cast<int>(n); ++c) {
+      if (runs_.empty() || runs_.back().kind != columns_[c].kind) runs_.push_back({columns_[c].kind, c, c});
+      runs_.back().end = c + 1;
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -359,80 +385,113 @@ class ParseLinesOp : public OpKernel {
     const char sep = !delimiter_.empty() ? delimiter_[0] : std::memchr(p, '\t', len) != nullptr ? '\t' : ',';
     const int num_columns = static_cast<int>(columns_.size());
     size_t start = 0;
-    for (int col = 0; col < num_columns; ++col) {
-      const char* found = static_cast<const char*>(std::memchr(p + start, sep, len - start));
-      const size_t end = found != nullptr ? found - p : len;
-      if (found == nullptr && col < num_columns - 1)
-        return "has " + std::to_string(col + 1) + " columns, the schema declares " + std::to_string(num_columns);
-      const char* f = p + start;
-      const size_t n = end - start;
-      const Column& column = columns_[col];
-      const std::string& name = names_[col];  // only read to explain a bad line
-      switch (column.kind) {
-        case kLabel: {
-          double v;
-          if (n == 0 || !ParseNumber(f, n, &v) || (v != 0.0 && v != 1.0)) {
-            if (n == name.size() && std::memcmp(f, name.data(), n) == 0)
-              return "looks like a header (label column '" + name +
-                     "' holds its own name), but the schema declares no header: give it header=True or 'auto'";
-            return "label column " + name + " must be 0 or 1, got " + Quote(f, n);
+    // Columns go run by run (consecutive columns of one kind), so the switch below jumps to
+    // the same case many times in a row: a well-predicted branch, as in a parser written for
+    // one fixed layout.
+    for (const Run& run : runs_) {
+      for (int col = run.begin; col < run.end; ++col) {
+        const Column& column = columns_[col];
+        // Fast paths for Criteo's fields (up to 8 hex digits, a plain count): read in the
+        // same pass that finds the field's end. Anything else (and any problem) takes the
+        // general path below, which gives the same result for these fields.
+        const bool more = col < num_columns - 1;
+        if (run.kind == kCategorical && column.value_mode == kAuto) {
+          size_t i = start;
+          uint64_t hex = 0;
+          bool is_hex = true;
+          for (; i < len && i - start < 9 && p[i] != sep; ++i) {
+            const int d = kHexTable.value[static_cast<unsigned char>(p[i])];
+            is_hex &= d >= 0;
+            hex = hex * 16 + (d & 15);
           }
-          *label = v == 1.0 ? 1.0f : 0.0f;
-          break;
-        }
-        case kDense: {
-          double v = column.default_value;
-          if (n > 0 && !ParseNumber(f, n, &v))
-            return "dense column " + name + " is not a number: " + Quote(f, n);
-          // log(1 + x): counts are heavy tailed; negatives (Criteo has -1, -2) clip to 0.
-          dense[column.slot] = static_cast<float>(column.log1p ? std::log1p(std::max(v, 0.0)) : v);
-          break;
-        }
-        case kCategorical: {
-          uint64_t v;
-          if (!CategoricalValue(column.value_mode, f, n, &v))
-            return "categorical column " + name + " is not an integer in [0, 2^56 - 1): " + Quote(f, n);
-          ids[column.slot] = Tag(column.slot, v);
-          break;
-        }
-        case kHour: {
-          int hour, weekday;
-          if (n == 0) {
-            ids[column.slot] = Tag(column.slot, kMissing);
-            ids[column.slot + 1] = Tag(column.slot + 1, kMissing);
-          } else if (ParseHour(f, n, &hour, &weekday)) {
-            ids[column.slot] = Tag(column.slot, hour);
-            ids[column.slot + 1] = Tag(column.slot + 1, weekday);
-          } else {
-            return "column " + name + " is not a YYMMDDHH time stamp: " + Quote(f, n);
+          if (is_hex && i - start <= 8 && (i < len ? p[i] == sep : !more)) {
+            ids[column.slot] = Tag(column.slot, i == start ? kMissing : hex);
+            start = i + 1;
+            continue;
           }
-          break;
-        }
-        case kMultiHot: {
-          std::vector<int64_t>& out = (*values)[column.slot];
-          const int field = num_fields_ + column.slot;
+        } else if (run.kind == kDense) {
+          size_t i = start;
           int64_t count = 0;
-          size_t item = 0;
-          while (item < n) {  // empty items ("a||b", a trailing separator) are skipped
-            const char* next = static_cast<const char*>(std::memchr(f + item, column.separator, n - item));
-            const size_t item_end = next != nullptr ? next - f : n;
-            if (item_end > item) {
-              uint64_t v;
-              if (!CategoricalValue(column.value_mode, f + item, item_end - item, &v))
-                return "multi-hot column " + name + " holds a value that is not an integer in [0, 2^56 - 1): " +
-                       Quote(f + item, item_end - item);
-              out.push_back(Tag(field, v));
-              ++count;
-            }
-            item = item_end + 1;
+          for (; i < len && i - start < 18 && IsDigit(p[i]); ++i) count = count * 10 + (p[i] - '0');
+          if (i > start && (i < len ? p[i] == sep : !more)) {
+            const double v = static_cast<double>(count);
+            dense[column.slot] = static_cast<float>(column.log1p ? std::log1p(v) : v);
+            start = i + 1;
+            continue;
           }
-          lengths[column.slot] = count;
-          break;
         }
-        default:
-          break;  // kSkip
+        const size_t end = FindSeparator(p, start, len, sep);
+        if (end == len && col < num_columns - 1)
+          return "has " + std::to_string(col + 1) + " columns, the schema declares " + std::to_string(num_columns);
+        const char* f = p + start;
+        const size_t n = end - start;
+        const std::string& name = names_[col];  // only read to explain a bad line
+        switch (run.kind) {
+          case kLabel: {
+            double v;
+            if (n == 0 || !ParseNumber(f, n, &v) || (v != 0.0 && v != 1.0)) {
+              if (n == name.size() && std::memcmp(f, name.data(), n) == 0)
+                return "looks like a header (label column '" + name +
+                       "' holds its own name), but the schema declares no header: give it header=True or 'auto'";
+              return "label column " + name + " must be 0 or 1, got " + Quote(f, n);
+            }
+            *label = v == 1.0 ? 1.0f : 0.0f;
+            break;
+          }
+          case kDense: {
+            double v = column.default_value;
+            if (n > 0 && !ParseNumber(f, n, &v))
+              return "dense column " + name + " is not a number: " + Quote(f, n);
+            // log(1 + x): counts are heavy tailed; negatives (Criteo has -1, -2) clip to 0.
+            dense[column.slot] = static_cast<float>(column.log1p ? std::log1p(std::max(v, 0.0)) : v);
+            break;
+          }
+          case kCategorical: {
+            uint64_t v;
+            if (!CategoricalValue(column.value_mode, f, n, &v))
+              return "categorical column " + name + " is not an integer in [0, 2^56 - 1): " + Quote(f, n);
+            ids[column.slot] = Tag(column.slot, v);
+            break;
+          }
+          case kHour: {
+            int hour, weekday;
+            if (n == 0) {
+              ids[column.slot] = Tag(column.slot, kMissing);
+              ids[column.slot + 1] = Tag(column.slot + 1, kMissing);
+            } else if (ParseHour(f, n, &hour, &weekday)) {
+              ids[column.slot] = Tag(column.slot, hour);
+              ids[column.slot + 1] = Tag(column.slot + 1, weekday);
+            } else {
+              return "column " + name + " is not a YYMMDDHH time stamp: " + Quote(f, n);
+            }
+            break;
+          }
+          case kMultiHot: {
+            std::vector<int64_t>& out = (*values)[column.slot];
+            const int field = num_fields_ + column.slot;
+            int64_t count = 0;
+            size_t item = 0;
+            while (item < n) {  // empty items ("a||b", a trailing separator) are skipped
+              const char* next = static_cast<const char*>(std::memchr(f + item, column.separator, n - item));
+              const size_t item_end = next != nullptr ? next - f : n;
+              if (item_end > item) {
+                uint64_t v;
+                if (!CategoricalValue(column.value_mode, f + item, item_end - item, &v))
+                  return "multi-hot column " + name + " holds a value that is not an integer in [0, 2^56 - 1): " +
+                         Quote(f + item, item_end - item);
+                out.push_back(Tag(field, v));
+                ++count;
+              }
+              item = item_end + 1;
+            }
+            lengths[column.slot] = count;
+            break;
+          }
+          default:
+            break;  // kSkip
+        }
+        start = end + 1;
       }
-      start = end + 1;
     }
     if (start <= len) {
       int64_t columns = num_columns + 1;
@@ -442,7 +501,12 @@ class ParseLinesOp : public OpKernel {
     return "";
   }
 
+  struct Run {
+    int8_t kind;
+    int begin, end;  // columns [begin, end)
+  };
   std::vector<Column> columns_;
+  std::vector<Run> runs_;
   std::vector<std::string> names_;
   std::string delimiter_, schema_name_;
   int num_dense_, num_fields_, num_multi_hot_;

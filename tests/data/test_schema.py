@@ -289,3 +289,17 @@ def test_synthetic_any_schema_reads_back(tmp_path):
     assert 0.7 < ttf.data.best_auc(sample["label"], sample["probability"]) < 0.99
     ds = ttf.data.synthetic_dataset(1000, 256, config, seed=1)
     assert isinstance(next(iter(ds))[0]["tags"], tf.RaggedTensor)
+
+
+def test_bundled_avazu_sample_matches_the_reference():
+    path = os.path.join(ROOT, "data", "avazu_sample.txt")
+    lines = open(path).read().splitlines()
+    assert lines[0] == ttf.data.AVAZU.header_line()
+    _, features, labels = read(path, "avazu", batch_size=32)
+    assert check_against_reference(ttf.data.AVAZU, lines[1:], features, labels) == 100
+    assert labels.sum() == 20 and features["ids"].shape == (100, 23)
+    hour, weekday = features["ids"][:, 0] & ttf.data.MISSING_VALUE, features["ids"][:, 1] & ttf.data.MISSING_VALUE
+    assert set(hour.tolist()) == {0} and set(weekday.tolist()) == {1}  # 2014-10-21 00:00, a Tuesday
+    # C20's -1 is hashed (not hex), the same key in every row that holds it.
+    c20 = features["ids"][:, ttf.data.AVAZU.field_index("C20")]
+    assert c20[0] == ttf.data.field_key(ttf.data.AVAZU.field_index("C20"), "-1")

@@ -200,8 +200,7 @@ class Synthetic:
                 ranks = ranks.astype(np.int64)
                 values = _string_keys(ranks) if column.values == "string" else ranks
                 keys = tag(schema.num_fields + multi_index, values)
-                weights = np.add.reduceat(self.key_weights(keys), np.r_[0, np.cumsum(lengths)[:-1]]) if len(keys) else 0
-                weights = np.where(lengths > 0, weights, 0.0)
+                weights = np.bincount(np.repeat(np.arange(n), lengths), self.key_weights(keys), minlength=n)
                 logit += weights / np.maximum(lengths, 1) if column.combiner == "mean" else weights
                 out[column.name], out[column.name + "_lengths"] = keys, lengths.astype(np.int64)
                 text[column.name] = ("list", ranks, lengths, column.separator, column.values == "int")
