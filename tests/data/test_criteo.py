@@ -291,3 +291,24 @@ def test_parse_op_bad_input_is_a_clear_error():
         ttf.data.CriteoReader(["/no/such/file.tsv"])
     with pytest.raises(ValueError, match="batch_size must be > 0"):
         ttf.data.CriteoReader(SAMPLE).dataset(0)
+
+
+def test_random_lines_match_the_reference_on_fast_and_general_paths():
+    """The parser reads plain counts and up-to-8-hex-digit values in a fast path and the rest
+    in a general one: random lines mixing both, and cut or extended lines, match the reference."""
+    rng = np.random.default_rng(7)
+    ints = ["", "0", "7", "123456789012345678", "1234567890123456789", "-1", "+3", "1.5", "1e3", "x", "0x1", " 1"]
+    cats = ["", "a", "0", "ffffffff", "FFFFFFFF", "123456789", "abcdefg", "12345678", "1234567", "-1", "é", "g"]
+    lines = []
+    for _ in range(3000):
+        fields = ([str(rng.integers(0, 2))] + [ints[i] for i in rng.integers(0, len(ints), 13)]
+                  + [cats[i] for i in rng.integers(0, len(cats), 26)])
+        if rng.random() < 0.1:
+            fields = fields[: rng.integers(1, 40)] if rng.random() < 0.5 else fields + ["5"]
+        lines.append(("\t" if rng.random() < 0.5 else ",").join(fields))
+    labels, dense, ids, bad = parse_criteo(lines, "x", np.arange(1, len(lines) + 1), strict=False)
+    exp_ids, exp_dense, exp_labels = expected_from(lines)
+    assert int(bad) == len(lines) - len(exp_labels) and int(bad) > 300
+    np.testing.assert_array_equal(ids.numpy(), exp_ids)
+    np.testing.assert_allclose(dense.numpy(), exp_dense, rtol=1e-6)
+    np.testing.assert_array_equal(labels.numpy(), exp_labels)
