@@ -52,6 +52,7 @@ One role of a multi-host job (run once per task, on its host):
   --worker-hosts H     host:port,... of every worker task
   --chief-host H       host:port of the chief
   -h, --help           this help
+  -- ARGS              pass ARGS to models/train.py as they are (any of its flags: python models/train.py -h)
 
 Examples:
   ./start_all.sh --tiacc --fm                        # DeepFM with ttf, local PS cluster, synthetic data
@@ -70,7 +71,7 @@ die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; e
 
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
 schema="" synthetic_rows="" lenient=0 verbose=0
-hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
+extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
@@ -107,6 +108,7 @@ while [ $# -gt 0 ]; do
     --worker-hosts) need_value "$@"; worker_hosts=$2; shift ;;
     --chief-host) need_value "$@"; chief_host=$2; shift ;;
     -h|--help) usage; exit 0 ;;
+    --) shift; extra_train_args=("$@"); break ;;
     *) die "unknown option '$1'" ;;
   esac
   shift
@@ -147,6 +149,7 @@ train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-s
 [ -n "$synthetic_rows" ] && train_args+=(--synthetic-rows "$synthetic_rows")
 [ "$lenient" = 1 ] && train_args+=(--lenient)
 [ "$verbose" = 1 ] && train_args+=(--verbose)
+train_args+=(${extra_train_args[@]+"${extra_train_args[@]}"})
 
 # TFRA's kernels must be registered in the servers too (ttf's are always loaded there).
 server_imports=()
@@ -177,7 +180,9 @@ if [ "$hvd" = 1 ]; then
     failed=$(grep -o -E "Process [0-9]+ exit with status code -?[0-9]+" "$logdir/horovodrun.log" | head -n 1 || true)
     if [ -n "$failed" ]; then
       read -r _ rank _ _ _ _ code <<<"$failed"
-      why="exit code $code"; [ "${code#-}" != "$code" ] && why="killed by signal ${code#-}"
+      why="exit code $code"  # a negative code, or 128 + N from the shell horovodrun runs it in: signal N
+      if [ "${code#-}" != "$code" ]; then why="killed by signal ${code#-}"
+      elif [ "$code" -gt 128 ]; then why="killed by signal $((code - 128))"; fi
       echo "[start_all] Horovod rank $rank stopped ($why); horovodrun stopped the other ranks." \
            "Restart with the same --checkpoint-dir to resume from the last checkpoint. Log: $logdir/horovodrun.log" >&2
     else

@@ -118,10 +118,27 @@ def test_start_all_hvd_passes_flags_through(horovod, tmp_path):
     assert result["cluster"]["horovod_ranks"] == 2 and result["batch_size"] == 64 and result["table_size"] > 0
 
 
+def descendants(pid):
+    """Every process below `pid` (this job's ranks, not another job's)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_job_naming_it(horovod, tmp_path):
     proc = subprocess.Popen([START, "--hvd", "--tiacc", "--fm", "--steps", "100000", "--batch-size", "64",
-                             "--log-every", "10"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                             "--", "--log-every", "10"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         lines, deadline = [], time.time() + 300
@@ -131,9 +148,9 @@ def test_a_killed_rank_stops_the_job_naming_it(horovod, tmp_path):
             if "[train] step" in line or not line:
                 break
         assert "[train] step" in lines[-1], "".join(lines)[-4000:]
-        ranks = subprocess.run(["pgrep", "-f", "--", "models/train.py .*--horovod"], capture_output=True,
-                               text=True).stdout.split()
-        rank1 = [p for p in ranks if "HOROVOD_RANK=1\0" in open(f"/proc/{p}/environ").read()]
+        ranks = descendants(proc.pid)
+        rank1 = [p for p in ranks if open(f"/proc/{p}/cmdline").read().split("\0")[0].endswith("python")
+                 and "\0HOROVOD_RANK=1\0" in "\0" + open(f"/proc/{p}/environ").read()]
         assert len(rank1) == 1, ranks
         killed_at = time.time()
         os.kill(int(rank1[0]), signal.SIGKILL)
