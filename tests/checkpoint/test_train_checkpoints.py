@@ -11,7 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def train(*args):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "models", "train.py"), "--model", "wdl", "--tiacc",
-                          "--batch-size", "16", "--precision", "fp32", "--log-every", "2", *args],
+                          "--batch-size", "16", "--precision", "fp32", "--log-every", "2",
+                          "--data", os.path.join(ROOT, "data", "criteo_sample.txt"), *args],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout

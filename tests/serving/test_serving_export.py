@@ -115,7 +115,7 @@ def test_frozen_table_reads_held_rows_and_the_default_row():
 def test_train_cli_exports_a_serving_model(tmp_path):
     root = os.path.dirname(ctr_sample()).rsplit(os.sep, 1)[0]
     out = subprocess.run([sys.executable, os.path.join(root, "models", "train.py"), "--model", "wdl", "--tiacc",
-                          "--steps", "6", "--batch-size", "16", "--precision", "fp32",
+                          "--steps", "6", "--batch-size", "16", "--precision", "fp32", "--data", ctr_sample(),
                           "--export-dir", str(tmp_path / "serving")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "serving SavedModel (stock TensorFlow ops only) written to" in out.stdout
