@@ -49,9 +49,10 @@ def parse_args(argv):
     length.add_argument("--epochs", type=int, default=None, help="passes over --data instead of --steps")
     p.add_argument("--optimizer", choices=ctr.OPTIMIZERS, default="adam", help="(default adam)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None,
-                   help="dense-part precision: auto (ttf.precision's loss policy: bf16 while the loss is calm, "
-                        "fp32 after spikes, NaN steps skipped), fp32 or bf16 (weights stay fp32 either way); "
+    p.add_argument("--precision", choices=["auto", "loss", "fp32", "bf16"], default=None,
+                   help="dense-part precision: loss (ttf.precision's loss policy: bf16 while the loss is calm, "
+                        "fp32 after spikes), auto (loss on a CPU with native bf16, avx512_bf16 or amx_bf16; fp32 "
+                        "elsewhere, where bf16 is emulated and slower), fp32 or bf16 (weights stay fp32 either way); "
                         "default auto with --tiacc, fp32 otherwise")
     p.add_argument("--embedding-dim", type=int, default=16, help="(default 16)")
     p.add_argument("--native-buckets", type=int, default=100_000,
@@ -181,9 +182,19 @@ class HorovodRanks:
         return {"hvd_compression": self.compression, "wire_bytes_per_step": sent / max(steps_run, 1)}
 
 
+def resolve_precision(precision):
+    """--precision auto -> loss on a CPU with native bf16, else fp32 (and why)."""
+    if precision != "auto":
+        return precision, None
+    if ttf.precision.cpu_has_native_bf16():
+        return "loss", None
+    return "fp32", ("[train] precision auto: this CPU has no native bf16 (avx512_bf16 / amx_bf16), where bf16 is "
+                    "emulated and slower: training in fp32 (--precision loss or bf16 forces bf16)")
+
+
 def make_precision_policy(precision):
-    """--precision -> the policy of the training step: None (fp32), always bf16, or the
-    loss-driven switch (auto)."""
+    """--precision (resolved) -> the policy of the training step: None (fp32), always
+    bf16, or the loss-driven switch (loss)."""
     if precision == "fp32":
         return None
     if precision == "bf16":
@@ -448,8 +459,11 @@ def main(argv=None):
     if args.horovod:  # before hvd.init: only rank 0 prints (horovodrun and hvdrun set HOROVOD_RANK)
         _LOG_RANK[0] = int(os.environ.get("HOROVOD_RANK", "0"))
     path = "ttf (--tiacc)" if args.tiacc else "TFRA" if args.tfra else "native TensorFlow"
+    args.precision, precision_note = resolve_precision(args.precision)
     log(f"[train] {('DeepFM' if args.model == 'fm' else 'Wide&Deep')} with {path}, optimizer {args.optimizer}, "
         f"batch {args.batch_size}, precision {args.precision}")
+    if precision_note:
+        log(precision_note)
     try:
         trainer = Trainer(args)
         start_step = trainer.step()
