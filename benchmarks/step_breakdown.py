@@ -149,6 +149,35 @@ class Parts:
         return train_cli.make_train_step(self.net, self.opt, train_cli.make_precision_policy(precision), fake_args)
 
 
+def _fm_today(e):  # models/ctr.py: 0.5 * sum_d((sum_f e)^2 - sum_f e^2)
+    return 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(e, axis=1)) - tf.reduce_sum(tf.square(e), axis=1), axis=1)
+
+
+def _fm_flat(e):  # the sum of squares over one contiguous axis
+    flat = tf.reshape(e, [tf.shape(e)[0], -1])
+    return 0.5 * (tf.reduce_sum(tf.square(tf.reduce_sum(e, axis=1)), axis=1) - tf.reduce_sum(tf.square(flat), axis=1))
+
+
+def _fm_matmul(e):  # sum over fields as a matmul with stacked identities
+    fields, dim = e.shape[1], e.shape[2]
+    flat = tf.reshape(e, [-1, fields * dim])
+    total = tf.matmul(flat, tf.constant(np.tile(np.eye(dim, dtype=np.float32), (fields, 1))))
+    return 0.5 * (tf.reduce_sum(tf.square(total), axis=1) - tf.reduce_sum(tf.square(flat), axis=1))
+
+
+FM_VARIANTS = {"today": _fm_today, "flat sum of squares": _fm_flat, "matmul": _fm_matmul}
+
+
+def _fwd_bwd(fm):
+    @tf.function
+    def run(e):
+        with tf.GradientTape() as tape:
+            tape.watch(e)
+            y = tf.reduce_sum(fm(e))
+        return tape.gradient(y, e)
+    return run
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["fm", "wdl"], default="fm", help="(default fm)")
@@ -206,6 +235,9 @@ def main(argv=None):
                 lambda s=steps[pr], i=it, k=k: s.run(i, k)["loss"], [()])
         for pr in ("fp32", "bf16"):
             timers[f"dense fwd+bwd {pr}, XLA"] = (parts.dense_xla[pr], parts.rows_inputs)
+        emb = [(r[..., :16],) for r, _, _ in parts.rows_inputs]
+        for name, fm in FM_VARIANTS.items():
+            timers[f"FM term fwd+bwd, {name}"] = (_fwd_bwd(fm), emb)
         for mode, fn in parts.applies.items():
             timers[f"table + dense apply, {mode}"] = (fn, parts.applies_inputs)
 
