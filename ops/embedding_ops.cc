@@ -38,6 +38,7 @@ REGISTER_OP("TtfEmbeddingTable")
     .Attr("seed: int = 0")
     .Attr("default_value: float = 0.0")
     .Attr("admission_min_count: int >= 0 = 0")
+    .Attr("max_candidates: int >= 1 = 4194304")
     .Attr("num_shards: int >= 1 = 16")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
@@ -50,7 +51,11 @@ A new key's row is a pure function of (seed, key): normal(mean=init_a, stddev=in
 truncated_normal (within 2 stddev), uniform(minval=init_a, maxval=init_b), zeros, or
 constant(init_a). Missing and not-yet-admitted keys read `default_value` in every element.
 With admission_min_count > 0 a key gets a row only once it was seen in that many
-training lookups.
+training lookups; until then it is an admission candidate. At most max_candidates
+candidates are kept: when full, the least recently seen eighth of a shard's candidates
+(fewest sightings first) is dropped and counted (TtfTableStats.candidates_dropped).
+dim must be in [1, 4096] and num_shards in [1, 4096]; init_a, init_b and default_value
+must be finite. Reopening an existing shared_name with any other attr value fails.
 )doc");
 
 REGISTER_OP("TtfEmbeddingLookup")
@@ -154,11 +159,15 @@ REGISTER_OP("TtfTableStats")
     .Output("candidates: int64")
     .Output("memory_bytes: int64")
     .Output("step: int64")
+    .Output("candidates_dropped: int64")
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 3; ++i) c->set_output(i, c->Scalar());
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->Scalar());
       return OkStatus();
     })
-    .Doc("Keys counted toward admission but without a row yet; bytes allocated; the table's step.");
+    .Doc(R"doc(
+Keys counted toward admission but without a row yet; bytes allocated; the table's step;
+candidates dropped so far by the max_candidates bound.
+)doc");
 
 REGISTER_OP("TtfTableEvict")
     .Input("table: resource")
@@ -177,6 +186,23 @@ than min_count training lookups (admission candidates go by last-seen step only)
 the number of rows removed.
 )doc");
 
+namespace {
+// The outputs of TtfTableExport, then (delta) deleted_keys.
+Status ExportShape(InferenceContext* c) {
+  const auto n = InferenceContext::kUnknownDim;
+  c->set_output(0, c->Vector(n));
+  c->set_output(1, c->Matrix(n, n));
+  c->set_output(2, c->Matrix(n, 2));
+  c->set_output(3, c->Vector(n));
+  c->set_output(4, c->Matrix(n, 2));
+  c->set_output(5, c->Scalar());
+  c->set_output(6, c->Vector(n));
+  c->set_output(7, c->Scalar());
+  if (c->num_outputs() > 8) c->set_output(8, c->Vector(n));
+  return OkStatus();
+}
+}  // namespace
+
 REGISTER_OP("TtfTableExport")
     .Input("table: resource")
     .Output("keys: int64")
@@ -187,23 +213,70 @@ REGISTER_OP("TtfTableExport")
     .Output("optimizer: string")
     .Output("slot_init: float")
     .Output("step: int64")
-    .SetShapeFn([](InferenceContext* c) {
-      const auto n = InferenceContext::kUnknownDim;
-      c->set_output(0, c->Vector(n));
-      c->set_output(1, c->Matrix(n, n));
-      c->set_output(2, c->Matrix(n, 2));
-      c->set_output(3, c->Vector(n));
-      c->set_output(4, c->Matrix(n, 2));
-      c->set_output(5, c->Scalar());
-      c->set_output(6, c->Vector(n));
-      c->set_output(7, c->Scalar());
-      return OkStatus();
-    })
+    .Attr("reset_deleted: bool = false")
+    .SetShapeFn(ExportShape)
     .Doc(R"doc(
 Everything a checkpoint needs: keys [N], values [N, dim * (1 + S)] (row then S optimizer
 slots), meta [N, 2] (count, last-seen step), the admission candidates and their meta, the
 optimizer owning the slots, the slots' initial values [S] and the table step.
+One consistent snapshot (every shard locked shared while it is taken: writers wait,
+readers go on), written straight into the outputs. reset_deleted=true also clears the
+record of deleted keys in the same snapshot and starts recording (the base of a chain of
+TtfTableExportDelta).
 )doc");
+
+REGISTER_OP("TtfTableExportDelta")
+    .Input("table: resource")
+    .Input("since_step: int64")
+    .Output("keys: int64")
+    .Output("values: float")
+    .Output("meta: int64")
+    .Output("candidate_keys: int64")
+    .Output("candidate_meta: int64")
+    .Output("optimizer: string")
+    .Output("slot_init: float")
+    .Output("step: int64")
+    .Output("deleted_keys: int64")
+    .Attr("reset_deleted: bool = true")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
+      return ExportShape(c);
+    })
+    .Doc(R"doc(
+A delta checkpoint: like TtfTableExport, but only the rows and candidates whose last-seen
+step is > since_step (>= -1), plus deleted_keys: the keys whose row or candidate was
+removed (evicted, dropped, TtfTableRemove) since the record was last reset (sorted,
+distinct; empty until a reset started the record). With reset_deleted the record is
+cleared in the same snapshot. Restore = Import of the full export, then per delta:
+TtfTableRemove(deleted_keys), then TtfTableImport(merge=true).
+Lookups after a save at table step t mark rows last-seen t: pass since_step = t - 1 to
+catch every change made after that save.
+)doc");
+
+REGISTER_OP("TtfTableDeletedKeys")
+    .Input("table: resource")
+    .Output("deleted_keys: int64")
+    .Attr("reset: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The keys removed from the table since the record was last reset (sorted, distinct). The
+record is off (empty) until the first reset; reset=true clears and starts it.
+)doc");
+
+REGISTER_OP("TtfTableRemove")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("removed: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      c->set_output(0, c->Scalar());
+      return OkStatus();
+    })
+    .Doc("Removes these keys' rows and admission candidates (absent keys are ignored); returns rows removed.");
 
 REGISTER_OP("TtfTableImport")
     .Input("table: resource")
@@ -227,7 +300,18 @@ REGISTER_OP("TtfTableImport")
       TF_RETURN_IF_ERROR(ScalarInput(c, 8));
       return OkStatus();
     })
-    .Doc("Replaces the table's whole content with an export (see TtfTableExport).");
+    .Attr("num_partitions: int >= 1 = 1")
+    .Attr("partition: int >= 0 = 0")
+    .Attr("merge: bool = false")
+    .Doc(R"doc(
+Replaces the table's whole content with an export (see TtfTableExport), or with
+merge=true upserts its rows and candidates and keeps the others (for delta checkpoints;
+the step becomes max(table step, step)). Only keys with floormod(key, num_partitions) ==
+partition are taken (floormod as tf.math.floormod: the result is in [0, num_partitions)
+for negative keys too), read in place from the inputs. The input is validated whole
+before the table changes: shapes, counts and last-seen steps >= 0, step >= 0, optimizer
+one of '', sgd, adagrad, adam, ftrl with its slot count (0, 0, 1, 2, 2), distinct keys.
+)doc");
 
 REGISTER_OP("TtfTableDestroy")
     .Input("table: resource")

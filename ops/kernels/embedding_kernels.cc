@@ -1,5 +1,7 @@
 // Kernels of the table ops registered in ops/embedding_ops.cc.
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "embedding_table.h"
 #include "table_kernel_util.h"
@@ -26,16 +28,12 @@ class EmbeddingTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &config_.init.seed));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("default_value", &config_.default_value));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_min_count", &config_.admission_min_count));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_candidates", &config_.max_candidates));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
-    OP_REQUIRES(ctx, num_shards <= 4096, errors::InvalidArgument("num_shards must be at most 4096, got ", num_shards));
+    OP_REQUIRES(ctx, num_shards >= 1 && num_shards <= kMaxShards,
+                errors::InvalidArgument("num_shards must be in [1, ", kMaxShards, "], got ", num_shards));
     config_.num_shards = static_cast<int>(num_shards);
-    const InitKind kind = config_.init.kind;
-    OP_REQUIRES(ctx, (kind != InitKind::kNormal && kind != InitKind::kTruncatedNormal) || config_.init.b > 0,
-                errors::InvalidArgument("initializer '", initializer, "' needs a stddev (init_b) > 0, got ",
-                                        config_.init.b));
-    OP_REQUIRES(ctx, kind != InitKind::kUniform || config_.init.a < config_.init.b,
-                errors::InvalidArgument("uniform initializer needs minval (init_a) < maxval (init_b), got ",
-                                        config_.init.a, " and ", config_.init.b));
+    OP_REQUIRES_OK(ctx, ValidateConfig(config_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
     OP_REQUIRES(ctx, !shared_name_.empty(), errors::InvalidArgument("shared_name must name the table"));
@@ -50,10 +48,10 @@ class EmbeddingTableOp : public OpKernel {
       return OkStatus();
     }));
     core::ScopedUnref unref(table);
-    OP_REQUIRES(ctx, table->dim() == config_.dim && table->num_shards() == config_.num_shards,
-                errors::InvalidArgument("a table named '", shared_name_, "' already exists with dim ", table->dim(),
-                                        " and ", table->num_shards(), " shards; asked for dim ", config_.dim, " and ",
-                                        config_.num_shards, " shards"));
+    OP_REQUIRES(ctx, table->config() == config_,
+                errors::InvalidArgument("a table named '", shared_name_, "' already exists with (",
+                                        table->config().DebugString(), "); asked for (", config_.DebugString(),
+                                        "). Give the new table another shared_name."));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<ResourceHandle>()() = handle;
@@ -219,6 +217,9 @@ class EmbeddingGradOp : public OpKernel {
     OP_REQUIRES(ctx, grads.NumElements() == n * dim,
                 errors::InvalidArgument("grads ", grads.shape().DebugString(), " must hold one row of ", dim,
                                         " per inverse_index entry (", n, ")"));
+    OP_REQUIRES(ctx, dim <= kMaxDim,
+                errors::InvalidArgument("grads rows must have at most ", kMaxDim, " elements (a table's largest dim), "
+                                        "got shape ", grads.shape().DebugString()));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u, dim}), &out));
     float* __restrict dst = out->flat<float>().data();
@@ -283,6 +284,7 @@ class TableStatsOp : public TableOpKernel {
     OutputScalar(ctx, 0, table->CandidateCount());
     OutputScalar(ctx, 1, table->MemoryBytes());
     OutputScalar(ctx, 2, table->step());
+    OutputScalar(ctx, 3, table->CandidatesDropped());
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableStats").Device(DEVICE_CPU), TableStatsOp);
@@ -301,64 +303,130 @@ class TableEvictOp : public TableOpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableEvict").Device(DEVICE_CPU), TableEvictOp);
 
-template <typename T>
-Status OutputVector(OpKernelContext* ctx, int index, const std::vector<T>& v, int64_t cols) {
-  Tensor* out = nullptr;
-  const int64_t rows = cols == 0 ? static_cast<int64_t>(v.size()) : static_cast<int64_t>(v.size()) / cols;
-  TensorShape shape = cols == 0 ? TensorShape({rows}) : TensorShape({rows, cols});
-  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &out));
-  std::copy(v.begin(), v.end(), out->flat<T>().data());
-  return OkStatus();
-}
-
-std::vector<int64_t> FlattenMeta(const std::vector<RowMeta>& meta) {
-  std::vector<int64_t> flat;
-  flat.reserve(2 * meta.size());
-  for (const RowMeta& m : meta) {
-    flat.push_back(m.count);
-    flat.push_back(m.last_seen);
+// Export (all rows, or since a step), writing straight into the outputs.
+void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step, bool with_deleted,
+                bool reset_deleted) {
+  ExportLayout layout;
+  auto allocate = [&](const ExportLayout& l, ExportBuffers* out) -> Status {
+    layout = l;
+    Tensor *keys, *values, *meta, *candidate_keys, *candidate_meta;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({l.rows}), &keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({l.rows, l.stride}), &values));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({l.rows, 2}), &meta));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({l.candidates}), &candidate_keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(4, TensorShape({l.candidates, 2}), &candidate_meta));
+    out->keys = keys->flat<int64_t>().data();
+    out->values = values->flat<float>().data();
+    out->meta = meta->flat<int64_t>().data();
+    out->candidate_keys = candidate_keys->flat<int64_t>().data();
+    out->candidate_meta = candidate_meta->flat<int64_t>().data();
+    return OkStatus();
+  };
+  std::vector<int64_t> deleted;
+  OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, with_deleted ? &deleted : nullptr, reset_deleted));
+  Tensor* opt = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &opt));
+  opt->scalar<tstring>()() = layout.optimizer;
+  Tensor* slot_init = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({static_cast<int64_t>(layout.slot_init.size())}), &slot_init));
+  std::copy(layout.slot_init.begin(), layout.slot_init.end(), slot_init->flat<float>().data());
+  OutputScalar(ctx, 7, layout.step);
+  if (with_deleted) {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(8, TensorShape({static_cast<int64_t>(deleted.size())}), &out));
+    std::copy(deleted.begin(), deleted.end(), out->flat<int64_t>().data());
   }
-  return flat;
 }
 
 class TableExportOp : public TableOpKernel {
  public:
-  using TableOpKernel::TableOpKernel;
-  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
-    TableSnapshot snap;
-    std::string optimizer;
-    std::vector<float> slot_init;
-    table->Export(&snap, &optimizer, &slot_init);
-    const int64_t stride = table->dim() * (1 + static_cast<int64_t>(slot_init.size()));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 0, snap.keys, 0));
-    // values is [N, stride] even when N == 0.
-    Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({static_cast<int64_t>(snap.keys.size()), stride}), &values));
-    std::copy(snap.values.begin(), snap.values.end(), values->flat<float>().data());
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 2, FlattenMeta(snap.meta), 2));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 3, snap.candidate_keys, 0));
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 4, FlattenMeta(snap.candidate_meta), 2));
-    Tensor* opt = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &opt));
-    opt->scalar<tstring>()() = optimizer;
-    OP_REQUIRES_OK(ctx, OutputVector(ctx, 6, slot_init, 0));
-    OutputScalar(ctx, 7, table->step());
+  explicit TableExportOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("reset_deleted", &reset_deleted_));
   }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
+    ExportInto(ctx, table, std::numeric_limits<int64_t>::min(), false, reset_deleted_);
+  }
+
+ private:
+  bool reset_deleted_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableExport").Device(DEVICE_CPU), TableExportOp);
 
-Status ReadMeta(const Tensor& t, const char* name, int64_t n, std::vector<RowMeta>* meta) {
+class TableExportDeltaOp : public TableOpKernel {
+ public:
+  explicit TableExportDeltaOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("reset_deleted", &reset_deleted_));
+  }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
+    const Tensor& since = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(since.shape()),
+                errors::InvalidArgument("since_step must be a scalar, got shape ", since.shape().DebugString()));
+    const int64_t since_step = since.scalar<int64_t>()();
+    OP_REQUIRES(ctx, since_step >= -1, errors::InvalidArgument("since_step must be >= -1, got ", since_step));
+    ExportInto(ctx, table, since_step, true, reset_deleted_);
+  }
+
+ private:
+  bool reset_deleted_;
+};
+REGISTER_KERNEL_BUILDER(Name("TtfTableExportDelta").Device(DEVICE_CPU), TableExportDeltaOp);
+
+class TableDeletedKeysOp : public TableOpKernel {
+ public:
+  explicit TableDeletedKeysOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("reset", &reset_));
+  }
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
+    std::vector<int64_t> deleted;
+    table->DeletedKeys(reset_, &deleted);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(deleted.size())}), &out));
+    std::copy(deleted.begin(), deleted.end(), out->flat<int64_t>().data());
+  }
+
+ private:
+  bool reset_;
+};
+REGISTER_KERNEL_BUILDER(Name("TtfTableDeletedKeys").Device(DEVICE_CPU), TableDeletedKeysOp);
+
+class TableRemoveOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
+    OutputScalar(ctx, 0, table->Remove(keys.flat<int64_t>().data(), keys.NumElements()));
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TtfTableRemove").Device(DEVICE_CPU), TableRemoveOp);
+
+// meta [n, 2] of (count >= 0, last_seen >= 0).
+Status CheckMeta(const Tensor& t, const char* name, int64_t n) {
   if (t.dims() != 2 || t.dim_size(0) != n || t.dim_size(1) != 2)
-    return errors::InvalidArgument(name, " must have shape [", n, ", 2], got ", t.shape().DebugString());
-  const auto m = t.matrix<int64_t>();
-  meta->resize(n);
-  for (int64_t i = 0; i < n; ++i) (*meta)[i] = RowMeta{m(i, 0), m(i, 1)};
+    return errors::InvalidArgument(name, " must have shape [", n, ", 2] (count, last_seen per key), got ",
+                                   t.shape().DebugString());
+  const int64_t* m = t.flat<int64_t>().data();
+  for (int64_t i = 0; i < n; ++i) {
+    if (m[2 * i] < 0) return errors::InvalidArgument(name, "[", i, "] has a negative count: ", m[2 * i]);
+    if (m[2 * i + 1] < 0)
+      return errors::InvalidArgument(name, "[", i, "] has a negative last-seen step: ", m[2 * i + 1]);
+  }
   return OkStatus();
 }
 
 class TableImportOp : public TableOpKernel {
  public:
-  using TableOpKernel::TableOpKernel;
+  explicit TableImportOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_partitions", &num_partitions_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("partition", &partition_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("merge", &merge_));
+    OP_REQUIRES(ctx, num_partitions_ >= 1,
+                errors::InvalidArgument("num_partitions must be >= 1, got ", num_partitions_));
+    OP_REQUIRES(ctx, partition_ >= 0 && partition_ < num_partitions_,
+                errors::InvalidArgument("partition must be in [0, num_partitions = ", num_partitions_, "), got ",
+                                        partition_));
+  }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
@@ -373,27 +441,50 @@ class TableImportOp : public TableOpKernel {
     OP_REQUIRES(ctx, candidate_keys.dims() == 1,
                 errors::InvalidArgument("candidate_keys must be rank 1, got shape ",
                                         candidate_keys.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(optimizer.shape()) && TensorShapeUtils::IsScalar(step.shape()),
-                errors::InvalidArgument("optimizer and step must be scalars"));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(optimizer.shape()),
+                errors::InvalidArgument("optimizer must be a scalar, got shape ", optimizer.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step.shape()),
+                errors::InvalidArgument("step must be a scalar, got shape ", step.shape().DebugString()));
+    ImportSource src;
+    src.step = step.scalar<int64_t>()();
+    OP_REQUIRES(ctx, src.step >= 0, errors::InvalidArgument("step must be >= 0, got ", src.step));
+    src.optimizer = std::string(optimizer.scalar<tstring>()());
+    int64_t expected_slots = 0;
+    OP_REQUIRES(ctx, SlotsOfOptimizer(src.optimizer, &expected_slots),
+                errors::InvalidArgument("optimizer must be one of '', 'sgd', 'adagrad', 'adam', 'ftrl', got '",
+                                        src.optimizer, "'"));
+    OP_REQUIRES(ctx, slot_init.NumElements() == expected_slots,
+                errors::InvalidArgument("optimizer '", src.optimizer, "' keeps ", expected_slots,
+                                        " slot(s) per row, but slot_init has ", slot_init.NumElements()));
+    src.slot_init.assign(slot_init.flat<float>().data(), slot_init.flat<float>().data() + expected_slots);
+    for (float v : src.slot_init)
+      OP_REQUIRES(ctx, std::isfinite(v), errors::InvalidArgument("slot_init must be finite, got ", v));
     const int64_t n = keys.NumElements();
-    const int64_t stride = table->dim() * (1 + slot_init.NumElements());
+    const int64_t stride = table->dim() * (1 + expected_slots);
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == stride,
                 errors::InvalidArgument("values must have shape [", n, ", ", stride, "] (dim ", table->dim(),
-                                        " times 1 + ", slot_init.NumElements(), " slots), got ",
-                                        values.shape().DebugString()));
-    const std::string opt_name(optimizer.scalar<tstring>()());
-    OP_REQUIRES(ctx, slot_init.NumElements() == 0 || !opt_name.empty(),
-                errors::InvalidArgument("optimizer must name the owner of the ", slot_init.NumElements(), " slots"));
-    TableSnapshot snap;
-    snap.keys.assign(keys.flat<int64_t>().data(), keys.flat<int64_t>().data() + n);
-    snap.values.assign(values.flat<float>().data(), values.flat<float>().data() + n * stride);
-    OP_REQUIRES_OK(ctx, ReadMeta(ctx->input(3), "meta", n, &snap.meta));
+                                        " times 1 + ", expected_slots, " slots), got ", values.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckMeta(ctx->input(3), "meta", n));
     const int64_t m = candidate_keys.NumElements();
-    snap.candidate_keys.assign(candidate_keys.flat<int64_t>().data(), candidate_keys.flat<int64_t>().data() + m);
-    OP_REQUIRES_OK(ctx, ReadMeta(ctx->input(5), "candidate_meta", m, &snap.candidate_meta));
-    std::vector<float> slots(slot_init.flat<float>().data(), slot_init.flat<float>().data() + slot_init.NumElements());
-    OP_REQUIRES_OK(ctx, table->Import(snap, opt_name, slots, step.scalar<int64_t>()()));
+    OP_REQUIRES_OK(ctx, CheckMeta(ctx->input(5), "candidate_meta", m));
+    OP_REQUIRES(ctx, n < (int64_t{1} << 32) && m < (int64_t{1} << 32),
+                errors::InvalidArgument("at most 2^32 - 1 keys per import, got ", n, " keys and ", m, " candidates"));
+    src.keys = keys.flat<int64_t>().data();
+    src.num_rows = n;
+    src.values = values.flat<float>().data();
+    src.meta = ctx->input(3).flat<int64_t>().data();
+    src.candidate_keys = candidate_keys.flat<int64_t>().data();
+    src.num_candidates = m;
+    src.candidate_meta = ctx->input(5).flat<int64_t>().data();
+    src.num_partitions = num_partitions_;
+    src.partition = partition_;
+    src.merge = merge_;
+    OP_REQUIRES_OK(ctx, table->Import(src));
   }
+
+ private:
+  int64_t num_partitions_, partition_;
+  bool merge_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableImport").Device(DEVICE_CPU), TableImportOp);
 

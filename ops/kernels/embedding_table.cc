@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "tensorflow/core/lib/strings/strcat.h"
 
@@ -18,6 +19,52 @@ Status ParseInitKind(const std::string& name, InitKind* kind) {
     return errors::InvalidArgument("initializer must be one of normal, truncated_normal, uniform, zeros, ",
                                    "constant; got '", name, "'");
   return OkStatus();
+}
+
+bool TableConfig::operator==(const TableConfig& o) const {
+  return dim == o.dim && init.kind == o.init.kind && init.a == o.init.a && init.b == o.init.b &&
+         init.seed == o.init.seed && default_value == o.default_value &&
+         admission_min_count == o.admission_min_count && max_candidates == o.max_candidates &&
+         num_shards == o.num_shards;
+}
+
+std::string TableConfig::DebugString() const {
+  static const char* kKinds[] = {"normal", "truncated_normal", "uniform", "zeros", "constant"};
+  return strings::StrCat("dim=", dim, ", initializer=", kKinds[static_cast<int>(init.kind)], ", init_a=", init.a,
+                         ", init_b=", init.b, ", seed=", init.seed, ", default_value=", default_value,
+                         ", admission_min_count=", admission_min_count, ", max_candidates=", max_candidates,
+                         ", num_shards=", num_shards);
+}
+
+Status ValidateConfig(const TableConfig& c) {
+  if (c.dim < 1 || c.dim > kMaxDim)
+    return errors::InvalidArgument("dim must be in [1, ", kMaxDim, "], got ", c.dim);
+  if (c.num_shards < 1 || c.num_shards > kMaxShards)
+    return errors::InvalidArgument("num_shards must be in [1, ", kMaxShards, "], got ", c.num_shards);
+  if (c.admission_min_count < 0)
+    return errors::InvalidArgument("admission_min_count must be >= 0, got ", c.admission_min_count);
+  if (c.max_candidates < 1 || c.max_candidates > kMaxCandidates)
+    return errors::InvalidArgument("max_candidates must be in [1, ", kMaxCandidates, "], got ", c.max_candidates);
+  if (!std::isfinite(c.init.a) || !std::isfinite(c.init.b))
+    return errors::InvalidArgument("init_a and init_b must be finite, got ", c.init.a, " and ", c.init.b);
+  if (!std::isfinite(c.default_value))
+    return errors::InvalidArgument("default_value must be finite, got ", c.default_value);
+  const InitKind kind = c.init.kind;
+  if ((kind == InitKind::kNormal || kind == InitKind::kTruncatedNormal) && !(c.init.b > 0))
+    return errors::InvalidArgument("initializer '", kind == InitKind::kNormal ? "normal" : "truncated_normal",
+                                   "' needs a stddev (init_b) > 0, got ", c.init.b);
+  if (kind == InitKind::kUniform && !(c.init.a < c.init.b))
+    return errors::InvalidArgument("uniform initializer needs minval (init_a) < maxval (init_b), got ", c.init.a,
+                                   " and ", c.init.b);
+  return OkStatus();
+}
+
+bool SlotsOfOptimizer(const std::string& optimizer, int64_t* num_slots) {
+  if (optimizer.empty() || optimizer == "sgd") *num_slots = 0;
+  else if (optimizer == "adagrad") *num_slots = 1;
+  else if (optimizer == "adam" || optimizer == "ftrl") *num_slots = 2;
+  else return false;
+  return true;
 }
 
 namespace {
@@ -191,6 +238,7 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
   TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
+  const int64_t candidates_per_shard = std::max<int64_t>(1, config_.max_candidates / num_shards());
   const int64_t now = step();
   std::unique_lock<std::shared_mutex> lock(sh.mu);
   std::vector<uint32_t>& ids = ScratchIds(n);
@@ -227,6 +275,7 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
     if (min_count > 0) {
       uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
       if (cid == KeyIndex::kNone) {
+        if (sh.candidates.index.size() >= candidates_per_shard) DropOldestCandidates(&sh);
         cid = sh.candidates.Add(keys[i], hashes[i]);
         sh.candidates.store.meta(cid) = RowMeta{0, now};
       }
@@ -281,9 +330,26 @@ void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, in
   }
 }
 
-int EmbeddingTable::num_slots() const {
-  std::shared_lock<std::shared_mutex> lock(shards_[0]->mu);
-  return static_cast<int>(slot_init_.size());
+void EmbeddingTable::DropOldestCandidates(TableShard* sh) {
+  // Drop the least recently seen eighth of the shard's candidates at once (fewest sightings
+  // first among equals), so the sort is paid once per many inserts. No growth: only frees.
+  struct Seen {
+    int64_t last_seen, count, key;
+    bool operator<(const Seen& o) const { return last_seen != o.last_seen ? last_seen < o.last_seen : count < o.count; }
+  };
+  std::vector<Seen> seen;
+  seen.reserve(sh->candidates.index.size());
+  sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
+    const RowMeta& m = sh->candidates.store.meta(id);
+    seen.push_back(Seen{m.last_seen, m.count, key});
+  });
+  const size_t drop = std::max<size_t>(1, seen.size() / 8);
+  std::nth_element(seen.begin(), seen.begin() + (drop - 1), seen.end());
+  for (size_t i = 0; i < drop && i < seen.size(); ++i) {
+    sh->candidates.Remove(seen[i].key, HashKey(seen[i].key));
+    RecordDeleted(sh, seen[i].key);
+  }
+  sh->candidates_dropped += static_cast<int64_t>(std::min(drop, seen.size()));
 }
 
 Status EmbeddingTable::EnsureSlots(const std::string& optimizer, const std::vector<float>& slot_init) {
@@ -325,12 +391,21 @@ int64_t EmbeddingTable::CandidateCount() const {
   return total;
 }
 
+int64_t EmbeddingTable::CandidatesDropped() const {
+  int64_t total = 0;
+  for (const auto& sh : shards_) {
+    std::shared_lock<std::shared_mutex> lock(sh->mu);
+    total += sh->candidates_dropped;
+  }
+  return total;
+}
+
 int64_t EmbeddingTable::MemoryBytes() const {
   int64_t total = sizeof(*this);
   for (const auto& sh : shards_) {
     std::shared_lock<std::shared_mutex> lock(sh->mu);
     total += sizeof(TableShard) + sh->rows.index.bytes() + sh->rows.store.bytes() + sh->candidates.index.bytes() +
-             sh->candidates.store.bytes();
+             sh->candidates.store.bytes() + sh->deleted_keys.capacity() * sizeof(int64_t);
   }
   return total;
 }
@@ -345,80 +420,257 @@ int64_t EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count) {
       const RowMeta& m = sh->rows.store.meta(id);
       if (m.last_seen < min_last_seen || m.count < min_count) doomed.push_back(key);
     });
-    for (int64_t key : doomed) sh->rows.Remove(key, HashKey(key));
+    for (int64_t key : doomed) {
+      sh->rows.Remove(key, HashKey(key));
+      RecordDeleted(sh.get(), key);
+    }
     evicted += doomed.size();
     doomed.clear();
     sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
       if (sh->candidates.store.meta(id).last_seen < min_last_seen) doomed.push_back(key);
     });
-    for (int64_t key : doomed) sh->candidates.Remove(key, HashKey(key));
+    for (int64_t key : doomed) {
+      sh->candidates.Remove(key, HashKey(key));
+      RecordDeleted(sh.get(), key);
+    }
   }
   return evicted;
 }
 
-void EmbeddingTable::Export(TableSnapshot* snap, std::string* optimizer, std::vector<float>* slot_init) const {
-  for (const auto& sh : shards_) {
-    std::shared_lock<std::shared_mutex> lock(sh->mu);
-    const int64_t stride = sh->rows.store.stride();
-    sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
-      snap->keys.push_back(key);
-      const float* row = sh->rows.store.row(id);
-      snap->values.insert(snap->values.end(), row, row + stride);
-      snap->meta.push_back(sh->rows.store.meta(id));
-    });
-    sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
-      snap->candidate_keys.push_back(key);
-      snap->candidate_meta.push_back(sh->candidates.store.meta(id));
-    });
+int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
+  // Keys grouped by shard first, so each shard is locked once.
+  std::vector<std::vector<int64_t>> by_shard(shards_.size());
+  for (int64_t i = 0; i < n; ++i) by_shard[ShardOf(HashKey(keys[i]))].push_back(keys[i]);
+  int64_t removed = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (by_shard[s].empty()) continue;
+    TableShard& sh = *shards_[s];
+    std::unique_lock<std::shared_mutex> lock(sh.mu);
+    for (int64_t key : by_shard[s]) {
+      const uint64_t h = HashKey(key);
+      const uint32_t row = sh.rows.index.Erase(key, h);
+      const uint32_t cand = sh.candidates.index.Erase(key, h);
+      if (row != KeyIndex::kNone) sh.rows.store.Release(row), ++removed;
+      if (cand != KeyIndex::kNone) sh.candidates.store.Release(cand);
+      if (row != KeyIndex::kNone || cand != KeyIndex::kNone) RecordDeleted(&sh, key);
+    }
   }
-  std::shared_lock<std::shared_mutex> lock(shards_[0]->mu);
-  *optimizer = optimizer_;
-  *slot_init = slot_init_;
+  return removed;
 }
 
-Status EmbeddingTable::Import(const TableSnapshot& snap, const std::string& optimizer,
-                              const std::vector<float>& slot_init, int64_t step) {
-  const int64_t stride = config_.dim * (1 + static_cast<int64_t>(slot_init.size()));
-  // Build the new shards unlocked, then swap them in under every lock.
-  std::vector<std::unique_ptr<TableShard>> fresh;
-  std::vector<int64_t> rows_per_shard(shards_.size(), 0), cands_per_shard(shards_.size(), 0);
-  for (int64_t key : snap.keys) ++rows_per_shard[ShardOf(HashKey(key))];
-  for (int64_t key : snap.candidate_keys) ++cands_per_shard[ShardOf(HashKey(key))];
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    fresh.emplace_back(new TableShard(stride));
-    TableShard& sh = *fresh.back();
-    sh.rows.index = KeyIndex(KeyIndex::CapacityFor(rows_per_shard[s]));
-    for (int64_t c = sh.rows.store.ChunksNeeded(rows_per_shard[s]); c > 0; --c)
-      sh.rows.store.AddChunk(RowStore::NewChunk(stride));
-    sh.candidates.index = KeyIndex(KeyIndex::CapacityFor(cands_per_shard[s]));
-    for (int64_t c = sh.candidates.store.ChunksNeeded(cands_per_shard[s]); c > 0; --c)
-      sh.candidates.store.AddChunk(RowStore::NewChunk(0));
+void EmbeddingTable::CollectDeleted(bool reset, std::vector<int64_t>* deleted) {
+  if (deleted != nullptr) {
+    size_t total = 0;
+    for (const auto& sh : shards_) total += sh->deleted_keys.size();
+    deleted->clear();
+    deleted->reserve(total);
+    for (const auto& sh : shards_) deleted->insert(deleted->end(), sh->deleted_keys.begin(), sh->deleted_keys.end());
+    std::sort(deleted->begin(), deleted->end());
+    deleted->erase(std::unique(deleted->begin(), deleted->end()), deleted->end());
   }
-  for (size_t i = 0; i < snap.keys.size(); ++i) {
-    const uint64_t h = HashKey(snap.keys[i]);
-    TableShard& sh = *fresh[ShardOf(h)];
-    if (sh.rows.index.Find(snap.keys[i], h) != KeyIndex::kNone)
-      return errors::InvalidArgument("keys holds key ", snap.keys[i], " more than once (at position ", i, ")");
-    const uint32_t id = sh.rows.Add(snap.keys[i], h);
-    std::memcpy(sh.rows.store.row(id), snap.values.data() + i * stride, stride * sizeof(float));
-    sh.rows.store.meta(id) = snap.meta[i];
+  if (reset) {
+    // Appends hold a shard lock exclusively and we hold every shard lock (at least shared),
+    // so no append runs while the record is cleared.
+    for (auto& sh : shards_) std::vector<int64_t>().swap(sh->deleted_keys);
+    track_deleted_.store(true, std::memory_order_relaxed);
   }
-  for (size_t i = 0; i < snap.candidate_keys.size(); ++i) {
-    const uint64_t h = HashKey(snap.candidate_keys[i]);
-    TableShard& sh = *fresh[ShardOf(h)];
-    if (sh.candidates.index.Find(snap.candidate_keys[i], h) != KeyIndex::kNone)
-      return errors::InvalidArgument("candidate_keys holds key ", snap.candidate_keys[i], " more than once");
-    sh.candidates.store.meta(sh.candidates.Add(snap.candidate_keys[i], h)) = snap.candidate_meta[i];
+}
+
+void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted) {
+  std::lock_guard<std::mutex> record_lock(deleted_mu_);
+  std::vector<std::shared_lock<std::shared_mutex>> locks;
+  for (auto& sh : shards_) locks.emplace_back(sh->mu);
+  CollectDeleted(reset, deleted);
+}
+
+Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
+                              bool reset_deleted) {
+  std::unique_lock<std::mutex> record_lock(deleted_mu_, std::defer_lock);
+  if (deleted != nullptr || reset_deleted) record_lock.lock();
+  // Every shard locked shared for the whole export: one slot layout, exact counts, and the
+  // rows written straight into the caller's output tensors (no intermediate copy).
+  std::vector<std::shared_lock<std::shared_mutex>> locks;
+  for (auto& sh : shards_) locks.emplace_back(sh->mu);
+  ExportLayout layout;
+  layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
+  layout.optimizer = optimizer_;
+  layout.slot_init = slot_init_;
+  layout.step = step();
+  const bool all = since_step == std::numeric_limits<int64_t>::min();
+  for (const auto& sh : shards_) {
+    if (all) {
+      layout.rows += sh->rows.index.size();
+      layout.candidates += sh->candidates.index.size();
+      continue;
+    }
+    sh->rows.index.ForEach([&](int64_t, uint32_t id) { layout.rows += sh->rows.store.meta(id).last_seen > since_step; });
+    sh->candidates.index.ForEach(
+        [&](int64_t, uint32_t id) { layout.candidates += sh->candidates.store.meta(id).last_seen > since_step; });
   }
+  ExportBuffers out;
+  TF_RETURN_IF_ERROR(allocate(layout, &out));
+  int64_t r = 0, c = 0;
+  const int64_t stride = layout.stride;
+  for (const auto& sh : shards_) {
+    if (sh->rows.store.stride() != stride)  // cannot happen: layouts change under every lock
+      return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", stride);
+    sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
+      const RowMeta& m = sh->rows.store.meta(id);
+      if (m.last_seen <= since_step && !all) return;
+      out.keys[r] = key;
+      std::memcpy(out.values + r * stride, sh->rows.store.row(id), stride * sizeof(float));
+      out.meta[2 * r] = m.count;
+      out.meta[2 * r + 1] = m.last_seen;
+      ++r;
+    });
+    sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
+      const RowMeta& m = sh->candidates.store.meta(id);
+      if (m.last_seen <= since_step && !all) return;
+      out.candidate_keys[c] = key;
+      out.candidate_meta[2 * c] = m.count;
+      out.candidate_meta[2 * c + 1] = m.last_seen;
+      ++c;
+    });
+  }
+  if (deleted != nullptr || reset_deleted) CollectDeleted(reset_deleted, deleted);
+  return OkStatus();
+}
+
+namespace {
+// The positions of the imported keys (those of the partition) ordered by table shard:
+// order[offsets[s] .. offsets[s+1]) are the input positions of shard s's keys.
+struct ShardOrder {
+  std::vector<int64_t> order, offsets;
+};
+ShardOrder OrderByShard(const EmbeddingTable& table, const int64_t* keys, int64_t n, int64_t num_partitions,
+                        int64_t partition) {
+  ShardOrder so;
+  const int num_shards = table.num_shards();
+  so.offsets.assign(num_shards + 1, 0);
+  auto wanted = [&](int64_t key) { return num_partitions == 1 || FloorMod(key, num_partitions) == partition; };
+  for (int64_t i = 0; i < n; ++i)
+    if (wanted(keys[i])) ++so.offsets[table.ShardOf(HashKey(keys[i])) + 1];
+  for (int s = 0; s < num_shards; ++s) so.offsets[s + 1] += so.offsets[s];
+  so.order.resize(so.offsets[num_shards]);
+  std::vector<int64_t> cursor(so.offsets.begin(), so.offsets.end() - 1);
+  for (int64_t i = 0; i < n; ++i)
+    if (wanted(keys[i])) so.order[cursor[table.ShardOf(HashKey(keys[i]))]++] = i;
+  return so;
+}
+
+// An index of shard s's imported keys (id = position within the shard's slice of `so`),
+// failing on a key given twice.
+Status IndexShard(const int64_t* keys, const ShardOrder& so, int s, const char* name, KeyIndex* index) {
+  const int64_t begin = so.offsets[s], n = so.offsets[s + 1] - begin;
+  *index = KeyIndex(KeyIndex::CapacityFor(n));
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t key = keys[so.order[begin + j]];
+    const uint64_t h = HashKey(key);
+    if (index->Find(key, h) != KeyIndex::kNone)
+      return errors::InvalidArgument(name, " holds key ", key, " more than once (at position ", so.order[begin + j],
+                                     ")");
+    index->Insert(key, h, static_cast<uint32_t>(j));
+  }
+  return OkStatus();
+}
+
+// Makes room in `ks` for `extra` more keys (the caller holds the shard lock exclusively).
+void GrowFor(KeyedStore* ks, int64_t extra) {
+  if (!ks->index.HasRoom(extra)) {
+    KeyIndex bigger(KeyIndex::CapacityFor(ks->index.size() + extra));
+    ks->index.MoveAllInto(&bigger);
+    std::swap(ks->index, bigger);
+  }
+  for (int64_t c = ks->store.ChunksNeeded(extra); c > 0; --c) ks->store.AddChunk(RowStore::NewChunk(ks->store.stride()));
+}
+}  // namespace
+
+Status EmbeddingTable::Import(const ImportSource& src) {
+  const int64_t slots = static_cast<int64_t>(src.slot_init.size());
+  const int64_t stride = config_.dim * (1 + slots);
+  // Validate everything before the table changes: an import either happens whole or not at all.
+  const ShardOrder rows = OrderByShard(*this, src.keys, src.num_rows, src.num_partitions, src.partition);
+  const ShardOrder cands =
+      OrderByShard(*this, src.candidate_keys, src.num_candidates, src.num_partitions, src.partition);
+  std::vector<KeyIndex> row_index(shards_.size()), cand_index(shards_.size());
+  for (int s = 0; s < num_shards(); ++s) {
+    TF_RETURN_IF_ERROR(IndexShard(src.keys, rows, s, "keys", &row_index[s]));
+    TF_RETURN_IF_ERROR(IndexShard(src.candidate_keys, cands, s, "candidate_keys", &cand_index[s]));
+    const int64_t begin = cands.offsets[s];
+    for (int64_t j = begin; j < cands.offsets[s + 1]; ++j) {
+      const int64_t key = src.candidate_keys[cands.order[j]];
+      if (row_index[s].Find(key, HashKey(key)) != KeyIndex::kNone)
+        return errors::InvalidArgument("key ", key, " is in both keys and candidate_keys");
+    }
+  }
+
+  std::unique_lock<std::mutex> record_lock(deleted_mu_);
   std::vector<std::unique_lock<std::shared_mutex>> locks;
   for (auto& sh : shards_) locks.emplace_back(sh->mu);
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    std::swap(shards_[s]->rows, fresh[s]->rows);
-    std::swap(shards_[s]->candidates, fresh[s]->candidates);
+  if (src.merge) {
+    const bool same_layout = optimizer_ == src.optimizer && slot_init_.size() == src.slot_init.size();
+    if (!same_layout && !(slot_init_.empty() && (optimizer_.empty() || optimizer_ == src.optimizer))) {
+      return errors::InvalidArgument("cannot merge rows with ", slots, " slot(s) of '", src.optimizer,
+                                     "' into a table holding ", slot_init_.size(), " slot(s) of '", optimizer_, "'");
+    }
+    if (!same_layout) {
+      for (auto& sh : shards_) sh->rows.store.Widen(stride, src.slot_init, config_.dim);
+      optimizer_ = src.optimizer;
+      slot_init_ = src.slot_init;
+    }
+    for (int s = 0; s < num_shards(); ++s) {
+      TableShard& sh = *shards_[s];
+      GrowFor(&sh.rows, rows.offsets[s + 1] - rows.offsets[s]);
+      GrowFor(&sh.candidates, cands.offsets[s + 1] - cands.offsets[s]);
+      for (int64_t j = rows.offsets[s]; j < rows.offsets[s + 1]; ++j) {
+        const int64_t i = rows.order[j], key = src.keys[i];
+        const uint64_t h = HashKey(key);
+        sh.candidates.Remove(key, h);
+        uint32_t id = sh.rows.index.Find(key, h);
+        if (id == KeyIndex::kNone) id = sh.rows.Add(key, h);
+        std::memcpy(sh.rows.store.row(id), src.values + i * stride, stride * sizeof(float));
+        sh.rows.store.meta(id) = RowMeta{src.meta[2 * i], src.meta[2 * i + 1]};
+      }
+      for (int64_t j = cands.offsets[s]; j < cands.offsets[s + 1]; ++j) {
+        const int64_t i = cands.order[j], key = src.candidate_keys[i];
+        const uint64_t h = HashKey(key);
+        if (sh.rows.index.Find(key, h) != KeyIndex::kNone) continue;  // already admitted
+        uint32_t id = sh.candidates.index.Find(key, h);
+        if (id == KeyIndex::kNone) id = sh.candidates.Add(key, h);
+        sh.candidates.store.meta(id) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
+      }
+    }
+    AdvanceStep(src.step);
+    return OkStatus();
   }
-  optimizer_ = optimizer;
-  slot_init_ = slot_init;
-  step_.store(step, std::memory_order_relaxed);
+  // Replace, one shard at a time: the old shard is freed as soon as its new content is in,
+  // so the import needs the input plus about one shard, never a second whole table.
+  for (int s = 0; s < num_shards(); ++s) {
+    TableShard& sh = *shards_[s];
+    sh.rows = KeyedStore(stride);  // frees the old rows first
+    sh.candidates = KeyedStore(0);
+    sh.rows.index = std::move(row_index[s]);
+    sh.candidates.index = std::move(cand_index[s]);
+    const int64_t n = rows.offsets[s + 1] - rows.offsets[s], m = cands.offsets[s + 1] - cands.offsets[s];
+    for (int64_t c = sh.rows.store.ChunksNeeded(n); c > 0; --c) sh.rows.store.AddChunk(RowStore::NewChunk(stride));
+    for (int64_t c = sh.candidates.store.ChunksNeeded(m); c > 0; --c) sh.candidates.store.AddChunk(RowStore::NewChunk(0));
+    sh.rows.store.TakeFirst(n);
+    sh.candidates.store.TakeFirst(m);
+    for (int64_t j = 0; j < n; ++j) {  // id j is the shard's j-th imported key (IndexShard)
+      const int64_t i = rows.order[rows.offsets[s] + j];
+      std::memcpy(sh.rows.store.row(static_cast<uint32_t>(j)), src.values + i * stride, stride * sizeof(float));
+      sh.rows.store.meta(static_cast<uint32_t>(j)) = RowMeta{src.meta[2 * i], src.meta[2 * i + 1]};
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t i = cands.order[cands.offsets[s] + j];
+      sh.candidates.store.meta(static_cast<uint32_t>(j)) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
+    }
+    sh.candidates_dropped = 0;
+    std::vector<int64_t>().swap(sh.deleted_keys);  // a restored table starts a new history
+  }
+  optimizer_ = src.optimizer;
+  slot_init_ = src.slot_init;
+  step_.store(src.step, std::memory_order_relaxed);
   return OkStatus();
 }
 

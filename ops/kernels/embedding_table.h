@@ -13,15 +13,20 @@
 // per index slot at a load factor between 3/8 and 3/4 (16-32 bytes), i.e. 224-240 bytes
 // against 200 raw bytes (8-byte key + 3 * 16 floats).
 //
-// Concurrency. A shard's lock guards its index, its stores and its rows. Lookups that only
-// read take it shared; inserts, optimizer updates and eviction take it exclusive. An
-// operation holds one shard lock at a time, except slot re-layout, which takes all of them
-// in order. Growth allocates with the lock released (ReserveRoom), then re-takes it to
-// rehash, so a growing shard never blocks readers during the allocation itself.
+// Concurrency. A shard's lock guards its index, its stores, its rows and its record of
+// deleted keys. Lookups that only read take it shared; inserts, optimizer updates and
+// eviction take it exclusive. An operation holds one shard lock at a time, except the
+// whole-table operations, which take all of them in shard order (so they cannot deadlock
+// with each other): slot re-layout and Import take them exclusive (the slot layout and the
+// content change for every shard at once: no reader ever sees two layouts), Export takes
+// them shared (one consistent snapshot, one layout; writers wait, readers go on). Growth
+// allocates with the lock released (ReserveRoom), then re-takes it to rehash, so a growing
+// shard never blocks readers during the allocation itself.
 #ifndef TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
 #define TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
 
 #include <atomic>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -58,13 +63,29 @@ struct RowInitializer {
   void Fill(int64_t key, float* row, int64_t dim) const;
 };
 
+// Bounds on a table's size attributes: rows of more than kMaxDim floats, or more than
+// kMaxShards shards, are refused when the table is created (a chunk of kChunkRows rows
+// must stay a sane allocation, and sizes must never overflow).
+constexpr int64_t kMaxDim = 4096;
+constexpr int64_t kMaxShards = 4096;
+constexpr int64_t kMaxCandidates = int64_t{1} << 31;
+
 struct TableConfig {
   int64_t dim = 0;
   RowInitializer init;
   float default_value = 0.0f;         // the row a missing (or not yet admitted) key reads
   int64_t admission_min_count = 0;    // a key gets a row once seen in this many lookups
+  int64_t max_candidates = int64_t{1} << 22;  // admission candidates kept (oldest dropped)
   int num_shards = 16;
+  bool operator==(const TableConfig& o) const;
+  std::string DebugString() const;
 };
+// Checks every field of a config for a table's creation (InvalidArgument naming the attr).
+Status ValidateConfig(const TableConfig& config);
+
+// The slot count each optimizer's apply op keeps per row ("" = rows without slots).
+// Returns false for a name no apply op uses.
+bool SlotsOfOptimizer(const std::string& optimizer, int64_t* num_slots);
 
 struct RowMeta {
   int64_t count;      // training lookups that saw the key
@@ -140,6 +161,8 @@ class RowStore {
   void AddChunk(Chunk chunk) { chunks_.push_back(std::move(chunk)); }
   uint32_t Take();  // requires ChunksNeeded(1) == 0
   void Release(uint32_t id) { free_ids_.push_back(id); }
+  // Ids 0..n-1 taken in order, for a store being filled from scratch (chunks added first).
+  void TakeFirst(int64_t n) { next_id_ = static_cast<uint32_t>(n); }
   int64_t bytes() const;
   // Rebuilds every row with a wider stride: old floats first, then `fill` per new float.
   void Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
@@ -173,16 +196,50 @@ struct TableShard {
   mutable std::shared_mutex mu;
   KeyedStore rows;
   KeyedStore candidates;
+  int64_t candidates_dropped = 0;     // by the max_candidates bound
+  std::vector<int64_t> deleted_keys;  // removed rows and candidates, while the table tracks them
 };
 
-// Everything a checkpoint holds, in export order.
-struct TableSnapshot {
-  std::vector<int64_t> keys;
-  std::vector<float> values;  // keys.size() x stride
-  std::vector<RowMeta> meta;
-  std::vector<int64_t> candidate_keys;
-  std::vector<RowMeta> candidate_meta;
+// Where Export writes, allocated by the caller once the counts are known (all shard locks
+// are held meanwhile, so the counts stay exact): keys [rows], values [rows, stride],
+// meta [rows, 2] (count, last_seen), candidate_keys [candidates], candidate_meta [candidates, 2].
+struct ExportBuffers {
+  int64_t* keys = nullptr;
+  float* values = nullptr;
+  int64_t* meta = nullptr;
+  int64_t* candidate_keys = nullptr;
+  int64_t* candidate_meta = nullptr;
 };
+struct ExportLayout {
+  int64_t rows = 0, candidates = 0, stride = 0;
+  std::string optimizer;
+  std::vector<float> slot_init;
+  int64_t step = 0;
+};
+using ExportAllocator = std::function<Status(const ExportLayout&, ExportBuffers*)>;
+
+// An Import's input, read in place from the op's input tensors (never copied).
+struct ImportSource {
+  const int64_t* keys = nullptr;
+  int64_t num_rows = 0;
+  const float* values = nullptr;  // num_rows x dim * (1 + slot_init.size())
+  const int64_t* meta = nullptr;  // num_rows x 2
+  const int64_t* candidate_keys = nullptr;
+  int64_t num_candidates = 0;
+  const int64_t* candidate_meta = nullptr;  // num_candidates x 2
+  std::string optimizer;
+  std::vector<float> slot_init;
+  int64_t step = 0;
+  // Only keys with floormod(key, num_partitions) == partition are imported.
+  int64_t num_partitions = 1, partition = 0;
+  // false: replace the whole content; true: upsert these rows, keep the others.
+  bool merge = false;
+};
+// floormod as Python and tf.math.floormod define it: the result has the divisor's sign.
+inline int64_t FloorMod(int64_t key, int64_t n) {
+  const int64_t r = key % n;
+  return r < 0 ? r + n : r;
+}
 
 // Probes each of n keys once (prefetching ahead), writing its id or KeyIndex::kNone;
 // returns how many are missing. The caller holds the shard lock.
@@ -216,21 +273,36 @@ class EmbeddingTable : public ResourceBase {
   // (slot j filled with slot_init[j]) the first time. Fails if another optimizer's slots
   // are already there.
   Status EnsureSlots(const std::string& optimizer, const std::vector<float>& slot_init);
-  int num_slots() const;  // reads under shard 0's lock
 
   int64_t Size() const;
   int64_t CandidateCount() const;
+  int64_t CandidatesDropped() const;
   int64_t MemoryBytes() const;
   // Removes keys whose last-seen step is below min_last_seen or whose count is below
   // min_count; candidates go by last-seen only. Returns the number of rows removed.
   int64_t Evict(int64_t min_last_seen, int64_t min_count);
+  // Removes these keys' rows and candidates; returns the number of rows removed.
+  int64_t Remove(const int64_t* keys, int64_t n);
 
-  void Export(TableSnapshot* snap, std::string* optimizer, std::vector<float>* slot_init) const;
-  // Replaces the whole content. `values` rows have stride dim * (1 + slot_init.size()).
-  Status Import(const TableSnapshot& snap, const std::string& optimizer,
-                const std::vector<float>& slot_init, int64_t step);
+  // One consistent snapshot under every shard lock (shared): the rows and candidates whose
+  // last-seen step is > since_step (INT64_MIN: all), written straight into the buffers
+  // `allocate` returns. With `deleted` non-null, also the keys removed since the deleted-key
+  // record was last reset (sorted, distinct); reset_deleted clears the record in the same
+  // snapshot and starts it if it was off.
+  Status Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
+                bool reset_deleted);
+  // Returns (and with reset, clears and starts) the deleted-key record.
+  void DeletedKeys(bool reset, std::vector<int64_t>* deleted);
+  // Replaces the content (or upserts into it, src.merge) from an export; validates `src`
+  // completely before anything changes.
+  Status Import(const ImportSource& src);
 
  private:
+  void DropOldestCandidates(TableShard* sh);
+  void RecordDeleted(TableShard* sh, int64_t key) {
+    if (track_deleted_.load(std::memory_order_relaxed)) sh->deleted_keys.push_back(key);
+  }
+  void CollectDeleted(bool reset, std::vector<int64_t>* deleted);  // all shard locks held
   // With `lock` held exclusively on shard `s`, makes room for `extra` more keys in `ks`.
   // Allocation happens with the lock released; returns with it held again. The caller
   // must re-probe afterwards: other threads may have changed the shard meanwhile.
@@ -243,6 +315,11 @@ class EmbeddingTable : public ResourceBase {
   // Set once by EnsureSlots/Import under every shard lock; read under any shard lock.
   std::string optimizer_;
   std::vector<float> slot_init_;
+  // The deleted-key record is off until the first reset (nobody reads it before), so a
+  // table that never makes delta checkpoints does not grow it. Its reads and resets are
+  // serialised by deleted_mu_ (taken before any shard lock); appends hold the shard lock.
+  std::atomic<bool> track_deleted_{false};
+  std::mutex deleted_mu_;
 };
 
 }  // namespace ttf

@@ -15,13 +15,27 @@ namespace ttf {
 namespace {
 
 // Each functor: kName (the slot owner recorded in the table), kNumScalars (float inputs
-// after grads), SlotInit (initial slot values), a constructor from the scalars and the
-// step, and Update(row, grad, dim) where row is [value | slots...].
+// after grads), SlotInit (initial slot values), Check (the hyperparameters' ranges, as
+// tf_keras' optimizer of the same name accepts them, narrowed where a value would turn
+// rows into NaN/inf), a constructor from the scalars and the step, and
+// Update(row, grad, dim) where row is [value | slots...].
+
+// InvalidArgument unless `value` is finite and lies in the range the predicate accepts.
+template <typename Pred>
+Status CheckScalar(const char* name, float value, Pred ok, const char* range) {
+  if (!std::isfinite(value) || !ok(value))
+    return errors::InvalidArgument(name, " must be finite and ", range, ", got ", value);
+  return OkStatus();
+}
+const auto kNonNegative = [](float v) { return v >= 0.0f; };
+const auto kPositive = [](float v) { return v > 0.0f; };
+const auto kUnitInterval = [](float v) { return v >= 0.0f && v < 1.0f; };
 
 struct SgdUpdate {
   static constexpr const char* kName = "sgd";
   static constexpr int kNumScalars = 1;
   static std::vector<float> SlotInit(float) { return {}; }
+  static Status Check(const float* s, float) { return CheckScalar("learning_rate", s[0], kNonNegative, ">= 0"); }
   float lr;
   SgdUpdate(const float* s, int64_t) : lr(s[0]) {}
   void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
@@ -33,6 +47,13 @@ struct AdagradUpdate {
   static constexpr const char* kName = "adagrad";
   static constexpr int kNumScalars = 2;
   static std::vector<float> SlotInit(float initial_accumulator) { return {initial_accumulator}; }
+  static Status Check(const float* s, float initial_accumulator) {
+    TF_RETURN_IF_ERROR(CheckScalar("learning_rate", s[0], kNonNegative, ">= 0"));
+    // With both zero, a zero gradient on a fresh row divides 0 by sqrt(0).
+    if (initial_accumulator == 0.0f)
+      return CheckScalar("epsilon", s[1], kPositive, "> 0 when initial_accumulator_value is 0");
+    return CheckScalar("epsilon", s[1], kNonNegative, ">= 0");
+  }
   float lr, epsilon;
   AdagradUpdate(const float* s, int64_t) : lr(s[0]), epsilon(s[1]) {}
   void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
@@ -48,6 +69,13 @@ struct AdamUpdate {
   static constexpr const char* kName = "adam";
   static constexpr int kNumScalars = 4;
   static std::vector<float> SlotInit(float) { return {0.0f, 0.0f}; }
+  static Status Check(const float* s, float) {
+    TF_RETURN_IF_ERROR(CheckScalar("learning_rate", s[0], kNonNegative, ">= 0"));
+    TF_RETURN_IF_ERROR(CheckScalar("beta_1", s[1], kUnitInterval, "in [0, 1)"));
+    TF_RETURN_IF_ERROR(CheckScalar("beta_2", s[2], kUnitInterval, "in [0, 1)"));
+    // epsilon 0 makes a touched row with m = v = 0 (a zero gradient) 0 / 0.
+    return CheckScalar("epsilon", s[3], kPositive, "> 0");
+  }
   float beta_1, beta_2, epsilon, alpha;
   AdamUpdate(const float* s, int64_t step) : beta_1(s[1]), beta_2(s[2]), epsilon(s[3]) {
     const float t = static_cast<float>(step);
@@ -68,6 +96,20 @@ struct FtrlUpdate {
   static constexpr const char* kName = "ftrl";
   static constexpr int kNumScalars = 6;
   static std::vector<float> SlotInit(float initial_accumulator) { return {initial_accumulator, 0.0f}; }
+  static Status Check(const float* s, float initial_accumulator) {
+    TF_RETURN_IF_ERROR(CheckScalar("learning_rate", s[0], kPositive, "> 0 (FTRL divides by it)"));
+    TF_RETURN_IF_ERROR(CheckScalar("learning_rate_power", s[1], [](float v) { return v <= 0.0f; }, "<= 0"));
+    TF_RETURN_IF_ERROR(CheckScalar("l1", s[2], kNonNegative, ">= 0"));
+    TF_RETURN_IF_ERROR(CheckScalar("l2", s[3], kNonNegative, ">= 0"));
+    TF_RETURN_IF_ERROR(CheckScalar("l2_shrinkage", s[4], kNonNegative, ">= 0"));
+    TF_RETURN_IF_ERROR(CheckScalar("beta", s[5], kNonNegative, ">= 0"));
+    // The quadratic term is accum^-power / lr + 2 (l2 + beta / (2 lr)): zero for a fresh
+    // row with a zero gradient unless one of these is positive.
+    if (initial_accumulator == 0.0f && s[3] == 0.0f && s[5] == 0.0f)
+      return errors::InvalidArgument("ftrl needs initial_accumulator_value > 0, l2 > 0 or beta > 0 (else a zero "
+                                     "gradient divides 0 by 0); all three are 0");
+    return OkStatus();
+  }
   float lr, lr_power, l1, l2_reg, l2_shrinkage;
   FtrlUpdate(const float* s, int64_t)
       : lr(s[0]), lr_power(s[1]), l1(s[2]), l2_reg(s[3] + s[5] / (2.0f * s[0])), l2_shrinkage(s[4]) {}
@@ -96,9 +138,11 @@ class TableApplyOp : public TableOpKernel {
     float initial_accumulator = 0.0f;
     if (HasNodeAttr(ctx->def(), "initial_accumulator_value")) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator));
-      OP_REQUIRES(ctx, initial_accumulator >= 0.0f,
-                  errors::InvalidArgument("initial_accumulator_value must be >= 0, got ", initial_accumulator));
+      OP_REQUIRES(ctx, std::isfinite(initial_accumulator) && initial_accumulator >= 0.0f,
+                  errors::InvalidArgument("initial_accumulator_value must be finite and >= 0, got ",
+                                          initial_accumulator));
     }
+    initial_accumulator_ = initial_accumulator;
     slot_init_ = U::SlotInit(initial_accumulator);
   }
 
@@ -119,6 +163,7 @@ class TableApplyOp : public TableOpKernel {
                                           ") must be a scalar, got shape ", t.shape().DebugString()));
       scalars[i] = t.scalar<float>()();
     }
+    OP_REQUIRES_OK(ctx, U::Check(scalars, initial_accumulator_));
     const Tensor& step_t = ctx->input(3 + U::kNumScalars);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),
                 errors::InvalidArgument("step must be a scalar, got shape ", step_t.shape().DebugString()));
@@ -182,6 +227,7 @@ class TableApplyOp : public TableOpKernel {
   }
 
  private:
+  float initial_accumulator_;
   std::vector<float> slot_init_;
 };
 

@@ -1,0 +1,88 @@
+"""Concurrent writers (lookups inserting keys, optimizer applies that change the slot
+layout, eviction, import with fewer slots) against export: every export is one consistent
+snapshot with one slot layout, and nothing crashes."""
+import itertools
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import ttf  # noqa: F401  (sets up Keras 2 before TF is used)
+from ttf._ops import ops
+
+_names = itertools.count()
+DIM = 4
+
+
+def check_export(out):
+    """Every row is [1.0] * DIM, then 0.25 per Adagrad slot: any misalignment shows."""
+    keys, values, meta, ckeys, cmeta, optimizer, slot_init, step = (t.numpy() for t in out)
+    slots = len(slot_init)
+    assert values.shape == (len(keys), DIM * (1 + slots)), (values.shape, slots)
+    assert optimizer in (b"", b"adagrad") and slots == (optimizer == b"adagrad")
+    assert len(set(keys.tolist())) == len(keys)
+    assert meta.shape == (len(keys), 2) and (meta >= 0).all()
+    np.testing.assert_array_equal(values[:, :DIM], 1.0)
+    np.testing.assert_array_equal(values[:, DIM:], 0.25)
+    return len(keys)
+
+
+def run_race(seconds, num_shards):
+    h = ops().ttf_embedding_table(dim=DIM, initializer="constant", init_a=1.0, num_shards=num_shards,
+                                  shared_name=f"race_{next(_names)}")
+    # Snapshots to import: no slots (the first apply after it re-lays every row), and Adagrad's one.
+    plain_keys = np.arange(0, 3000, dtype=np.int64)
+    no_slots = (plain_keys, np.ones((3000, DIM), np.float32), np.ones((3000, 2), np.int64),
+                tf.zeros([0], tf.int64), tf.zeros([0, 2], tf.int64), "", tf.zeros([0]), 1)
+    with_slots = (plain_keys[:1000], np.concatenate([np.ones((1000, DIM)), np.full((1000, DIM), 0.25)], 1).astype(
+        np.float32), np.ones((1000, 2), np.int64), tf.zeros([0], tf.int64), tf.zeros([0, 2], tf.int64),
+        "adagrad", [0.25], 1)
+    stop = time.monotonic() + seconds
+    errors, exports = [], []
+
+    def worker(fn):
+        rng = np.random.default_rng(len(errors) + threading.get_ident() % 1000)
+        try:
+            step = 1
+            while time.monotonic() < stop:
+                fn(rng, step)
+                step += 1
+        except Exception as err:  # noqa: BLE001  (reported by the test)
+            errors.append(err)
+
+    def lookup(rng, step):
+        keys = rng.integers(0, 20000, 400)
+        ops().ttf_table_find_or_insert(h, keys, dim=DIM)
+        ops().ttf_embedding_lookup_ragged(h, keys, [0, 100, 100, 400], dim=DIM)
+
+    def apply(rng, step):
+        keys = rng.integers(0, 20000, 400)
+        try:  # zero gradients: rows stay 1.0 and accumulators 0.25 exactly
+            ops().ttf_table_apply_adagrad(h, keys, np.zeros((400, DIM), np.float32), 0.1, 1e-7, step,
+                                          initial_accumulator_value=0.25)
+        except tf.errors.AbortedError:
+            pass  # an import changed the layout under this update: reported, never silent
+
+    def evict(rng, step):
+        ops().ttf_table_evict(h, 0, int(rng.integers(0, 3)))
+
+    def import_(rng, step):
+        ops().ttf_table_import(h, *(no_slots if rng.random() < 0.5 else with_slots))
+
+    def export(rng, step):
+        exports.append(check_export(ops().ttf_table_export(h)))
+
+    threads = [threading.Thread(target=worker, args=(fn,)) for fn in (lookup, apply, apply, evict, import_, export,
+                                                                        export)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    return exports
+
+
+def test_export_is_one_consistent_snapshot_under_concurrent_writers():
+    exports = run_race(seconds=8, num_shards=16)
+    assert len(exports) > 10 and max(exports) > 0
