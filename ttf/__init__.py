@@ -31,8 +31,9 @@ from ttf._ops import ops as _ops  # noqa: E402
 _ops()  # registers ttf's op types, which tf.saved_model.load of a model with ttf layers needs
 
 from ttf import _keras, data, distribute, optimizers, precision  # noqa: E402
+from ttf._accelerate import accelerate  # noqa: E402
 from ttf.embedding import DynamicEmbedding, FusedEmbedding  # noqa: E402
 
 _keras.install()
 
-__all__ = ["DynamicEmbedding", "FusedEmbedding", "data", "distribute", "optimizers", "precision"]
+__all__ = ["DynamicEmbedding", "FusedEmbedding", "accelerate", "data", "distribute", "optimizers", "precision"]
