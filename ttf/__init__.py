@@ -26,9 +26,9 @@ if not _tf.keras.Model.__module__.startswith("tf_keras."):
 
 __version__ = "0.1.0"
 
-from ttf._ops import ops as _ops  # noqa: E402
+from ttf._ops import ops as _load_ops  # noqa: E402
 
-_ops()  # registers ttf's op types, which tf.saved_model.load of a model with ttf layers needs
+_load_ops()  # registers ttf's op types, which tf.saved_model.load of a model with ttf layers needs
 
 from ttf import _keras, data, distribute, optimizers, precision  # noqa: E402
 from ttf._accelerate import accelerate  # noqa: E402

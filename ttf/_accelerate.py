@@ -54,7 +54,9 @@ class FusedLookup(DynamicEmbedding):
         columns = [tf.reshape(_keys(x, kind), [-1, 1]) for x, kind in zip(ids, self.key_kinds)]
         keys = _tagged(tf.concat(columns, axis=1), self.tags)
         rows = self._lookup(keys, None, _static_bool(training) and self.trainable)
-        return [rows[:, j, :] if x.shape.rank == 1 else rows[:, j:j + 1, :] for j, x in enumerate(ids)]
+        # One split (its gradient is one concat), not N slices (N zero-padded gradients summed).
+        parts = tf.split(rows, len(ids), axis=1)
+        return [tf.squeeze(part, 1) if x.shape.rank == 1 else part for part, x in zip(parts, ids)]
 
     def compute_mask(self, inputs, mask=None):
         return [None] * len(self.tags)
@@ -289,7 +291,7 @@ class _Converter:
             return RowInitializer()
 
     def _check_embedding(self, layer):
-        if layer.embeddings_regularizer is not None or layer.activity_regularizer is not None:
+        if _active(layer.embeddings_regularizer) or _active(layer.activity_regularizer):
             self.warnings["regularizer dropped (ttf tables add no regularization loss)"].append(layer.name)
         if layer.embeddings_constraint is not None:
             self.warnings["embeddings_constraint dropped"].append(layer.name)
@@ -347,6 +349,14 @@ class _Converter:
     def _report(self):
         for what, names in self.warnings.items():
             warnings.warn(f"ttf.accelerate: {what}: {', '.join(dict.fromkeys(names))}", stacklevel=3)
+
+
+def _active(regularizer):
+    """A regularizer that adds a loss (DeepCTR passes l2(0) when regularization is off)."""
+    if regularizer is None:
+        return False
+    config = regularizer.get_config() if hasattr(regularizer, "get_config") else None
+    return not (config and all(isinstance(v, (int, float)) and v == 0 for v in config.values()))
 
 
 class _Always(dict):
