@@ -15,6 +15,7 @@ Model and path:
   --tfra               the TFRA path (dynamic_embedding layers + its optimizer wrapper)
   --precision P        auto | fp32 | bf16: dense-part precision (default auto with --tiacc, else fp32)
   --optimizer O        adam | adagrad | ftrl | sgd (default adam)
+  --lr LR              learning rate (default: train.py's, 0.001)
 Training:
   --steps N            global steps (default 200)
   --batch-size N       examples per step and worker (default 256)
@@ -45,7 +46,7 @@ EOF
 
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
-model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
+lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
@@ -57,6 +58,7 @@ while [ $# -gt 0 ]; do
     --single) single=1 ;;
     --precision) need_value "$@"; precision=$2; shift ;;
     --optimizer) need_value "$@"; optimizer=$2; shift ;;
+    --lr) need_value "$@"; lr=$2; shift ;;
     --steps) need_value "$@"; steps=$2; shift ;;
     --batch-size) need_value "$@"; batch=$2; shift ;;
     --data) need_value "$@"; data=$2; shift ;;
@@ -91,6 +93,7 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
 train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
 [ -n "$precision" ] && train_args+=(--precision "$precision")
+[ -n "$lr" ] && train_args+=(--lr "$lr")
 [ -n "$path_flag" ] && train_args+=("$path_flag")
 [ -n "$data" ] && train_args+=(--data "$data")
 [ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")

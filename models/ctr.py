@@ -77,9 +77,9 @@ class TfraSparse(tf.keras.layers.Layer):
 
 def sparse_layer(spec, path, seed, shard_devices=None):
     if path == "native":
-        return NativeSparse(spec, seed, name="native_sparse")
+        return NativeSparse(spec, seed, name="native_sparse", autocast=False)
     if path == "tfra":
-        return TfraSparse(spec, seed, devices=shard_devices, name="tfra_sparse")
+        return TfraSparse(spec, seed, devices=shard_devices, name="tfra_sparse", autocast=False)
     if path == "ttf":
         return ttf.FusedEmbedding(spec.embedding_dim + 1, num_fields=spec.num_fields, seed=seed,
                                   initializer=ttf.embedding.RowInitializer("uniform", -0.05, 0.05),
@@ -103,34 +103,56 @@ class CTRModel(tf.keras.Model):
     def call(self, features, training=False):
         return tf.sigmoid(self.logits(features, training=training))
 
-    def logits(self, features, training=False, compute_dtype=tf.float32):
-        """[B] logits; the dense part runs in compute_dtype (fp32 master weights, cast at the boundary)."""
+    def logits(self, features, training=False, compute_dtype=None):
+        """[B] float32 logits. The dense part runs in compute_dtype (default: this model's
+        compute dtype, bfloat16 inside ttf.precision's low-precision step); weights stay fp32."""
+        rows = self.sparse(features["ids"], training=training)  # [B, F, dim + 1]
+        return self.dense_logits(rows, features["dense"], compute_dtype)
+
+    def dense_logits(self, rows, dense, compute_dtype=None):
+        """The dense part: [B] float32 logits from the embedding rows [B, F, dim + 1] and the
+        dense features [B, D]. Runs in compute_dtype (default: this model's compute dtype,
+        bfloat16 inside ttf.precision's low-precision step); weights stay fp32."""
+        dtype = tf.as_dtype(compute_dtype or self.compute_dtype)
         dim = self.spec.embedding_dim
-        rows = self.sparse(features["ids"], training=training)  # [B, F, dim + 1], float32
+        rows = tf.cast(rows, tf.float32)
         emb, first_order = rows[..., :dim], rows[..., dim]
-        dense = tf.cast(features["dense"], tf.float32)
-        logit = tf.reduce_sum(first_order, axis=1) + self.dense_linear(dense)[:, 0]
+        dense = tf.cast(dense, tf.float32)
+        linear = _mlp([self.dense_linear], dense, dtype)
+        logit = tf.reduce_sum(first_order, axis=1) + tf.cast(linear[:, 0], tf.float32)
         x = tf.concat([tf.reshape(emb, [-1, self.spec.num_fields * dim]), dense], axis=1)
-        deep_logit = _mlp(self.hidden + [self.deep_out], x, compute_dtype)
+        deep_logit = _mlp(self.hidden + [self.deep_out], x, dtype)
         logit += tf.cast(deep_logit[:, 0], tf.float32)
         if self.spec.model == "fm":  # FM second order: 0.5 * sum((sum_f e)^2 - sum_f e^2)
-            e = tf.cast(emb, compute_dtype)
+            e = tf.cast(emb, dtype)
             square_of_sum = tf.square(tf.reduce_sum(e, axis=1))
             sum_of_squares = tf.reduce_sum(tf.square(e), axis=1)
             logit += tf.cast(0.5 * tf.reduce_sum(square_of_sum - sum_of_squares, axis=1), tf.float32)
         return logit
 
 
+class Logits(tf.keras.Model):
+    """The logits of a CTRModel as a Keras model sharing its weights: what the training
+    step runs (a from-logits loss is stabler than one on probabilities)."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(name=f"{model.name}_logits", **kwargs)
+        self.ctr = model
+
+    def call(self, features, training=False):
+        return self.ctr.logits(features, training=training)
+
+
 def _mlp(layers, x, compute_dtype):
-    """Runs Dense layers in compute_dtype, casting inputs and kernels at the boundary, so the
-    same fp32 weights serve an fp32 and a bf16 variant without rebuilding."""
-    if compute_dtype == tf.float32:
-        for layer in layers:
-            x = layer(x)
-        return x
+    """Runs Dense layers in compute_dtype. A layer whose policy already computes in it
+    (float32, or bfloat16 under ttf.precision.low_precision) casts by itself; otherwise
+    inputs and kernels are cast here, so the same fp32 weights serve both precisions."""
     for layer in layers:
         if not layer.built:
             layer.build(x.shape)
+        if tf.as_dtype(layer.compute_dtype) == compute_dtype:
+            x = layer(x)
+            continue
         x = tf.matmul(tf.cast(x, compute_dtype), tf.cast(layer.kernel, compute_dtype)) + tf.cast(layer.bias, compute_dtype)
         if layer.activation is not None:
             x = layer.activation(x)

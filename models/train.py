@@ -16,6 +16,7 @@ Exit codes: 0 done, 1 failure (e.g. a parameter server was lost), 2 bad usage.
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -62,6 +63,10 @@ def parse_args(argv):
     p.add_argument("--log-every", type=int, default=50, help="steps between progress lines (default 50)")
     p.add_argument("--metrics-out", default=None, help="write the final metrics as JSON to this file")
     p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
+    step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, one process)")
+    step.add_argument("--max-non-finite-steps", type=int, default=20,
+                      help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "
+                           "NaN/Inf (each such step is skipped whole and counted); 0 never stops (default 20)")
     cluster = p.add_argument_group("parameter-server job (this process is the chief)")
     cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
     cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
@@ -77,6 +82,10 @@ def parse_args(argv):
     for path in args.data + (args.eval_data or []):
         if not os.path.isfile(path):
             p.error(f"data file not found: {path}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        p.error(f"--lr must be a finite number > 0, got {args.lr}")
+    if args.max_non_finite_steps < 0:
+        p.error(f"--max-non-finite-steps must be >= 0, got {args.max_non_finite_steps}")
     if args.steps is None and args.epochs is None:
         args.steps = 200
     if args.precision is None:
@@ -86,6 +95,26 @@ def parse_args(argv):
 
 def log(message):
     print(message, flush=True)
+
+
+def make_precision_policy(precision):
+    """--precision -> the policy of the training step: None (fp32), always bf16, or the
+    loss-driven switch (auto)."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return ttf.precision.AdaptivePrecision("time", start_step=0)
+    return ttf.precision.AdaptivePrecision("loss", warmup_steps=20, calm_steps=10, hold_steps=50, interval=500,
+                                           interval_hold=10)
+
+
+def make_train_step(model, optimizer, policy, args):
+    """The one-process training step: sigmoid cross-entropy on the model's logits."""
+    def loss_fn(labels, logits):
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+
+    return ttf.precision.make_train_step(ctr.Logits(model), loss_fn, optimizer, policy,
+                                         max_non_finite_steps=args.max_non_finite_steps)
 
 
 class Trainer:
@@ -111,14 +140,14 @@ class Trainer:
             self.optimizer = ctr.make_optimizer(self.path, args.optimizer, args.lr)
             features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
             self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
-            self.precision = None
             parts = {"model": self.model, "optimizer": self.optimizer}
-            if args.precision == "auto":
-                self.precision = ttf.precision.AdaptivePrecision("loss", warmup_steps=20, calm_steps=10,
-                                                                 hold_steps=50, interval=500, interval_hold=10)
-                if not self.strategy:
-                    self.optimizer.build(self.model.trainable_variables)  # slots now, not inside the NaN guard
+            self.precision = make_precision_policy(args.precision)
+            if self.precision is not None:
                 parts["precision"] = self.precision
+            self.train_step = None
+            if not self.strategy:
+                self.train_step = make_train_step(self.model, self.optimizer, self.precision, args)
+                parts["train_step"] = self.train_step
             self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = None
         if args.checkpoint_dir:
@@ -126,10 +155,24 @@ class Trainer:
             if self.manager.latest_checkpoint:
                 self.checkpoint.restore(self.manager.latest_checkpoint)
                 log(f"[train] resumed from {self.manager.latest_checkpoint} at step {self.step()}")
-        self.low_steps = 0  # steps run with the dense part in bf16
+        self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
+        self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
 
     def step(self):
-        return int(self.optimizer.iterations.numpy())
+        """The global step: steps applied, plus (one process) steps skipped as non-finite."""
+        skipped = int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
+        return int(self.optimizer.iterations.numpy()) + skipped
+
+    def bf16_fraction(self, steps_run):
+        if self.train_step:
+            low = int(self.train_step.low_precision_steps.numpy()) - self.low_steps_before
+        else:
+            low = self.low_steps
+        return low / max(steps_run, 1)
+
+    def skipped_steps(self):
+        """Steps skipped as non-finite (one process; a parameter-server job does not skip)."""
+        return int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
 
     def table_summary(self):
         """ttf path: (ids stored, float64 sum of every stored value and slot) over all shards,
@@ -148,49 +191,46 @@ class Trainer:
                                    num_epochs=None if args.steps else args.epochs)
 
     def replica_step(self, compute_dtype, features, labels):
+        """One step of a parameter-server worker (the one-process job runs self.train_step)."""
         with tf.GradientTape() as tape:
             logits = self.model.logits(features, training=True, compute_dtype=compute_dtype)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
         variables = self.model.trainable_variables
         grads = tape.gradient(loss, variables)
-        if self.precision is not None and self.strategy is None:
-            # The switch skips NaN/Inf steps: no weight moves. (Not in a parameter-server job:
-            # ParameterServerStrategy cannot apply gradients inside a tf.cond.)
-            ttf.precision.apply_if_finite(self.optimizer, loss, grads, variables)
-        else:
-            self.optimizer.apply_gradients(zip(grads, variables))
+        self.optimizer.apply_gradients(zip(grads, variables))
         return loss
 
     def use_bf16(self, loss):
-        """This step's precision: fixed by --precision, or the switch's call on the last loss."""
+        """A parameter-server job's precision for the next chunk: fixed by --precision, or
+        the switch's call on the last loss."""
         if self.precision is None:
-            return self.args.precision == "bf16"
+            return False
         return self.precision.enable_mixed_precision(self.step(), loss=loss)
 
     def train(self):
         """Trains to --steps (or for --epochs); returns (steps run, seconds of the timed part)."""
         if self.coordinator:
             return self._train_cluster()
-        step_fn = ttf.precision.DualPrecisionStep(self.replica_step)
         target = self.args.steps
-        if target is not None and self.step() >= target:
-            log(f"[train] already at step {self.step()} >= --steps {target}; nothing to train")
+        step = self.step()
+        if target is not None and step >= target:
+            log(f"[train] already at step {step} >= --steps {target}; nothing to train")
             return 0, 0.0
         warmup, timed_start, run = 5, None, 0
-        last_log, last_loss = time.perf_counter(), None
+        last_log = time.perf_counter()
         for features, labels in self.dataset(self.args.seed):
-            low = self.use_bf16(last_loss)
-            loss = step_fn(low, features, labels)
-            last_loss = float(loss) if self.precision is not None else None
-            self.low_steps += int(low)
+            result = self.train_step(features, labels)  # no host read: the step decides on the device
             run += 1
+            step += 1
             if run == warmup:
-                loss.numpy()
+                result["loss"].numpy()
                 timed_start = time.perf_counter()
-            step = self.step()
             if step % self.args.log_every == 0:
+                loss = float(result["loss"])
                 now = time.perf_counter()
-                log(f"[train] step {step}: loss {float(loss):.4f}, {self.args.log_every / (now - last_log):.1f} steps/s")
+                skipped = int(self.train_step.skipped_steps.numpy())
+                log(f"[train] step {step}: loss {loss:.4f}, {self.args.log_every / (now - last_log):.1f} steps/s"
+                    + (f", {skipped} skipped as non-finite" if skipped else ""))
                 last_log = now
             self._maybe_checkpoint(step)
             if target is not None and step >= target:
@@ -295,13 +335,17 @@ def main(argv=None):
             f"A parameter server ({', '.join(lost) or 'see above'}) or the network failed; restart the job with the "
             "same --checkpoint-dir to resume from the last checkpoint.")
         return 1
+    except ttf.precision.NonFiniteTrainingError as err:
+        log(f"[train] error: {err}")
+        return 1
     if args.lenient:
         trainer.reader.report()
     steps_per_sec = steps / seconds if seconds > 0 else float("nan")
     metrics = {
         "model": args.model, "path": trainer.path, "optimizer": args.optimizer, "batch_size": args.batch_size,
         "precision": args.precision, "steps": trainer.step(), "timed_steps": steps,
-        "global_steps_per_sec": steps_per_sec, "bf16_fraction": trainer.low_steps / max(steps_run, 1), "examples_per_sec": steps_per_sec * args.batch_size,
+        "global_steps_per_sec": steps_per_sec, "bf16_fraction": trainer.bf16_fraction(steps_run),
+        "skipped_steps": trainer.skipped_steps(), "examples_per_sec": steps_per_sec * args.batch_size,
         "auc": auc, "logloss": logloss, "eval_rows": eval_rows,
         "cluster": trainer.cluster.shape() if trainer.cluster else "single",
     }

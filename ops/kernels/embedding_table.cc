@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "tensorflow/core/lib/strings/strcat.h"
 
@@ -574,6 +577,16 @@ Status IndexShard(const int64_t* keys, const ShardOrder& so, int s, const char* 
   return OkStatus();
 }
 
+// Hands memory freed by the allocator back to the system. An import frees each old shard
+// before filling the next; without this, glibc keeps the freed pages in the arena of the
+// thread that allocated them, and the importing thread (another arena) takes fresh ones:
+// a restore would hold two tables' worth of memory.
+void ReleaseFreedMemory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 // Makes room in `ks` for `extra` more keys (the caller holds the shard lock exclusively).
 void GrowFor(KeyedStore* ks, int64_t extra) {
   if (!ks->index.HasRoom(extra)) {
@@ -667,6 +680,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     }
     sh.candidates_dropped = 0;
     std::vector<int64_t>().swap(sh.deleted_keys);  // a restored table starts a new history
+    ReleaseFreedMemory();
   }
   optimizer_ = src.optimizer;
   slot_init_ = src.slot_init;

@@ -110,10 +110,12 @@ class Case:
             result = "ok"
         except tf.errors.InvalidArgumentError:
             result = "invalid"
-        except (TypeError, ValueError):  # the generated wrapper's own argument checks
+        except (TypeError, ValueError, OverflowError):  # the generated wrapper's own argument checks
             result = "invalid"
         except tf.errors.OpError as err:
             result = f"other:{type(err).__name__}"
+        except Exception as err:  # noqa: BLE001  (anything else is reported, never hidden)
+            result = f"other:python {type(err).__name__}"
         if self.verbose:
             print(f"  {name}: {result}", flush=True)
         with self.lock:

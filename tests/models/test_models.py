@@ -95,6 +95,28 @@ def test_train_cli_bad_usage_exits_2():
     assert proc.returncode == 2 and "needs all of --ps-hosts" in proc.stderr
 
 
+def test_train_cli_non_finite_run_stops_with_one_clear_line(tmp_path):
+    """A run whose updates blow up (a huge lr: the weights overflow, every later loss is
+    NaN/Inf) used to spin for ever at the same step; it now skips, counts and stops."""
+    proc = run_train("--model", "fm", "--tiacc", "--lr", "1e30", "--steps", "1000", "--batch-size", "32",
+                     "--log-every", "1", "--max-non-finite-steps", "5", timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "[train] error: 5 training steps in a row" in proc.stdout, proc.stdout[-2000:]
+    assert "skipped as non-finite" in proc.stdout  # the progress lines count the skips
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    proc = run_train("--lr", "nan", timeout=120)
+    assert proc.returncode == 2 and "--lr must be a finite number > 0, got nan" in proc.stderr
+
+
+def test_train_cli_counts_skipped_steps_in_the_metrics(tmp_path):
+    out = tmp_path / "metrics.json"
+    proc = run_train("--model", "wdl", "--tiacc", "--precision", "fp32", "--steps", "12", "--batch-size", "32",
+                     "--metrics-out", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["skipped_steps"] == 0 and metrics["steps"] == 12 and metrics["bf16_fraction"] == 0.0
+
+
 def test_start_all_help_and_bad_flag():
     script = os.path.join(ROOT, "start_all.sh")
     proc = subprocess.run([script, "-h"], capture_output=True, text=True, timeout=60)

@@ -176,28 +176,82 @@ def test_loss_policy_reaches_float32_auc_on_a_toy_task():
     assert abs(auc_loss - auc_fp32) < 0.005, (auc_fp32, auc_loss)
 
 
-def test_apply_if_finite_and_dual_precision_step():
-    from ttf.precision import DualPrecisionStep, apply_if_finite
-
+def test_non_finite_gradient_with_finite_loss_skips_and_counts():
+    """A finite loss whose gradient is NaN (sqrt at 0) is skipped whole and counted."""
     kernel = tf.Variable([[0.5], [-0.5]])
     optimizer = tf.keras.optimizers.Adam(0.1)
+
+    def model_fn(features):
+        return tf.matmul(features, tf.cast(kernel, features.dtype))
+
+    def loss_fn(labels, outputs):  # sqrt(0 * x): loss 0, gradient inf * 0 = NaN
+        return tf.reduce_mean(tf.sqrt(outputs * labels))
+
+    step_fn = make_train_step(model_fn, loss_fn, optimizer, variables=[kernel], max_non_finite_steps=0)
     optimizer.build([kernel])
-
-    def step_fn(dtype, features, labels):
-        with tf.GradientTape() as tape:
-            logits = tf.cast(tf.matmul(tf.cast(features, dtype), tf.cast(kernel, dtype)), tf.float32)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        grads = tape.gradient(loss, [kernel])
-        return loss, apply_if_finite(optimizer, loss, grads, [kernel])
-
-    step = DualPrecisionStep(step_fn)
-    features, labels = tf.ones((4, 2)), tf.ones((4, 1))
-    for index in range(6):
-        loss, applied = step(index % 2 == 1, features, labels)
-        assert bool(applied)
     before = [v.numpy().copy() for v in [kernel] + optimizer.variables]
-    loss, applied = step(True, features, tf.fill((4, 1), float("nan")))
-    assert not bool(applied) and np.isnan(float(loss))
+    result = step_fn(tf.ones((4, 2)), tf.zeros((4, 1)))
+    assert float(result["loss"]) == 0.0 and bool(result["skipped"])
     for b, v in zip(before, [kernel] + optimizer.variables):
         np.testing.assert_array_equal(v.numpy(), b)
-    assert step.traces == {"fp32": 1, "bf16": 1}
+    assert int(step_fn.skipped_steps) == 1 and int(step_fn.non_finite_run) == 1 and int(step_fn.step) == 1
+    result = step_fn(tf.constant([[1.0, 0.0]] * 4), tf.ones((4, 1)))
+    assert not bool(result["skipped"]) and int(step_fn.non_finite_run) == 0 and int(step_fn.skipped_steps) == 1
+    assert step_fn.trace_counts == {"float32": 1, "low": 0}  # policy None: float32 only
+
+
+def _table_rows(layer):
+    rows = {}
+    for table in layer.tables:
+        exported = table.export()
+        for key, value in zip(exported["keys"].numpy(), exported["values"].numpy()):
+            rows[int(key)] = value.copy()
+    return rows
+
+
+def test_non_finite_table_gradient_on_one_shard_skips_every_shard():
+    """Keys 0..3 go to shard key % 2; only odd keys (shard 1) get a NaN row gradient. Today's
+    fused apply refuses that shard after shard 0 was updated; the step must skip both."""
+    import ttf
+
+    layer = ttf.FusedEmbedding(4, num_fields=2, shard_devices=["/cpu:0", "/cpu:0"], name="two_shards")
+    ids = tf.constant([[0, 1], [2, 3]], tf.int64)
+    layer(ids, training=True)  # creates the rows
+    optimizer = ttf.optimizers.Adam(0.1)
+
+    def model_fn(features):
+        return layer(features["ids"], training=True)  # [2, 2, 4]
+
+    def loss_fn(labels, emb):
+        # Field 1 holds the odd keys: sqrt(0 * e) is 0 in the loss but NaN in the gradient.
+        return tf.reduce_sum(emb[:, 0] ** 2) + tf.reduce_sum(tf.sqrt(tf.abs(emb[:, 1]) * labels))
+
+    step_fn = make_train_step(model_fn, loss_fn, optimizer, variables=layer.trainable_variables,
+                              max_non_finite_steps=0)
+    good = step_fn({"ids": ids}, tf.ones(()))  # every gradient finite: both shards move
+    assert not bool(good["skipped"])
+    before = _table_rows(layer)
+    bad = step_fn({"ids": ids}, tf.zeros(()))
+    assert np.isfinite(float(bad["loss"])) and bool(bad["skipped"])
+    after = _table_rows(layer)
+    assert before.keys() == after.keys() == {0, 1, 2, 3}
+    for key in before:  # bit-identical on both shards: value and optimizer slots
+        np.testing.assert_array_equal(after[key], before[key], err_msg=f"key {key}")
+    assert int(step_fn.skipped_steps) == 1 and int(optimizer.iterations) == 1
+
+
+def test_non_finite_run_stops_with_a_clear_error():
+    from ttf.precision import NonFiniteTrainingError
+
+    model = mlp()
+    step_fn = make_train_step(model, BCE, tf.keras.optimizers.SGD(float("nan")), AdaptivePrecision("loss"),
+                              max_non_finite_steps=3)
+    features, labels = batch()
+    step_fn(features, labels)  # the first loss is finite; the NaN lr makes every later one NaN
+    step_fn(features, labels)
+    step_fn(features, labels)
+    with pytest.raises(NonFiniteTrainingError, match=r"3 training steps in a row \(up to step 4\) had a NaN/Inf"):
+        step_fn(features, labels)
+    assert int(step_fn.skipped_steps) == 3
+    with pytest.raises(ValueError, match="max_non_finite_steps must be an int >= 0"):
+        make_train_step(model, BCE, tf.keras.optimizers.SGD(0.1), max_non_finite_steps=-1)

@@ -3,16 +3,18 @@
 Policies (`AdaptivePrecision`): "time" (a step window), "time_lr" (the window minus
 float32 holds around learning-rate changes and loss spikes) and "loss" (the
 `TtfPrecisionSwitch` op decides from the loss's moving mean and deviation, plus periodic
-float32 windows). `make_train_step` and `use_adaptive_precision` run a Keras model's
-float32 weights in bfloat16 per step without retracing. See docs/precision.md.
+float32 windows). `PrecisionTrainStep` is ttf's one training step: `make_train_step`
+(your own loop) and `use_adaptive_precision` (model.fit) build it. It runs a Keras
+model's float32 weights in bfloat16 per step without retracing, skips a step whose loss
+or any gradient is NaN/Inf whole (counted), and raises `NonFiniteTrainingError` after too
+many such steps in a row. See docs/precision.md.
 """
 from ttf.precision._config import PrecisionConfig, SwitchConfig
 from ttf.precision._policy import AdaptivePrecision
 from ttf.precision._switch import PrecisionSwitch
 from ttf.precision._train_step import (
-    DualPrecisionStep,
+    NonFiniteTrainingError,
     PrecisionTrainStep,
-    apply_if_finite,
     low_precision,
     make_train_step,
     use_adaptive_precision,
@@ -20,12 +22,11 @@ from ttf.precision._train_step import (
 
 __all__ = [
     "AdaptivePrecision",
-    "DualPrecisionStep",
+    "NonFiniteTrainingError",
     "PrecisionConfig",
     "PrecisionSwitch",
     "PrecisionTrainStep",
     "SwitchConfig",
-    "apply_if_finite",
     "low_precision",
     "make_train_step",
     "use_adaptive_precision",

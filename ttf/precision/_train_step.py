@@ -1,10 +1,19 @@
-"""One training step with the precision chosen per step, traced once.
+"""The training step: one mechanism for precision, non-finite skips and runaway stops.
 
-The float32 and the low-precision forward/backward are the two branches of one
-`tf.cond` on the policy's decision, inside one tf.function: each branch is traced once,
-and switching costs nothing at run time. Dense weights stay float32 master copies; the
-low-precision branch casts inputs and weights to bfloat16 inside the computation and the
-outputs back to float32, so loss, gradients and the update are float32.
+`PrecisionTrainStep` is the only step ttf has; `make_train_step` (your own loop, and
+models/train.py) and `use_adaptive_precision` (model.fit) build it. Per call, inside one
+tf.function:
+
+1. the policy decides float32 or bfloat16 for this step, on the device (no host read);
+2. forward and backward run in that precision: the two variants are the two branches of
+   one `tf.cond`, each traced once, so switching never retraces. Dense weights stay
+   float32 master copies; the low branch runs the model under `low_precision`, which casts
+   inputs and weights to bfloat16 inside the computation; loss and gradients are float32;
+3. the step is skipped whole when the loss or any gradient (dense, or a table's row
+   gradients) is NaN or Inf: no weight, optimizer slot, table shard or non-trainable state
+   changes; the skip is counted and the switch holds float32 for a while;
+4. after `max_non_finite_steps` skipped steps in a row the call raises
+   `NonFiniteTrainingError` instead of spinning for ever.
 """
 import contextlib
 
@@ -19,18 +28,46 @@ _NO_AUTOCAST_LAYERS = (
     tf.keras.layers.LayerNormalization,
 )
 _MIXED_POLICY = {tf.bfloat16: "mixed_bfloat16", tf.float16: "mixed_float16"}
+_NON_FINITE_MARKER = "ttf: training steps in a row had a non-finite loss or gradient"
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training stopped: the loss or the updates stayed NaN/Inf for too many steps in a row."""
+
+
+def _keeps_float32(layer):
+    """Layers left in float32 under low_precision, with everything inside them: Keras'
+    embeddings and normalisations, layers (not models: a functional model never autocasts)
+    built with `autocast=False`, and embedding tables (a ttf table's gradient arrives on an
+    anchor variable that must stay float32)."""
+    if isinstance(layer, _NO_AUTOCAST_LAYERS):
+        return True
+    if not isinstance(layer, tf.keras.Model) and getattr(layer, "_autocast", True) is False:
+        return True
+    return any(getattr(v, "_ttf_embedding", None) is not None for v in vars(layer).values()
+               if isinstance(v, tf.Variable))
+
+
+def _layers_to_cast(layer):
+    if _keeps_float32(layer) or layer.dtype_policy.variable_dtype != "float32":
+        return  # a layer built in another dtype keeps its own policy
+    yield layer
+    for child in layer._flatten_layers(include_self=False, recursive=False):  # pylint: disable=protected-access
+        yield from _layers_to_cast(child)
 
 
 @contextlib.contextmanager
 def low_precision(model, dtype=tf.bfloat16):
     """Runs a Keras model built in float32 in `dtype` while the context is open.
 
-    Use it inside the function you trace: every layer gets the mixed policy (floating
+    This is how `PrecisionTrainStep` runs its low branch; use the step rather than this
+    context to train. Inside a traced function, every layer gets the mixed policy (floating
     inputs cast to `dtype`) and its float32 weights are read through AutoCastVariable
     views, cast to `dtype` inside the computation; gradients flow to the float32
-    variables. On exit the model is exactly as before, so the trace taken outside the
-    context stays float32. Weights held in nested containers (lists, dicts) of a custom
-    layer are not reached: such a layer fails at trace time with a dtype mismatch.
+    variables. Embedding layers, normalisations and layers built with `autocast=False`
+    stay float32. On exit the model is exactly as before. Weights held in nested
+    containers (lists, dicts) of a custom layer are not reached: such a layer fails at
+    trace time with a dtype mismatch.
 
     Args:
       model: a `tf.keras.layers.Layer` (a Model is a Layer), already built.
@@ -52,13 +89,9 @@ def low_precision(model, dtype=tf.bfloat16):
     mixed = tf.keras.mixed_precision.Policy(_MIXED_POLICY[dtype])
     saved_policies, saved_weights = [], []
     try:
-        for layer in model._flatten_layers(include_self=True, recursive=True):  # pylint: disable=protected-access
-            if layer.dtype_policy.variable_dtype != "float32":
-                continue  # a layer built in another dtype keeps its own policy
+        for layer in _layers_to_cast(model):
             saved_policies.append((layer, layer.dtype_policy))
             layer._set_dtype_policy(mixed)  # pylint: disable=protected-access
-            if isinstance(layer, _NO_AUTOCAST_LAYERS):
-                continue
             for name, value in list(vars(layer).items()):
                 if (isinstance(value, tf.Variable) and value.dtype == tf.float32
                         and not isinstance(value, autocast_variable.AutoCastVariable)):
@@ -92,30 +125,54 @@ def _build_optimizer(optimizer, variables):
             optimizer.build(variables)
 
 
+def _all_finite(loss, grads):
+    """One scalar bool: the loss and every gradient (dense tensors, and the row gradients
+    of an IndexedSlices, which is how ttf tables receive theirs) are finite."""
+    checks = [tf.math.is_finite(loss)]
+    for grad in grads:
+        if grad is None:
+            continue
+        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+        checks.append(tf.reduce_all(tf.math.is_finite(values)))
+    return tf.reduce_all(tf.stack(checks))
+
+
 class PrecisionTrainStep(tf.Module):
-    """A training step that runs float32 or low precision as `policy` decides, per step.
+    """One training step: precision per step, non-finite steps skipped whole, runaway stops.
 
     Made by `make_train_step` (your own loop) or `use_adaptive_precision` (model.fit).
-    Each call: decide (policy.low_precision(step, lr)); run the forward/backward of that
-    precision; feed the float32 loss to the policy; apply the gradients unless the loss
-    is NaN or Inf (then no weight, no optimizer slot and no non-trainable model state such
-    as BatchNormalization's moving statistics changes); advance `step`.
+    Each call: decide (policy.low_precision(step, lr), on the device; float32 when the
+    policy is None); run the forward/backward of that precision; skip the update when the
+    loss or any gradient is NaN or Inf (then no weight, optimizer slot, table row on any
+    shard and no non-trainable model state such as BatchNormalization's moving statistics
+    changes, and the policy's switch holds float32); count it; raise
+    `NonFiniteTrainingError` once `max_non_finite_steps` steps in a row were skipped.
 
-    Attributes:
-      step: int64 variable, the next step's number (checkpointed with this object).
-      trace_counts: {"float32": n, "low": n}, how often each branch was traced.
+    Attributes (int64 variables, checkpointed with this object):
+      step: steps run so far, applied or skipped (the policy's step number).
+      skipped_steps: steps whose update was skipped as non-finite.
+      non_finite_run: skipped steps in a row up to the last one.
+      low_precision_steps: steps that ran in low precision.
+    trace_counts: {"float32": n, "low": n}, how often each branch was traced.
     """
 
-    def __init__(self, model, loss_fn, optimizer, policy, variables=None,
-                 low_precision_dtype=tf.bfloat16):
+    def __init__(self, model, loss_fn, optimizer, policy=None, variables=None,
+                 low_precision_dtype=tf.bfloat16, max_non_finite_steps=20):
         super().__init__(name="precision_train_step")
+        if isinstance(max_non_finite_steps, bool) or not isinstance(max_non_finite_steps, int) \
+                or max_non_finite_steps < 0:
+            raise ValueError(f"max_non_finite_steps must be an int >= 0 (0: never stop), got {max_non_finite_steps!r}")
         self._model = model
         self._loss_fn = loss_fn
         self._optimizer = optimizer
         self.policy = policy
         self._variables = variables
         self._dtype = tf.as_dtype(low_precision_dtype)
+        self._max_non_finite_steps = max_non_finite_steps
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        self.non_finite_run = tf.Variable(0, dtype=tf.int64, trainable=False, name="non_finite_run")
+        self.low_precision_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="low_precision_steps")
         self._trace_counts = _TraceCounts()
         self._optimizer_built = False
         self._function = tf.function(self._train_step)
@@ -125,13 +182,29 @@ class PrecisionTrainStep(tf.Module):
         return dict(self._trace_counts.counts)
 
     def __call__(self, features, labels, sample_weight=None):
-        """Runs one step. Returns {"loss", "low_precision", "skipped"} as scalar tensors."""
+        """Runs one step. Returns {"loss", "low_precision", "skipped"} as scalar tensors.
+
+        Raises:
+          NonFiniteTrainingError: this step made `max_non_finite_steps` skipped steps in a row.
+        """
         if not self._optimizer_built:
             # Before the first trace: variables created while tracing make tf.function
             # trace a second time.
             _build_optimizer(self._optimizer, self._trainable_variables())
             self._optimizer_built = True
-        return self._function(features, labels, sample_weight)
+        try:
+            return self._function(features, labels, sample_weight)
+        except tf.errors.InvalidArgumentError as err:
+            if _NON_FINITE_MARKER not in str(err):
+                raise
+            raise self._non_finite_error() from None
+
+    def _non_finite_error(self):
+        last = int(self.step.numpy())
+        return NonFiniteTrainingError(
+            f"{self._max_non_finite_steps} training steps in a row (up to step {last}) had a NaN/Inf loss or "
+            "gradient; their updates were skipped and training stopped. Lower the learning rate, check the "
+            "input for NaN/Inf values, or train in float32.")
 
     def _trainable_variables(self):
         if self._variables is not None:
@@ -163,32 +236,41 @@ class PrecisionTrainStep(tf.Module):
             outputs = tf.nest.map_structure(lambda t: _cast_floating(t, tf.float32), outputs)
             loss = tf.cast(loss_fn(labels, outputs, sample_weight), tf.float32)
         grads = tape.gradient(loss, variables)
-        # tf.cond needs tensors in both branches: None (variable unused) becomes zeros and
-        # is dropped again before the update.
-        for index, grad in enumerate(grads):
-            if grad is None:
-                grad_is_none.add(index)
-        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
-        return loss, outputs, grads
+        grad_is_none.update(i for i, grad in enumerate(grads) if grad is None)
+        finite = _all_finite(loss, grads)
+        # tf.cond needs like structures in both branches: a None gradient (variable unused)
+        # becomes zeros and is dropped again before the update; IndexedSlices (table row
+        # gradients) go through as (values, indices).
+        flat = [tf.zeros_like(v) if g is None else (g.values, g.indices) if isinstance(g, tf.IndexedSlices) else g
+                for g, v in zip(grads, variables)]
+        return loss, outputs, finite, flat
 
     def _run(self, features, labels, sample_weight, loss_fn, optimizer):
         variables = self._trainable_variables()
         _build_optimizer(optimizer, variables)
         step = self.step.read_value()
-        low = self.policy.low_precision(step, _current_learning_rate(optimizer))
+        if self.policy is None:
+            low = tf.constant(False)
+        else:
+            low = self.policy.low_precision(step, _current_learning_rate(optimizer))
         # State the forward itself writes (BatchNormalization's moving statistics) is put
         # back when the step is skipped; automatic control dependencies order these reads
         # before the forward's writes.
         state = self._forward_state()
         saved_state = [tf.identity(v.read_value()) for v in state]
         grad_is_none = set()
-        loss, outputs, grads = tf.cond(
-            low,
-            lambda: self._branch(features, labels, sample_weight, True, loss_fn, variables, grad_is_none),
-            lambda: self._branch(features, labels, sample_weight, False, loss_fn, variables, grad_is_none),
-        )
-        skip = tf.logical_or(self.policy.observe(step, loss), tf.logical_not(tf.math.is_finite(loss)))
-        pairs = [(g, v) for i, (g, v) in enumerate(zip(grads, variables)) if i not in grad_is_none]
+        branch = lambda is_low: lambda: self._branch(  # noqa: E731
+            features, labels, sample_weight, is_low, loss_fn, variables, grad_is_none)
+        if self.policy is None:
+            loss, outputs, finite, flat = branch(False)()
+        else:
+            loss, outputs, finite, flat = tf.cond(low, branch(True), branch(False))
+        # A non-finite gradient counts as a non-finite loss for the switch: it holds float32.
+        observed = tf.where(finite, loss, tf.constant(float("nan")))
+        if self.policy is not None:
+            self.policy.observe(step, observed)
+        pairs = [(tf.IndexedSlices(*g) if isinstance(g, tuple) else g, v)
+                 for i, (g, v) in enumerate(zip(flat, variables)) if i not in grad_is_none]
 
         def apply():
             optimizer.apply_gradients(pairs)
@@ -199,8 +281,14 @@ class PrecisionTrainStep(tf.Module):
                 variable.assign(value)
             return tf.constant(False)
 
-        tf.cond(skip, restore, apply)
-        self.step.assign_add(1)
+        tf.cond(finite, apply, restore)
+        skip = tf.logical_not(finite)
+        run = tf.where(finite, tf.constant(0, tf.int64), self.non_finite_run + 1)
+        updates = [self.non_finite_run.assign(run), self.skipped_steps.assign_add(tf.cast(skip, tf.int64)),
+                   self.low_precision_steps.assign_add(tf.cast(low, tf.int64)), self.step.assign_add(1)]
+        if self._max_non_finite_steps:
+            with tf.control_dependencies(updates):
+                tf.debugging.Assert(run < self._max_non_finite_steps, [_NON_FINITE_MARKER, run])
         return loss, outputs, low, skip
 
     def _train_step(self, features, labels, sample_weight):
@@ -240,13 +328,15 @@ def _cast_floating(tensor, dtype):
     return tf.cast(tensor, dtype) if tensor.dtype.is_floating else tensor
 
 
-def make_train_step(model, loss_fn, optimizer, policy, variables=None,
-                    low_precision_dtype=tf.bfloat16):
-    """Returns a callable running one training step in the precision `policy` picks.
+def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
+                    low_precision_dtype=tf.bfloat16, max_non_finite_steps=20):
+    """Returns a callable running one training step, in the precision `policy` picks.
 
-    Both variants are traced once (the two branches of a `tf.cond`), whatever the
-    switching pattern. A NaN/Inf loss skips the update: no weight, slot or optimizer
-    counter changes (the returned "skipped" is True).
+    The one training step of ttf (models/train.py uses it too). Both precision variants
+    are traced once (the two branches of a `tf.cond`), whatever the switching pattern. A
+    NaN/Inf loss or gradient (dense or table) skips the whole update: no weight, slot,
+    table row or optimizer counter changes (the returned "skipped" is True, and
+    `step_fn.skipped_steps` counts it).
 
     Args:
       model: a `tf.keras` Model/Layer with ordinary float32 weights (run in low precision
@@ -254,14 +344,19 @@ def make_train_step(model, loss_fn, optimizer, policy, variables=None,
         its own weights to its inputs' dtype; then `variables` is required.
       loss_fn: `loss_fn(labels, outputs) -> scalar` (or with a third `sample_weight`
         argument when you pass one); it always receives float32 outputs.
-      optimizer: a tf.keras optimizer (new or legacy).
-      policy: an `AdaptivePrecision`.
+      optimizer: a tf.keras optimizer (new or legacy) or a ttf optimizer.
+      policy: an `AdaptivePrecision`, or None for float32 on every step.
       variables: the variables to train (default: `model.trainable_variables`).
       low_precision_dtype: tf.bfloat16 (default).
+      max_non_finite_steps: raise `NonFiniteTrainingError` when this many steps in a row
+        were skipped as non-finite (default 20; 0 never stops).
 
     Returns:
       A `PrecisionTrainStep`: `step_fn(features, labels, sample_weight=None)` returns
       {"loss": float32, "low_precision": bool, "skipped": bool} scalar tensors.
+
+    Raises:
+      ValueError: a plain callable without `variables`, or a bad `max_non_finite_steps`.
 
     Example:
       >>> model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
@@ -273,78 +368,27 @@ def make_train_step(model, loss_fn, optimizer, policy, variables=None,
     """
     if not isinstance(model, tf.keras.layers.Layer) and variables is None:
         raise ValueError("model is a plain callable: pass the variables to train in variables=")
-    return PrecisionTrainStep(model, loss_fn, optimizer, policy, variables, low_precision_dtype)
+    return PrecisionTrainStep(model, loss_fn, optimizer, policy, variables, low_precision_dtype,
+                              max_non_finite_steps)
 
 
-def use_adaptive_precision(model, policy):
-    """Makes `model.fit` choose float32 or low precision per batch as `policy` decides.
+def use_adaptive_precision(model, policy, max_non_finite_steps=20):
+    """Makes `model.fit` run `PrecisionTrainStep`: precision per batch as `policy` decides,
+    non-finite batches skipped whole and counted, a runaway run stopped.
 
     Replaces the compiled model's `train_step` (loss, metrics and optimizer are the ones
     given to `compile`) and resets its traced train function. Logs gain `low_precision`
     and `skipped`. Call it after `model.compile`; checkpoint the returned object
-    (its `step` and the policy) with `tf.train.Checkpoint(precision=...)`.
+    (its counters and the policy) with `tf.train.Checkpoint(precision=...)`.
 
     Returns:
       The `PrecisionTrainStep` installed.
     """
     if getattr(model, "optimizer", None) is None:
         raise ValueError("call model.compile(...) before use_adaptive_precision(model, policy)")
-    train_step = PrecisionTrainStep(model, None, None, policy)
+    train_step = PrecisionTrainStep(model, None, None, policy, max_non_finite_steps=max_non_finite_steps)
     if model.built:
         _build_optimizer(model.optimizer, model.trainable_variables)
     model.train_step = train_step.keras_train_step
     model.train_function = None
     return train_step
-
-
-def apply_if_finite(optimizer, loss, grads, variables):
-    """Applies `grads` to `variables` only when `loss` is finite; returns whether it did.
-
-    A NaN/Inf step leaves every weight, slot and the optimizer's step counter untouched.
-    Inside a tf.function, build the optimizer's slots first (`optimizer.build(variables)`),
-    since the update runs in a tf.cond branch; for the same reason it does not work under
-    ParameterServerStrategy. `make_train_step` does all this (and restores non-trainable
-    state); this is the piece for a hand-written step.
-
-    Example:
-      >>> v = tf.Variable([1.0]); opt = tf.keras.optimizers.SGD(1.0); opt.build([v])
-      >>> bool(apply_if_finite(opt, tf.constant(float("nan")), [tf.constant([1.0])], [v])), v.numpy()
-      (False, array([1.], dtype=float32))
-    """
-    def apply():
-        optimizer.apply_gradients(zip(grads, variables))
-        return tf.constant(True)
-
-    return tf.cond(tf.math.is_finite(tf.cast(loss, tf.float32)), apply, lambda: tf.constant(False))
-
-
-class DualPrecisionStep:
-    """A step written once as `step_fn(compute_dtype, *args)`, traced once per precision.
-
-    The float32 and the bfloat16 variant are two tf.functions; `step(use_low_precision,
-    *args)` picks one per call in Python (so `use_low_precision` is a Python bool, e.g.
-    from `AdaptivePrecision.enable_mixed_precision`). `step_fn` keeps its variables in
-    float32 and casts at the boundary. `traces` counts the traces of each variant
-    ({"fp32": 1, "bf16": 1} in steady use: switching never retraces).
-
-    Example:
-      >>> w = tf.Variable(2.0)
-      >>> step = DualPrecisionStep(lambda dtype, x: tf.cast(tf.cast(x, dtype) * tf.cast(w, dtype), tf.float32))
-      >>> [float(step(low, tf.constant(3.0))) for low in (False, True, False)], step.traces
-      ([6.0, 6.0, 6.0], {'fp32': 1, 'bf16': 1})
-    """
-
-    def __init__(self, step_fn, low_precision_dtype=tf.bfloat16):
-        self.traces = {"fp32": 0, "bf16": 0}
-
-        def variant(dtype, name):
-            def traced(*args):
-                self.traces[name] += 1  # runs only while tracing
-                return step_fn(dtype, *args)
-            return tf.function(traced)
-
-        self._fp32 = variant(tf.float32, "fp32")
-        self._low = variant(tf.as_dtype(low_precision_dtype), "bf16")
-
-    def __call__(self, use_low_precision, *args):
-        return (self._low if use_low_precision else self._fp32)(*args)
