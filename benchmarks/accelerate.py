@@ -12,7 +12,7 @@ is printed and, unless --no-record, appended to benchmarks/RESULTS.md with the c
     .venv/bin/python benchmarks/accelerate.py                    # 1e5 and 1e6 ids per field
     .venv/bin/python benchmarks/accelerate.py --vocab 100000 --repeats 3 --no-record   # quicker
 
-DeepCTR's default l2_reg_embedding (1e-5) is set to 0 in both paths: ttf tables have no
+DeepCTR's default l2_reg_embedding and l2_reg_linear (1e-5) are set to 0 in both paths: ttf tables have no
 regularization loss (accelerate warns that it drops it), so with it the two models would
 not compute the same function.
 """
@@ -68,7 +68,7 @@ def build_deepfm(vocab, args):
 
     feats = ([SparseFeat(f"C{i}", vocab, embedding_dim=args.dim) for i in range(FIELDS)]
              + [DenseFeat(f"I{i}", 1) for i in range(DENSE)])
-    model = DeepFM(feats, feats, task="binary", l2_reg_embedding=0.0, seed=1)
+    model = DeepFM(feats, feats, task="binary", l2_reg_embedding=0.0, l2_reg_linear=0.0, seed=1)
     model.compile(tf.keras.optimizers.Adam(args.lr), "binary_crossentropy")
     return model
 
@@ -137,7 +137,7 @@ def main(argv=None):
             out.write(f"\n## ttf.accelerate on DeepCTR DeepFM ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
                       f"`.venv/bin/python {command.strip()}` on {os.cpu_count()} cores ({cpu}), TensorFlow "
                       f"{tf.__version__}, tf_keras, deepctr 0.9.4; 26 fields, dim {args.dim}, batch "
-                      f"{args.batch_size}, Adam lr {args.lr}, l2_reg_embedding 0 in both; medians of "
+                      f"{args.batch_size}, Adam lr {args.lr}, l2_reg_embedding = l2_reg_linear = 0 in both; medians of "
                       f"{args.repeats} interleaved blocks of {args.steps} steps after {args.warmup} warm-up "
                       f"steps; AUC on {args.eval_rows:,} held-out rows after the same "
                       f"{args.warmup + args.repeats * args.steps} steps. The machine was shared with other jobs.\n\n"

@@ -71,3 +71,21 @@ def test_deepfm_converted_matches_and_trains():
 @pytest.mark.parametrize("name", ["WDL", "DCN", "xDeepFM"])
 def test_other_deepctr_models_converted_match_and_train(name):
     check_converted_and_trains(name)
+
+
+@pytest.mark.slow  # DeepFM with 26 x 100,000 rows carried over
+def test_readme_accelerate_example_runs(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    readme = open(os.path.join(root, "README.md")).read()
+    example = re.search(r"## Bring your own Keras model: `ttf.accelerate`\n\n```python\n(.*?)```", readme, re.S).group(1)
+    script = tmp_path / "example.py"
+    script.write_text(example + "print('auc', fast.history.history['auc'][-1])\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert float(re.search(r"auc ([0-9.]+)", proc.stdout).group(1)) > 0.5

@@ -5,7 +5,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 from ttf._ops import ops
-from ttf.embedding._table import _EXPORT_FIELDS, EmbeddingTable
+from ttf.embedding._table import EmbeddingTable
 
 _FIELD_SHIFT = 56
 _VALUE_MASK = (1 << _FIELD_SHIFT) - 1
@@ -193,18 +193,18 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 store[f"table{i}_{field}"] = value.numpy()
 
     def load_own_variables(self, store):
-        table_keys = [k for k in store.keys() if k.startswith("table")]
-        anchor_store = {k: store[k] for k in store.keys() if not k.startswith("table")}
-        super().load_own_variables(anchor_store)
-        if len(table_keys) != len(self.tables) * len(_EXPORT_FIELDS):
-            raise ValueError(f"{self.name}: the file holds {len(table_keys) // len(_EXPORT_FIELDS)} table shards, "
-                             f"the layer has {len(self.tables)}")
+        names = list(store.keys())
+        super().load_own_variables({k: store[k] for k in names if not k.startswith("table")})
+        shards = sorted({int(k[len("table"):].split("_", 1)[0]) for k in names if k.startswith("table")})
+        if shards != list(range(len(self.tables))):
+            raise ValueError(f"{self.name}: the file holds {len(shards)} table shards, the layer has {len(self.tables)}")
         for i, table in enumerate(self.tables):
-            exported = {field: np.asarray(store[f"table{i}_{field}"]) for field in _EXPORT_FIELDS}
-            exported["optimizer"] = exported["optimizer"].item()
-            if isinstance(exported["optimizer"], bytes):
-                exported["optimizer"] = exported["optimizer"].decode()
-            table._restore_from_tensors(exported)
+            prefix = f"table{i}_"
+            exported = {k[len(prefix):]: np.asarray(store[k]) for k in names if k.startswith(prefix)}
+            optimizer = exported["optimizer"].item()
+            exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
+            restore = getattr(table, "restore", None) or table._restore_from_tensors
+            restore(exported)
 
     def get_config(self):
         table = self.tables[0]
