@@ -27,6 +27,15 @@ Local job (default: a parameter-server cluster on this host):
   --ps N               parameter servers (default 1)
   --workers N          workers (default 2)
   --single             one process, no cluster
+Horovod job (synchronous data parallel; ttf tables sharded over the ranks by id):
+  --hvd                N ranks on this host through `horovodrun --gloo` (N = --workers, default 2);
+                       installs horovod on first use (scripts/setup_horovod.sh, ~6 min build once)
+  --hvd-compression C  none | fp16 | bf16: what crosses the wire between ranks (default none)
+  --hvd-hosts H        multi-host: host:ranks,host:ranks of every host (same on each host), e.g.
+                       10.0.0.1:2,10.0.0.2:2; run once per host with --hvd-host-index, no ssh needed
+  --hvd-host-index I   this host's position in --hvd-hosts (host 0 serves the Gloo rendezvous)
+  --hvd-rendezvous A   address:port of the rendezvous server on host 0 (default <host 0>:29500)
+  --hvd-iface IF       network interface Gloo uses on this host (default: the one holding its address)
 One role of a multi-host job (run once per task, on its host):
   --role R             chief | worker | ps
   --index I            the task's index within its role (default 0)
@@ -34,10 +43,12 @@ One role of a multi-host job (run once per task, on its host):
   --worker-hosts H     host:port,... of every worker task
   --chief-host H       host:port of the chief
   -h, --help           this help
+  -- ARGS              pass ARGS to models/train.py as they are (any of its flags: python models/train.py -h)
 
 Examples:
   ./start_all.sh --tiacc --fm                        # DeepFM with ttf, local PS cluster
   ./start_all.sh --fm --single --steps 500           # native DeepFM in one process
+  ./start_all.sh --hvd --tiacc --fm                  # DeepFM with ttf on 2 Horovod ranks
   ./start_all.sh --role ps --index 0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222 \
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
 It prints global steps/sec and AUC at the end. Logs of a local cluster go to runs/<time>/.
@@ -47,6 +58,7 @@ EOF
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
+extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
@@ -56,6 +68,12 @@ while [ $# -gt 0 ]; do
     --tiacc) path_flag=--tiacc ;;
     --tfra) path_flag=--tfra ;;
     --single) single=1 ;;
+    --hvd) hvd=1 ;;
+    --hvd-compression) need_value "$@"; hvd_compression=$2; shift ;;
+    --hvd-hosts) need_value "$@"; hvd_hosts=$2; shift ;;
+    --hvd-host-index) need_value "$@"; hvd_host_index=$2; shift ;;
+    --hvd-rendezvous) need_value "$@"; hvd_rendezvous=$2; shift ;;
+    --hvd-iface) need_value "$@"; hvd_iface=$2; shift ;;
     --precision) need_value "$@"; precision=$2; shift ;;
     --optimizer) need_value "$@"; optimizer=$2; shift ;;
     --lr) need_value "$@"; lr=$2; shift ;;
@@ -73,6 +91,7 @@ while [ $# -gt 0 ]; do
     --worker-hosts) need_value "$@"; worker_hosts=$2; shift ;;
     --chief-host) need_value "$@"; chief_host=$2; shift ;;
     -h|--help) usage; exit 0 ;;
+    --) shift; extra_train_args=("$@"); break ;;
     *) die "unknown option '$1'" ;;
   esac
   shift
@@ -86,8 +105,17 @@ if [ -n "$role" ] && { [ -z "$ps_hosts" ] || [ -z "$worker_hosts" ] || [ -z "$ch
   die "--role needs --ps-hosts, --worker-hosts and --chief-host"
 fi
 
+if [ "$hvd" = 1 ]; then
+  { [ -n "$role" ] || [ "$single" = 1 ] || [ "$path_flag" = --tfra ]; } &&
+    die "--hvd runs the native or --tiacc path on Horovod ranks; drop --role/--single/--tfra"
+  [ -n "$hvd_hosts" ] && [ -z "$hvd_host_index" ] && die "--hvd-hosts needs --hvd-host-index"
+elif [ -n "$hvd_compression$hvd_hosts$hvd_host_index$hvd_rendezvous$hvd_iface" ]; then
+  die "--hvd-compression, --hvd-hosts, --hvd-host-index, --hvd-rendezvous and --hvd-iface need --hvd"
+fi
+
 echo "[start_all] set-up: checking .venv and the op build"
 ./scripts/setup_env.sh
+[ "$hvd" = 1 ] && ./scripts/setup_horovod.sh
 PY=.venv/bin/python
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
@@ -99,10 +127,50 @@ train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-s
 [ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")
 [ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")
 [ -n "$metrics" ] && train_args+=(--metrics-out "$metrics")
+train_args+=(${extra_train_args[@]+"${extra_train_args[@]}"})
 
 # TFRA's kernels must be registered in the servers too (ttf's are always loaded there).
 server_imports=()
 [ "$path_flag" = --tfra ] && server_imports=(--import tensorflow_recommenders_addons.dynamic_embedding)
+
+if [ "$hvd" = 1 ]; then
+  train_args+=(--horovod)
+  [ -n "$hvd_compression" ] && train_args+=(--hvd-compression "$hvd_compression")
+  if [ -n "$hvd_hosts" ]; then  # one host of a multi-host job: its ranks, Gloo rendezvous by environment
+    launch=(--hosts "$hvd_hosts" --host-index "$hvd_host_index")
+    [ -n "$hvd_rendezvous" ] && launch+=(--rendezvous "$hvd_rendezvous")
+    [ -n "$hvd_iface" ] && launch+=(--iface "$hvd_iface")
+    echo "[start_all] Horovod host $hvd_host_index of $hvd_hosts: training (${train_args[*]})"
+    exec "$PY" -m ttf.distribute.hvdrun "${launch[@]}" -- "$PY" models/train.py "${train_args[@]}"
+  fi
+  logdir=runs/$(date +%Y%m%d-%H%M%S)-$$-hvd
+  mkdir -p "$logdir"
+  echo "[start_all] Horovod: $num_workers rank(s) on this host via horovodrun --gloo, logs in $logdir;" \
+       "training (${train_args[*]})"
+  .venv/bin/horovodrun --gloo -np "$num_workers" -H "localhost:$num_workers" \
+    "$PY" models/train.py "${train_args[@]}" > >(tee "$logdir/horovodrun.log") 2>&1 &
+  hvdrun=$!
+  trap 'kill "$hvdrun" 2>/dev/null || true; wait 2>/dev/null || true' EXIT  # horovodrun stops its ranks
+  trap 'echo "[start_all] interrupted: stopping every rank"; exit 130' INT TERM
+  rc=0
+  wait "$hvdrun" || rc=$?
+  if [ "$rc" != 0 ]; then
+    failed=$(grep -o -E "Process [0-9]+ exit with status code -?[0-9]+" "$logdir/horovodrun.log" | head -n 1 || true)
+    if [ -n "$failed" ]; then
+      read -r _ rank _ _ _ _ code <<<"$failed"
+      why="exit code $code"  # a negative code, or 128 + N from the shell horovodrun runs it in: signal N
+      if [ "${code#-}" != "$code" ]; then why="killed by signal ${code#-}"
+      elif [ "$code" -gt 128 ]; then why="killed by signal $((code - 128))"; fi
+      echo "[start_all] Horovod rank $rank stopped ($why); horovodrun stopped the other ranks." \
+           "Restart with the same --checkpoint-dir to resume from the last checkpoint. Log: $logdir/horovodrun.log" >&2
+    else
+      echo "[start_all] the Horovod job failed (exit code $rc); log: $logdir/horovodrun.log" >&2
+    fi
+    exit 1
+  fi
+  echo "[start_all] done; logs in $logdir"
+  exit 0
+fi
 
 # One role of a multi-host job: this process becomes that task.
 if [ -n "$role" ]; then

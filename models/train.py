@@ -71,7 +71,21 @@ def parse_args(argv):
     cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
     cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
     cluster.add_argument("--chief-host", default=None, help="host:port of this chief")
+    hvd = p.add_argument_group("Horovod job (synchronous; run under horovodrun, e.g. by start_all.sh --hvd)")
+    hvd.add_argument("--horovod", action="store_true",
+                     help="one rank of a Horovod job: each rank trains on its slice of the global batch "
+                          "(--batch-size per rank), ttf tables sharded over the ranks, dense gradients allreduced")
+    hvd.add_argument("--hvd-compression", choices=["none", "fp16", "bf16"], default="none",
+                     help="what crosses the wire between ranks (dense allreduce, embedding rows and their "
+                          "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
     args = p.parse_args(argv)
+    if args.horovod and (args.ps_hosts or args.tfra):
+        p.error("--horovod runs the native or ttf (--tiacc) path without parameter servers; "
+                "drop --ps-hosts/--worker-hosts/--chief-host and --tfra")
+    if args.hvd_compression != "none" and not args.horovod:
+        p.error("--hvd-compression needs --horovod")
+    if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:
+        p.error("--hvd-compression bf16 needs --tiacc (the native path uses horovod's DistributedOptimizer: none or fp16)")
     cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
     if any(cluster_flags) and not all(cluster_flags):
         p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
@@ -93,8 +107,75 @@ def parse_args(argv):
     return args
 
 
+_LOG_RANK = [0]  # in a Horovod job only rank 0 prints progress and results
+
+
 def log(message):
-    print(message, flush=True)
+    if _LOG_RANK[0] == 0:
+        print(message, flush=True)
+
+
+class HorovodRanks:
+    """This process as one rank of a Horovod job (--horovod): ttf tables sharded over the ranks
+    (ttf.distribute.horovod), the native path through horovod's own DistributedOptimizer."""
+
+    def __init__(self, args):
+        try:
+            import ttf.distribute.horovod as tdh  # imports horovod, with a clear error when it is missing
+        except ImportError as err:
+            raise SystemExit(f"[train] error: --horovod needs horovod: {err}".replace("\n", " ")) from err
+        # A collective that some rank never joins (which a bug, not a lost rank, would cause:
+        # horovodrun stops the job when a rank dies) stops the job instead of hanging.
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "300")
+        hvd = tdh.hvd
+        hvd.init()
+        self.hvd, self.tdh = hvd, tdh
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.compression = args.hvd_compression
+        _LOG_RANK[0] = self.rank
+        # Every flag must agree: a rank with another batch size or seed would silently train another model.
+        try:
+            tdh.check_same_config(vars(args), what="train.py flags")
+        except ValueError as err:
+            raise SystemExit(f"[train] error (rank {self.rank}): {err}") from err
+        self.per_rank_batch = args.batch_size
+        tables = "ttf tables sharded by id" if args.tiacc else "Keras embeddings through horovod's DistributedOptimizer"
+        log(f"[train] Horovod job: {self.size} rank(s), {tables}, compression {self.compression}")
+
+    def distribute(self, model, optimizer):
+        if ttf.embedding.DynamicEmbedding in type(model.sparse).__mro__:
+            self.tdh.shard_tables(model, self.compression)
+            return self.tdh.DistributedOptimizer(optimizer, self.compression)
+        compression = self.hvd.Compression.fp16 if self.compression == "fp16" else self.hvd.Compression.none
+        return self.hvd.DistributedOptimizer(optimizer, compression=compression)
+
+    def broadcast(self, model):
+        self.tdh.broadcast_variables(model.variables)
+
+    def rank_slice(self, dataset):
+        return self.tdh.rank_slice(dataset, self.per_rank_batch)
+
+    def mean(self, value):
+        return self.tdh.mean_over_ranks(value, name="ttf_loss")
+
+    def gather(self, array, name):
+        return self.tdh.gather_rows(array, name)
+
+    def logical_table(self, layer):
+        return layer.sharding.gather_export(layer)
+
+    def shape(self):
+        return {"horovod_ranks": self.size, "compression": self.compression}
+
+    def save(self, manager, model, step):
+        with self.tdh.gathered_tables(model):
+            if self.rank == 0:
+                manager.save(checkpoint_number=step)
+
+    def wire_metrics(self, steps_run):
+        """Bytes this rank sent to other ranks per training step (rank 0's count, in its wire precision)."""
+        sent = self.tdh.wire_bytes() if self.tdh._wire_bytes else 0  # pylint: disable=protected-access
+        return {"hvd_compression": self.compression, "wire_bytes_per_step": sent / max(steps_run, 1)}
 
 
 def make_precision_policy(precision):
@@ -108,10 +189,13 @@ def make_precision_policy(precision):
                                            interval_hold=10)
 
 
-def make_train_step(model, optimizer, policy, args):
-    """The one-process training step: sigmoid cross-entropy on the model's logits."""
+def make_train_step(model, optimizer, policy, args, global_loss=None):
+    """The one-process (or one Horovod rank's) training step: sigmoid cross-entropy on the
+    model's logits. global_loss (Horovod): the mean over the ranks, so every rank takes the
+    same skip and precision decisions; its gradient leaves each rank's own gradient as is."""
     def loss_fn(labels, logits):
-        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        return loss if global_loss is None else global_loss(loss)
 
     return ttf.precision.make_train_step(ctr.Logits(model), loss_fn, optimizer, policy,
                                          max_non_finite_steps=args.max_non_finite_steps)
@@ -127,6 +211,7 @@ class Trainer:
                                   native_buckets=args.native_buckets)
         self.cluster = None
         self.strategy = self.coordinator = None
+        self.horovod = HorovodRanks(args) if args.horovod else None
         if args.ps_hosts:
             self.cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
             log(f"[train] connecting to {len(self.cluster.ps_hosts)} ps and {len(self.cluster.worker_hosts)} "
@@ -138,6 +223,8 @@ class Trainer:
             shard_devices = self.cluster.ps_devices() if self.cluster else None
             self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices)
             self.optimizer = ctr.make_optimizer(self.path, args.optimizer, args.lr)
+            if self.horovod:
+                self.optimizer = self.horovod.distribute(self.model, self.optimizer)
             features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
             self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
             parts = {"model": self.model, "optimizer": self.optimizer}
@@ -146,7 +233,8 @@ class Trainer:
                 parts["precision"] = self.precision
             self.train_step = None
             if not self.strategy:
-                self.train_step = make_train_step(self.model, self.optimizer, self.precision, args)
+                self.train_step = make_train_step(self.model, self.optimizer, self.precision, args,
+                                                  global_loss=self.horovod.mean if self.horovod else None)
                 parts["train_step"] = self.train_step
             self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = None
@@ -155,6 +243,8 @@ class Trainer:
             if self.manager.latest_checkpoint:
                 self.checkpoint.restore(self.manager.latest_checkpoint)
                 log(f"[train] resumed from {self.manager.latest_checkpoint} at step {self.step()}")
+        if self.horovod:
+            self.horovod.broadcast(self.model)  # rank 0's dense weights everywhere (same seed: already equal)
         self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
         self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
 
@@ -179,7 +269,10 @@ class Trainer:
         to check a restore against its checkpoint; None on other paths."""
         if self.path != "ttf":
             return None
-        exports = [table.export() for table in self.model.sparse.tables]
+        if self.horovod:
+            exports = [self.horovod.logical_table(self.model.sparse)]
+        else:
+            exports = [table.export() for table in self.model.sparse.tables]
         keys = np.concatenate([e["keys"].numpy() for e in exports])
         values = np.concatenate([e["values"].numpy() for e in exports])
         return len(keys), float(np.sum(values[np.argsort(keys)], dtype=np.float64))  # order-independent
@@ -187,6 +280,10 @@ class Trainer:
     def dataset(self, seed):
         args = self.args
         split = "all" if args.eval_data else "train"
+        if self.horovod:  # every rank reads the global batches and keeps its slice
+            return self.horovod.rank_slice(self.reader.dataset(
+                args.batch_size * self.horovod.size, shuffle=True, seed=seed, split=split,
+                num_epochs=None if args.steps else args.epochs, drop_remainder=True))
         return self.reader.dataset(args.batch_size, shuffle=True, seed=seed, split=split,
                                    num_epochs=None if args.steps else args.epochs)
 
@@ -229,8 +326,9 @@ class Trainer:
                 loss = float(result["loss"])
                 now = time.perf_counter()
                 skipped = int(self.train_step.skipped_steps.numpy())
+                ranks = f" ({self.horovod.size} ranks)" if self.horovod else ""
                 log(f"[train] step {step}: loss {loss:.4f}, {self.args.log_every / (now - last_log):.1f} steps/s"
-                    + (f", {skipped} skipped as non-finite" if skipped else ""))
+                    + (f", {skipped} skipped as non-finite" if skipped else "") + ranks)
                 last_log = now
             self._maybe_checkpoint(step)
             if target is not None and step >= target:
@@ -294,22 +392,34 @@ class Trainer:
             if every_chunk and step // self.args.checkpoint_every == getattr(self, "_last_ckpt", -1):
                 return
             self._last_ckpt = step // self.args.checkpoint_every
+            self.save_checkpoint(step)
+
+    def save_checkpoint(self, step):
+        if self.horovod:  # every rank gathers the tables (a collective); rank 0 writes them
+            self.horovod.save(self.manager, self.model, step)
+        else:
             self.manager.save(checkpoint_number=step)
 
     def evaluate(self):
         """AUC and logloss of the model on the eval data (run on this process)."""
         args = self.args
+        ranks = self.horovod.size if self.horovod else 1
         if args.eval_data:
             data = ttf.data.CriteoReader(args.eval_data, strict=not args.lenient).dataset(
-                args.batch_size, shuffle=False)
+                args.batch_size * ranks, shuffle=False)
         else:
-            data = self.reader.dataset(args.batch_size, shuffle=False, split="eval")
+            data = self.reader.dataset(args.batch_size * ranks, shuffle=False, split="eval")
+        if self.horovod:  # each rank predicts its slice of every batch; the table lookups are collective
+            data = self.horovod.rank_slice(data)
         predict = tf.function(lambda features: tf.sigmoid(self.model.logits(features, training=False)))
         labels, probs = [], []
         for features, y in data:
             labels.append(y.numpy())
             probs.append(predict(features).numpy())
-        labels, probs = np.concatenate(labels), np.clip(np.concatenate(probs), 1e-7, 1 - 1e-7)
+        labels, probs = np.concatenate(labels), np.concatenate(probs)
+        if self.horovod:  # the whole eval set, once
+            labels, probs = self.horovod.gather(labels, "eval_labels"), self.horovod.gather(probs, "eval_probs")
+        probs = np.clip(probs, 1e-7, 1 - 1e-7)
         logloss = float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
         auc = ttf.data.best_auc(labels, probs) if 0 < labels.sum() < len(labels) else float("nan")
         return auc, logloss, len(labels)
@@ -317,6 +427,8 @@ class Trainer:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.horovod:  # before hvd.init: only rank 0 prints (horovodrun and hvdrun set HOROVOD_RANK)
+        _LOG_RANK[0] = int(os.environ.get("HOROVOD_RANK", "0"))
     path = "ttf (--tiacc)" if args.tiacc else "TFRA" if args.tfra else "native TensorFlow"
     log(f"[train] {('DeepFM' if args.model == 'fm' else 'Wide&Deep')} with {path}, optimizer {args.optimizer}, "
         f"batch {args.batch_size}, precision {args.precision}")
@@ -326,7 +438,7 @@ def main(argv=None):
         steps, seconds = trainer.train()
         steps_run = trainer.step() - start_step
         if trainer.manager:
-            trainer.manager.save(checkpoint_number=trainer.step())
+            trainer.save_checkpoint(trainer.step())
             log(f"[train] checkpoint {trainer.manager.latest_checkpoint}")
         auc, logloss, eval_rows = trainer.evaluate()
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
@@ -338,23 +450,36 @@ def main(argv=None):
     except ttf.precision.NonFiniteTrainingError as err:
         log(f"[train] error: {err}")
         return 1
+    except tf.errors.OpError as err:
+        if not args.horovod:
+            raise
+        # Every rank prints this: the peers of a lost rank are the ones still able to say so.
+        print(f"[train] error (rank {_LOG_RANK[0]}): a Horovod collective failed ({type(err).__name__}: "
+              f"{str(err).splitlines()[0][:300]}). Another rank stopped or the network failed; restart every rank "
+              "with the same --checkpoint-dir to resume from the last checkpoint.", file=sys.stderr, flush=True)
+        return 1
     if args.lenient:
         trainer.reader.report()
     steps_per_sec = steps / seconds if seconds > 0 else float("nan")
+    ranks = trainer.horovod.size if trainer.horovod else 1
     metrics = {
         "model": args.model, "path": trainer.path, "optimizer": args.optimizer, "batch_size": args.batch_size,
         "precision": args.precision, "steps": trainer.step(), "timed_steps": steps,
         "global_steps_per_sec": steps_per_sec, "bf16_fraction": trainer.bf16_fraction(steps_run),
-        "skipped_steps": trainer.skipped_steps(), "examples_per_sec": steps_per_sec * args.batch_size,
+        "skipped_steps": trainer.skipped_steps(), "examples_per_sec": steps_per_sec * args.batch_size * ranks,
         "auc": auc, "logloss": logloss, "eval_rows": eval_rows,
-        "cluster": trainer.cluster.shape() if trainer.cluster else "single",
+        "cluster": trainer.cluster.shape() if trainer.cluster else trainer.horovod.shape() if trainer.horovod else "single",
     }
     summary = trainer.table_summary()
     if summary:
         metrics["table_size"], metrics["table_checksum"] = summary
+    if trainer.horovod:
+        metrics["ranks"] = ranks
+        metrics.update(trainer.horovod.wire_metrics(steps_run))
+    ranks_note = f" ({ranks} Horovod ranks)" if trainer.horovod else ""
     log(f"[train] done: {trainer.step()} steps, {steps_per_sec:.2f} global steps/sec, "
-        f"AUC {auc:.4f}, logloss {logloss:.4f} on {eval_rows} eval rows")
-    if args.metrics_out:
+        f"AUC {auc:.4f}, logloss {logloss:.4f} on {eval_rows} eval rows{ranks_note}")
+    if args.metrics_out and _LOG_RANK[0] == 0:
         with open(args.metrics_out, "w") as f:
             json.dump(metrics, f, indent=2)
     return 0

@@ -2,6 +2,8 @@
 # Sets up ttf in ./.venv: creates the venv, installs the pinned requirements, builds the ops.
 # Idempotent and fast when nothing changed: later runs only rebuild ops whose sources changed.
 # Used by the README's commands (start_all.sh, test.sh) and by docker/Dockerfile.
+# --deps-only: the venv and the pinned requirements only (the image's cached layer; the full
+# set-up after it finds them installed).
 # Env: PYTHON (interpreter for the venv, default python3), TTF_VENV (default ./.venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +11,8 @@ VENV=${TTF_VENV:-$PWD/.venv}
 PY=${PYTHON:-python3}
 stamp=$VENV/.ttf-requirements
 log=build.log
+deps_only=0
+[ "${1:-}" = --deps-only ] && deps_only=1
 
 run_logged() {  # runs a step quietly; on failure shows the end of its log
   if ! "$@" >"$log" 2>&1; then
@@ -26,6 +30,7 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
   echo "[setup] installing pinned requirements: TensorFlow 2.16.2, tf-keras 2.16, TFRA 0.8.1 (a minute or two)"
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check -r requirements.txt
+  [ "$deps_only" = 1 ] && exit 0
   echo "[setup] installing ttf (editable) and building its ops"
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -e .
   cp requirements.txt "$stamp"

@@ -71,3 +71,35 @@ def test_ps_on_one_host_workers_and_chief_on_another(two_hosts, tmp_path):
         for server in servers:
             server.kill()
             server.wait()
+
+
+def test_horovod_ranks_on_two_hosts_without_ssh(two_hosts, tmp_path):
+    """One Horovod rank per host, Gloo rendezvous by environment (start_all.sh --hvd-hosts):
+    the tables sharded over the two hosts, rank 0's checkpoint holding every id."""
+    pytest.importorskip("horovod.tensorflow", reason="horovod not installed: ./scripts/setup_horovod.sh")
+    host_a, host_b = two_hosts
+    hosts = ["--hvd-hosts", "10.231.7.1:1,10.231.7.2:1", "--hvd-rendezvous", "10.231.7.1:29555"]
+    common = ["--hvd", "--tiacc", "--fm", "--batch-size", "64", "--steps", "30", *hosts]
+
+    def host(netns, index, *args):
+        return subprocess.Popen(["ip", "netns", "exec", netns, START, *common, "--hvd-host-index", str(index), *args],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    metrics = tmp_path / "m.json"
+    first = host(host_a, 0, "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-out", str(metrics))
+    second = host(host_b, 1, "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-out", str(metrics))
+    try:
+        out_a, _ = first.communicate(timeout=900)
+        out_b, _ = second.communicate(timeout=120)
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert first.returncode == 0 and second.returncode == 0, out_a[-3000:] + out_b[-3000:]
+    assert "[train] done: 30 steps" in out_a and "(2 Horovod ranks)" in out_a, out_a[-3000:]
+    result = json.loads(metrics.read_text())
+    assert result["cluster"]["horovod_ranks"] == 2 and result["table_size"] > 0
+    reader = tf.train.load_checkpoint(str(tmp_path / "ckpt"))
+    keys = [n for n in reader.get_variable_to_shape_map() if n.endswith("/keys")]
+    assert sum(len(reader.get_tensor(k)) for k in keys) == result["table_size"]

@@ -11,6 +11,14 @@ _FIELD_SHIFT = 56
 _VALUE_MASK = (1 << _FIELD_SHIFT) - 1
 
 
+def shard_of(keys, num_shards):
+    """The shard (int32) of each int64 key among num_shards: floormod(key, num_shards).
+
+    The one routing rule of ttf: parameter-server shards, Horovod owners and checkpoint
+    restore all use it, so any topology finds a key where another one put it."""
+    return tf.cast(tf.math.floormod(keys, tf.cast(num_shards, keys.dtype)), tf.int32)
+
+
 def embedding_of(variable):
     """The DynamicEmbedding whose table gradient arrives on `variable`, or None."""
     return getattr(variable, "_ttf_embedding", None)
@@ -73,6 +81,10 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                            name=f"{self.name}_shard{i}", device=device)
             for i, device in enumerate(shard_devices or [""])
         ]
+        # None, or an object whose lookup(layer, keys, row_splits, training) replaces the
+        # local lookup: ttf.distribute.horovod.shard_tables sets one that makes this table one
+        # rank's shard of a table spread over the Horovod ranks.
+        self.sharding = None
 
     def build(self, input_shape):
         # The anchor carries the table gradient: lookups feed it to a custom gradient that
@@ -115,6 +127,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     # -- lookup and gradient
 
     def _lookup(self, keys, row_splits, training):
+        if self.sharding is not None:
+            return self.sharding.lookup(self, keys, row_splits, training)
         if not training:
             return self._forward(keys, row_splits, training=False)[0]
         if not self.built:
@@ -166,7 +180,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     def _partition(self, keys):
         """Splits keys by shard (key mod number of shards) -> (keys per shard, their positions)."""
         n = len(self.tables)
-        shard = tf.cast(tf.math.floormod(keys, n), tf.int32)
+        shard = shard_of(keys, n)
         return (tf.dynamic_partition(keys, shard, n),
                 tf.dynamic_partition(tf.range(tf.size(keys)), shard, n))
 

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# A parameter-server job with one container per task on a container network: N ps, M workers
+# and the chief, each running start_all.sh's multi-host role flags (--role/--index/--*-hosts).
+# Checkpoints go to a volume mounted at /ckpt in every container; running the same job again
+# with the same volume resumes from its last checkpoint. Run with -h for every option.
+set -euo pipefail
+SCRIPT=cluster
+source "$(dirname "$0")/engine.sh"
+
+usage() {
+  cat <<'EOF'
+Usage: docker/cluster.sh [options] [start_all.sh flags]
+
+Runs a ttf parameter-server job in containers, one per task, on its own container network
+(builds or updates the image first, with docker/build.sh).
+
+  --ps N          parameter-server containers (default 1)
+  --workers N     worker containers (default 2)
+  --name JOB      job name (default ttf-job): containers JOB-ps0.., JOB-worker0.., JOB-chief on
+                  the network JOB-net; they are removed when the job ends
+  --volume V      named volume (or absolute host directory) for checkpoints, mounted at /ckpt
+                  (default JOB-ckpt); the chief saves to /ckpt and resumes from it
+  -h, --help      this help
+Every other flag goes to start_all.sh in each container: model, path, --steps, --batch-size,
+--metrics-out /ckpt/metrics.json, ... (paths are inside the containers; /ckpt is the volume).
+Like start_all.sh it reports a worker that stops and lets the chief finish on the others, and
+stops the job when a parameter server is lost (run it again to resume from the checkpoint).
+Env: TTF_ENGINE, TTF_IMAGE (docker/build.sh -h), TTF_BUILD_FLAGS (extra build.sh flags).
+
+Examples:
+  docker/cluster.sh --tiacc --fm                       # 1 ps + 2 workers + chief, DeepFM with ttf
+  docker/cluster.sh --ps 2 --workers 3 --tiacc --fm --steps 1000 --name big
+EOF
+}
+
+usage_error() { echo "[cluster] $*" >&2; echo "Run docker/cluster.sh -h for usage." >&2; exit 2; }
+
+num_ps=1 num_workers=2 job=ttf-job volume="" job_flags=() user_ckpt=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ps|--workers|--name|--volume) [ $# -ge 2 ] && [ -n "$2" ] || usage_error "$1 needs a value" ;;&
+    --ps) num_ps=$2; shift ;;
+    --workers) num_workers=$2; shift ;;
+    --name) job=$2; shift ;;
+    --volume) volume=$2; shift ;;
+    --role|--index|--ps-hosts|--worker-hosts|--chief-host|--single)
+      usage_error "$1 is set by cluster.sh for each container; leave it out" ;;
+    -h|--help) usage; exit 0 ;;
+    *) [ "$1" = --checkpoint-dir ] && user_ckpt=1; job_flags+=("$1") ;;
+  esac
+  shift
+done
+[[ $num_ps =~ ^[1-9][0-9]*$ ]] && [[ $num_workers =~ ^[1-9][0-9]*$ ]] ||
+  usage_error "--ps and --workers must be positive integers, got '$num_ps' and '$num_workers'"
+[[ $job =~ ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$ ]] || usage_error "--name must be letters, digits, '_', '.', '-', got '$job'"
+volume=${volume:-$job-ckpt}
+[ "$user_ckpt" = 1 ] || job_flags+=(--checkpoint-dir /ckpt)
+
+build_flags=()
+read -r -a build_flags <<<"${TTF_BUILD_FLAGS:-}"
+"$DOCKER_DIR/build.sh" ${build_flags[@]+"${build_flags[@]}"}
+pick_engine no quiet
+[ "$ENGINE" = podman ] && check_engine "$IMAGE"
+
+network=$job-net port=2222
+names=() roles=()
+for ((i = 0; i < num_ps; i++)); do names+=("$job-ps$i") roles+=("ps $i"); done
+for ((i = 0; i < num_workers; i++)); do names+=("$job-worker$i") roles+=("worker $i"); done
+join_hosts() { local IFS=,; echo "$*"; }
+hosts() { local prefix=$1 n=$2 list=(); for ((i = 0; i < n; i++)); do list+=("$job-$prefix$i:$port"); done; join_hosts "${list[@]}"; }
+cluster=(--ps-hosts "$(hosts ps "$num_ps")" --worker-hosts "$(hosts worker "$num_workers")" --chief-host "$job-chief:$port")
+
+follower=""
+remove_containers() { engine rm -f "${names[@]}" "$job-chief" >/dev/null 2>&1 || true; }
+cleanup() {
+  trap - EXIT INT TERM
+  [ -z "$follower" ] || kill "$follower" 2>/dev/null || true
+  remove_containers
+  engine network rm "$network" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+trap 'echo "[cluster] interrupted: removing the job'"'"'s containers"; exit 130' INT TERM
+
+remove_containers  # left over from an earlier run of the same job
+engine network inspect "$network" >/dev/null 2>&1 || engine network create "$network" >/dev/null 2>&1 ||
+  fail "could not create the network $network ($ENGINE network create $network)"
+if [[ $volume == /* ]]; then mkdir -p "$volume"; else
+  engine volume inspect "$volume" >/dev/null 2>&1 || engine volume create "$volume" >/dev/null
+fi
+
+start_task() {  # name, role flags...: one detached container running start_all.sh in that role
+  local name=$1 err; shift
+  err=$(engine run -d --name "$name" --hostname "$name" --network "$network" --stop-timeout 2 \
+    "${RUN_OPTS[@]}" -v "$volume:/ckpt" "$IMAGE" "${job_flags[@]}" "$@" "${cluster[@]}" 2>&1 >/dev/null) ||
+    fail "could not start container $name: ${err##*$'\n'}"
+}
+running() { engine inspect -f '{{.State.Running}}' "$1" 2>/dev/null | grep -q true; }
+exit_code() { engine inspect -f '{{.State.ExitCode}}' "$1" 2>/dev/null || echo "?"; }
+report_stop() {  # name, role: why the container stopped and its last lines
+  local code why
+  code=$(exit_code "$1")
+  why="exit code $code"
+  [[ $code =~ ^[0-9]+$ ]] && [ "$code" -gt 128 ] && why="killed by signal $((code - 128))"
+  echo "[cluster] $2 (container $1) stopped: $why; its last lines:" >&2
+  engine logs --tail 5 "$1" 2>&1 | sed 's/^/    /' >&2
+}
+
+echo "[cluster] job $job: $num_ps ps + $num_workers worker(s) + chief on network $network, checkpoints in $volume"
+for ((i = 0; i < ${#names[@]}; i++)); do
+  read -r role index <<<"${roles[i]}"
+  start_task "${names[i]}" --role "$role" --index "$index"
+done
+for ((i = 0; i < ${#names[@]}; i++)); do  # wait until every server listens
+  for ((t = 0; t < 120; t++)); do
+    engine logs "${names[i]}" 2>&1 | grep -q "ready at" && break
+    running "${names[i]}" || { report_stop "${names[i]}" "${roles[i]}"; exit 1; }
+    sleep 1
+  done
+  engine logs "${names[i]}" 2>&1 | grep -q "ready at" ||
+    { echo "[cluster] ${roles[i]} did not start within 120s: see $ENGINE logs ${names[i]}" >&2; exit 1; }
+done
+echo "[cluster] servers ready; starting the chief ($job-chief)"
+start_task "$job-chief" --role chief
+# The chief's output, less TensorFlow's start-up chatter on stderr (as start_all.sh keeps it out).
+engine logs -f "$job-chief" 2>&1 | grep --line-buffered -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+: [IWE] ' &
+follower=$!
+
+alive=() ps_lost_at=""
+for ((i = 0; i < ${#names[@]}; i++)); do alive[i]=1; done
+while running "$job-chief"; do
+  for ((i = 0; i < ${#names[@]}; i++)); do
+    if [ "${alive[i]}" = 1 ] && ! running "${names[i]}"; then
+      alive[i]=0
+      report_stop "${names[i]}" "${roles[i]}"
+      if [ "$i" -lt "$num_ps" ]; then
+        echo "[cluster] parameter server lost: the chief stops with an error; run the job again with" \
+             "the same --volume to resume from its last checkpoint" >&2
+        ps_lost_at=$SECONDS
+      else
+        echo "[cluster] the chief goes on with the remaining workers" >&2
+      fi
+    fi
+  done
+  if [ -n "$ps_lost_at" ] && [ $((SECONDS - ps_lost_at)) -gt 90 ]; then
+    echo "[cluster] the chief did not stop within 90s of losing a parameter server: stopping it" >&2
+    exit 1
+  fi
+  workers_alive=0
+  for ((i = num_ps; i < ${#names[@]}; i++)); do workers_alive=$((workers_alive + alive[i])); done
+  if [ "$workers_alive" = 0 ]; then echo "[cluster] every worker is gone: stopping the job" >&2; exit 1; fi
+  sleep 2
+done
+wait "$follower" 2>/dev/null || true
+follower=""
+rc=$(exit_code "$job-chief")
+if [ "$rc" != 0 ]; then echo "[cluster] the chief failed (exit code $rc)" >&2; exit 1; fi
+echo "[cluster] done; checkpoints in $volume"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs horovod 0.28.1 into the venv, built from source against its TensorFlow with Gloo
+# (no MPI, no PyTorch/MXNet). Only the Horovod shape needs it: `./start_all.sh --hvd` and
+# `./test.sh --all` run this; a plain `./start_all.sh` never waits for it.
+# The first build takes about 6 minutes on two cores (needs g++ and cmake; cmake comes from
+# PyPI when the system has none). pip keeps the built wheel in its cache, so later installs
+# (a new venv, a re-run) take seconds. Idempotent: returns at once when horovod is there.
+# Env: TTF_VENV (default ./.venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${TTF_VENV:-$PWD/.venv}
+log=build-horovod.log
+
+./scripts/setup_env.sh
+if [ -f "$VENV/.ttf-horovod" ] && "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('horovod') is None)"; then
+  exit 0
+fi
+export PATH="$VENV/bin:$PATH"  # the venv's cmake, if it needs one
+if ! command -v cmake >/dev/null; then
+  echo "[setup] horovod needs cmake: installing it from PyPI into $VENV"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check -q "cmake<4" >"$log" 2>&1 || {
+    echo "[setup] failed to install cmake; install it (apt-get install cmake) and re-run" >&2; tail -n 20 "$log" >&2; exit 1; }
+fi
+echo "[setup] installing horovod 0.28.1 (TensorFlow + Gloo): a source build of about 6 minutes the first" \
+     "time, seconds from pip's wheel cache later; log: $log"
+if ! HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+     HOROVOD_WITHOUT_MXNET=1 "$VENV/bin/python" -m pip install --disable-pip-version-check --no-build-isolation \
+     horovod==0.28.1 >"$log" 2>&1; then
+  echo "[setup] failed: building horovod 0.28.1; end of $log:" >&2
+  tail -n 40 "$log" >&2
+  exit 1
+fi
+if ! "$VENV/bin/python" -c "import ttf, horovod.tensorflow as hvd; hvd.init()" >>"$log" 2>&1; then
+  echo "[setup] horovod installed but does not load with this TensorFlow; end of $log:" >&2
+  tail -n 20 "$log" >&2
+  exit 1
+fi
+touch "$VENV/.ttf-horovod"
+echo "[setup] horovod ready ($("$VENV/bin/horovodrun" --version 2>/dev/null | tail -n 1))"

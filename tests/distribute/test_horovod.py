@@ -1,0 +1,189 @@
+"""Synchronous training on real Horovod (horovodrun --gloo, 2 ranks on this host): ttf tables
+sharded over the ranks equal one process on the global batch, a user's own model under
+horovodrun (model.fit and a GradientTape loop), start_all.sh --hvd, compression, a killed
+rank, mismatched flags, and --horovod without horovod installed."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "models", "train.py")
+START = os.path.join(ROOT, "start_all.sh")
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+@pytest.fixture(scope="module")
+def horovod():
+    """Horovod must be installed where the slow tests run (./test.sh --all installs it)."""
+    try:
+        import horovod.tensorflow  # noqa: F401
+    except ImportError as err:
+        pytest.fail(f"horovod is not installed ({err}): run ./scripts/setup_horovod.sh (./test.sh --all does)")
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """12,000 synthetic Criteo rows with a planted model (train) and 3,000 more (eval)."""
+    out = tmp_path_factory.mktemp("data")
+    paths = []
+    for name, rows, seed in (("train.txt", 12000, 1), ("eval.txt", 3000, 2)):
+        path = out / name
+        subprocess.run([sys.executable, "-m", "ttf.data.synthetic", "--rows", str(rows), "--seed", str(seed),
+                        "--out", str(path)], check=True, capture_output=True, cwd=ROOT, env=ENV)
+        paths.append(str(path))
+    return paths
+
+
+def horovodrun(np_, *cmd, timeout=900):
+    return subprocess.run([HOROVODRUN, "--gloo", "-np", str(np_), "-H", f"localhost:{np_}", *cmd], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def train(*args, ranks=None, timeout=900):
+    cmd = [sys.executable, TRAIN, *args]
+    if ranks is None:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    else:
+        proc = horovodrun(ranks, *cmd, "--horovod", timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_on_the_global_batch(horovod, synthetic, tmp_path):
+    """2 ranks x batch 128 == 1 process x batch 256 (same seed, data, fp32 Adam, 60 steps):
+    the same ids in the tables, the same values up to float summation order, AUC and
+    logloss within 5e-4 over the whole eval set."""
+    common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "60",
+              "--precision", "fp32", "--optimizer", "adam", "--seed", "3", "--log-every", "20"]
+    train(*common, "--batch-size", "256", "--metrics-out", str(tmp_path / "one.json"),
+          "--checkpoint-dir", str(tmp_path / "one"))
+    out = train(*common, "--batch-size", "128", "--metrics-out", str(tmp_path / "two.json"),
+                "--checkpoint-dir", str(tmp_path / "two"), ranks=2)
+    assert "[train] done: 60 steps" in out and "(2 Horovod ranks)" in out, out[-3000:]
+    assert out.count("[train] done:") == 1  # rank 0 reports, once
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert two["cluster"] == {"horovod_ranks": 2, "compression": "none"} and two["ranks"] == 2
+    assert two["eval_rows"] == one["eval_rows"] == 3000
+    assert two["table_size"] == one["table_size"] > 1000
+    assert two["table_checksum"] == pytest.approx(one["table_checksum"], rel=1e-4, abs=1e-2)
+    assert abs(two["auc"] - one["auc"]) < 5e-4 and abs(two["logloss"] - one["logloss"]) < 5e-4, (one, two)
+    assert one["auc"] > 0.6  # it learned something: the comparison means something
+    assert two["wire_bytes_per_step"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fit", "tape"])
+def test_own_keras_model_under_horovodrun_equals_one_process(horovod, tmp_path, mode):
+    script = os.path.join(ROOT, "tests", "distribute", "hvd_own_model.py")
+    for ranks in (1, 2):
+        proc = horovodrun(ranks, sys.executable, script, str(tmp_path / f"{ranks}.json"), mode, "32")
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in (1, 2))
+    assert two["size"] == 2 and one["iterations"] == two["iterations"] == 12
+    assert one["table_size"] == two["table_size"] > 100
+    np.testing.assert_allclose(two["predictions"], one["predictions"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compression_runs_and_sends_fewer_bytes(horovod, synthetic, tmp_path):
+    common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "30",
+              "--precision", "fp32", "--batch-size", "128", "--seed", "3"]
+    results = {}
+    for compression in ("none", "bf16", "fp16"):
+        metrics = tmp_path / f"{compression}.json"
+        train(*common, "--hvd-compression", compression, "--metrics-out", str(metrics), ranks=2)
+        results[compression] = json.loads(metrics.read_text())
+    for compression in ("bf16", "fp16"):
+        ratio = results[compression]["wire_bytes_per_step"] / results["none"]["wire_bytes_per_step"]
+        assert 0.45 < ratio < 0.65, (compression, ratio)  # ids stay 8 bytes; rows, grads and dense halve
+        assert abs(results[compression]["auc"] - results["none"]["auc"]) < 0.02
+
+
+@pytest.mark.slow
+def test_start_all_hvd_passes_flags_through(horovod, tmp_path):
+    metrics = tmp_path / "m.json"
+    proc = subprocess.run([START, "--hvd", "--tiacc", "--fm", "--steps", "20", "--batch-size", "64",
+                           "--metrics-out", str(metrics)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "horovodrun --gloo" in proc.stdout and "[train] done: 20 steps" in proc.stdout
+    result = json.loads(metrics.read_text())
+    assert result["cluster"]["horovod_ranks"] == 2 and result["batch_size"] == 64 and result["table_size"] > 0
+
+
+def descendants(pid):
+    """Every process below `pid` (this job's ranks, not another job's)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_job_naming_it(horovod, tmp_path):
+    proc = subprocess.Popen([START, "--hvd", "--tiacc", "--fm", "--steps", "100000", "--batch-size", "64",
+                             "--", "--log-every", "10"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        lines, deadline = [], time.time() + 300
+        while time.time() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "[train] step" in line or not line:
+                break
+        assert "[train] step" in lines[-1], "".join(lines)[-4000:]
+        ranks = descendants(proc.pid)
+        rank1 = [p for p in ranks if open(f"/proc/{p}/cmdline").read().split("\0")[0].endswith("python")
+                 and "\0HOROVOD_RANK=1\0" in "\0" + open(f"/proc/{p}/environ").read()]
+        assert len(rank1) == 1, ranks
+        killed_at = time.time()
+        os.kill(int(rank1[0]), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        assert time.time() - killed_at < 60
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 1, out[-4000:]
+    assert "Horovod rank 1 stopped (killed by signal 9)" in out, out[-4000:]
+
+
+@pytest.mark.slow
+def test_mismatched_flags_across_ranks_are_refused(horovod, tmp_path):
+    rank_dependent = (f'if [ "$HOROVOD_RANK" = 1 ]; then b=32; else b=64; fi; exec {sys.executable} {TRAIN} '
+                      '--horovod --tiacc --steps 5 --batch-size $b')
+    proc = horovodrun(2, "sh", "-c", rank_dependent, timeout=600)
+    assert proc.returncode != 0
+    assert "different train.py flags: rank 1 differs from rank 0 in batch_size (32 vs 64)" in proc.stdout + proc.stderr
+
+
+def test_horovod_flag_without_horovod_installed_is_a_clear_error():
+    code = ("import sys, runpy; sys.modules['horovod'] = None; sys.argv = ['train.py', '--horovod', '--tiacc']; "
+            f"runpy.run_path({TRAIN!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    assert proc.returncode == 1
+    assert "--horovod needs horovod" in proc.stderr and "./scripts/setup_horovod.sh" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_import_ttf_does_not_import_horovod():
+    code = "import sys, ttf, ttf.distribute; print('horovod' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, check=True).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,145 @@
+"""Starts this host's ranks of a multi-host Horovod job, without ssh.
+
+    python -m ttf.distribute.hvdrun --hosts 10.0.0.1:2,10.0.0.2:2 --host-index 0 \\
+        -- python models/train.py --horovod --tiacc
+
+Run it once on every host with the same --hosts (host:ranks, in rank order); host i passes
+--host-index i. Ranks are assigned as horovodrun assigns them. Host 0 also serves Horovod's
+Gloo rendezvous (the HTTP key-value store horovodrun would start) on --rendezvous (default
+<host 0>:29500); every rank gets horovodrun's environment (HOROVOD_RANK, HOROVOD_SIZE,
+HOROVOD_LOCAL_RANK, ..., HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_GLOO_IFACE), so the
+command runs exactly as under `horovodrun --gloo -H ...`, with no ssh between hosts.
+(`./start_all.sh --hvd --hvd-hosts ... --hvd-host-index I` runs this.)
+
+If a rank on this host stops with an error, the other ranks here are stopped and this exits
+1 with a line naming the rank; ranks on other hosts lose their peer and stop with an error too.
+Exit codes: 0 every local rank finished, 1 a rank failed, 2 bad usage.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+
+def interface_of(address):
+    """The network interface holding IPv4 `address` on this host (for Gloo), or None."""
+    import psutil  # a horovod dependency
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    return None
+
+
+def wait_for_port(host, port, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", required=True, help="host:ranks,host:ranks of every host, in rank order")
+    parser.add_argument("--host-index", type=int, required=True, help="this host's position in --hosts")
+    parser.add_argument("--rendezvous", default=None,
+                        help="address:port of the Gloo rendezvous server on host 0 (default <host 0>:29500)")
+    parser.add_argument("--iface", default=None,
+                        help="network interface Gloo uses here (default: the one holding this host's address)")
+    parser.add_argument("--start-timeout", type=float, default=120,
+                        help="seconds to wait for host 0's rendezvous server (default 120)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the command every rank runs")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command each rank runs after --")
+    try:
+        hosts = parse_hosts(args.hosts)
+    except ValueError as err:
+        parser.error(f"--hosts {args.hosts!r}: {err}")
+    if not 0 <= args.host_index < len(hosts):
+        parser.error(f"--host-index {args.host_index} is outside the {len(hosts)} host(s) of --hosts")
+    size = sum(h.slots for h in hosts)
+    plan = get_host_assignments(hosts, size)
+    me = hosts[args.host_index].hostname
+    rv_host, _, rv_port = (args.rendezvous or f"{hosts[0].hostname}:29500").rpartition(":")
+    if not rv_host or not rv_port.isdigit():
+        parser.error(f"--rendezvous must be address:port, got {args.rendezvous!r}")
+    iface = args.iface or interface_of(me)
+    if iface is None:
+        parser.error(f"no network interface here holds {me} (host {args.host_index} of --hosts); pass --iface")
+
+    server = None
+    if args.host_index == 0:
+        server = RendezvousHTTPServer(("0.0.0.0", int(rv_port)), RendezvousHandler, 0)
+        server.init(plan)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        print(f"[hvdrun] Gloo rendezvous for {size} rank(s) on {rv_host}:{rv_port}", flush=True)
+    elif not wait_for_port(rv_host, int(rv_port), args.start_timeout):
+        print(f"[hvdrun] error: host 0's rendezvous server {rv_host}:{rv_port} did not answer within "
+              f"{args.start_timeout:.0f}s; start host 0 first or check --rendezvous", file=sys.stderr, flush=True)
+        return 1
+
+    ranks = {}
+    for slot in plan:
+        if slot.hostname != me:
+            continue
+        env = dict(os.environ, HOROVOD_HOSTNAME=slot.hostname, HOROVOD_RANK=str(slot.rank),
+                   HOROVOD_SIZE=str(slot.size), HOROVOD_LOCAL_RANK=str(slot.local_rank),
+                   HOROVOD_LOCAL_SIZE=str(slot.local_size), HOROVOD_CROSS_RANK=str(slot.cross_rank),
+                   HOROVOD_CROSS_SIZE=str(slot.cross_size), HOROVOD_GLOO_RENDEZVOUS_ADDR=rv_host,
+                   HOROVOD_GLOO_RENDEZVOUS_PORT=rv_port, HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+                   HOROVOD_GLOO_IFACE=iface)
+        ranks[slot.rank] = subprocess.Popen(command, env=env)
+    print(f"[hvdrun] host {args.host_index} ({me}, {iface}): started rank(s) {sorted(ranks)} of {size}", flush=True)
+
+    def stop_all(*_):
+        for proc in ranks.values():
+            if proc.poll() is None:
+                proc.terminate()
+
+    signal.signal(signal.SIGTERM, lambda *_: (stop_all(), sys.exit(143)))
+    failed = None
+    try:
+        while any(p.poll() is None for p in ranks.values()):
+            for rank, proc in ranks.items():
+                code = proc.poll()
+                if code not in (None, 0) and failed is None:
+                    failed = (rank, code)
+                    why = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                    print(f"[hvdrun] error: rank {rank} stopped ({why}); stopping the other ranks on this host. "
+                          "Restart every host with the same --checkpoint-dir to resume.", file=sys.stderr, flush=True)
+                    stop_all()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        stop_all()
+        return 130
+    finally:
+        deadline = time.time() + 10
+        for proc in ranks.values():
+            try:
+                proc.wait(max(deadline - time.time(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if server is not None:
+            server.shutdown()
+    if failed is None:
+        failed = next(((r, p.returncode) for r, p in ranks.items() if p.returncode != 0), None)
+        if failed:
+            print(f"[hvdrun] error: rank {failed[0]} failed (exit code {failed[1]})", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
