@@ -49,6 +49,8 @@ class FusedLookup(DynamicEmbedding):
         self.tags, self.key_kinds = list(tags), list(key_kinds)
 
     def call(self, ids, training=None):
+        if not isinstance(ids, (list, tuple)):  # a model loaded from a file passes one tensor alone
+            ids = [ids]
         if len(ids) != len(self.tags):
             raise ValueError(f"{self.name}: expected {len(self.tags)} id tensors, got {len(ids)}")
         columns = [tf.reshape(_keys(x, kind), [-1, 1]) for x, kind in zip(ids, self.key_kinds)]
