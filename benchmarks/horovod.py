@@ -11,7 +11,7 @@ synthetic data, all seeing steps x 2 x batch examples:
 
 Paths and shapes run interleaved, --repeats times; the table gives medians of examples/sec,
 ttf vs native per shape, AUC and logloss on a held-out file. Then the ttf Horovod job with
---hvd-compression none|fp16|bf16: bytes sent per step and rank, and AUC. Printed, appended
+--hvd-compression none|fp16|bf16 (once): bytes sent per step and rank, and AUC. Printed, appended
 to benchmarks/RESULTS.md with this command, drawn to benchmarks/horovod.png.
 
     .venv/bin/python benchmarks/horovod.py                 # about 25 minutes on 2 cores
@@ -74,18 +74,24 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=400_000, help="synthetic training rows (default 400000)")
     p.add_argument("--vocab", type=int, default=1_000_000, help="synthetic ids per field (default 1M)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved repetitions (default 2)")
+    p.add_argument("--repeat-shapes", default="hvd,ps,single",
+                   help="shapes run in every repetition; the others run once (default all)")
     p.add_argument("--quick", action="store_true", help="tiny sizes; prints but records nothing")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch_size, args.rows, args.vocab, args.repeats = 20, 64, 4000, 1000, 1
     files = make_data(args.rows, max(args.rows // 8, 1000), args.vocab, os.path.join(ROOT, "runs", "compare_data"))
     results, compressed = {}, {}
-    for _ in range(args.repeats):
+    for rep in range(args.repeats):
         for shape in SHAPES:
+            if rep > 0 and shape not in args.repeat_shapes.split(","):
+                continue
             for path in PATHS:
                 metrics = run(path, shape, args, files)
                 if metrics:
                     results.setdefault((path, shape), []).append(metrics)
+        if rep > 0:  # bytes per step do not vary between runs; AUC barely: one pass of each
+            continue
         for compression in ("fp16", "bf16", "none"):
             metrics = run("ttf", "hvd", args, files, compression)
             if metrics:
@@ -98,20 +104,20 @@ def main(argv=None):
 
 
 def render(results, compressed):
-    lines = ["| shape | path | examples/s | ttf vs native | examples seen | AUC | logloss | bf16 share |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | path | examples/s | ttf vs native | examples seen | AUC | logloss | bf16 share | runs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for shape in SHAPES:
         native = results.get(("native", shape))
         for path in PATHS:
             runs = results.get((path, shape))
             if not runs:
-                lines.append(f"| {shape} | {path} | failed | | | | | |")
+                lines.append(f"| {shape} | {path} | failed | | | | | | |")
                 continue
             eps = median(runs, "examples_per_sec")
             ratio = f"{eps / median(native, 'examples_per_sec'):.2f}x" if native and path == "ttf" else "-"
             lines.append(f"| {shape} | {path} | {eps:.0f} | {ratio} | {runs[0]['examples_seen']:,} | "
                          f"{median(runs, 'auc'):.4f} | {median(runs, 'logloss'):.4f} | "
-                         f"{median(runs, 'bf16_fraction'):.2f} |")
+                         f"{median(runs, 'bf16_fraction'):.2f} | {len(runs)} |")
     lines += ["", "| ttf on 2 Horovod ranks, --hvd-compression | bytes sent per step and rank | vs none | examples/s "
               "| AUC | AUC - none |", "|---|---|---|---|---|---|"]
     base = compressed.get("none")
@@ -139,7 +145,7 @@ def record(args, table):
              f"Machine: {os.cpu_count()} cores shared with other jobs, avx512_bf16={'avx512_bf16' in flags}; "
              f"TensorFlow {tf.__version__}, horovod {horovod.__version__} (Gloo), Python {platform.python_version()}.  \n"
              f"Data: synthetic Criteo schema, {args.rows:,} training rows, {args.vocab:,} ids per field; eval on a "
-             f"separate file. Every shape sees {2 * args.steps * args.batch_size:,} examples: hvd 2 ranks x batch "
+             f"separate file. Shapes repeated: {args.repeat_shapes} (the others ran once). Every shape sees {2 * args.steps * args.batch_size:,} examples: hvd 2 ranks x batch "
              f"{args.batch_size} x {args.steps} steps, ps 2 workers x batch {args.batch_size} x {2 * args.steps} "
              f"async worker steps, single batch {2 * args.batch_size} x {args.steps}. Medians of {args.repeats} "
              f"interleaved run(s); every path at its default --precision (ttf: auto).\n\n{table}\n\n"

@@ -4,6 +4,7 @@ horovodrun (model.fit and a GradientTape loop), start_all.sh --hvd, compression,
 rank, mismatched flags, and --horovod without horovod installed."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "models", "train.py")
@@ -77,6 +79,24 @@ def test_two_ranks_equal_one_process_on_the_global_batch(horovod, synthetic, tmp
     assert abs(two["auc"] - one["auc"]) < 5e-4 and abs(two["logloss"] - one["logloss"]) < 5e-4, (one, two)
     assert one["auc"] > 0.6  # it learned something: the comparison means something
     assert two["wire_bytes_per_step"] > 0
+    # Rank 0's checkpoint holds every id of both ranks: the same ids as the one-process table.
+    np.testing.assert_array_equal(checkpoint_keys(tmp_path / "two"), checkpoint_keys(tmp_path / "one"))
+    # ... and restores into one process (each id to its one shard), bit for bit.
+    shutil.copytree(tmp_path / "two", tmp_path / "two_to_one")
+    out = train(*common, "--batch-size", "256", "--metrics-out", str(tmp_path / "two_to_one.json"),
+                "--checkpoint-dir", str(tmp_path / "two_to_one"))
+    assert "at step 60" in out, out[-3000:]
+    restored = json.loads((tmp_path / "two_to_one.json").read_text())
+    assert restored["table_size"] == two["table_size"] and restored["table_checksum"] == two["table_checksum"]
+    assert restored["auc"] == pytest.approx(two["auc"], abs=1e-6)
+
+
+def checkpoint_keys(directory):
+    """The sorted ids of every table saved in the latest checkpoint of `directory`."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(directory)))
+    names = [n for n in reader.get_variable_to_shape_map() if n.endswith("/keys")]
+    assert names, sorted(reader.get_variable_to_shape_map())
+    return np.sort(np.concatenate([reader.get_tensor(n) for n in names]))
 
 
 @pytest.mark.slow
@@ -118,10 +138,27 @@ def test_start_all_hvd_passes_flags_through(horovod, tmp_path):
     assert result["cluster"]["horovod_ranks"] == 2 and result["batch_size"] == 64 and result["table_size"] > 0
 
 
+def descendants(pid):
+    """Every process below `pid` (this job's ranks, not another job's)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_job_naming_it(horovod, tmp_path):
     proc = subprocess.Popen([START, "--hvd", "--tiacc", "--fm", "--steps", "100000", "--batch-size", "64",
-                             "--log-every", "10"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                             "--", "--log-every", "10"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         lines, deadline = [], time.time() + 300
@@ -131,9 +168,9 @@ def test_a_killed_rank_stops_the_job_naming_it(horovod, tmp_path):
             if "[train] step" in line or not line:
                 break
         assert "[train] step" in lines[-1], "".join(lines)[-4000:]
-        ranks = subprocess.run(["pgrep", "-f", "--", "models/train.py .*--horovod"], capture_output=True,
-                               text=True).stdout.split()
-        rank1 = [p for p in ranks if "HOROVOD_RANK=1\0" in open(f"/proc/{p}/environ").read()]
+        ranks = descendants(proc.pid)
+        rank1 = [p for p in ranks if open(f"/proc/{p}/cmdline").read().split("\0")[0].endswith("python")
+                 and "\0HOROVOD_RANK=1\0" in "\0" + open(f"/proc/{p}/environ").read()]
         assert len(rank1) == 1, ranks
         killed_at = time.time()
         os.kill(int(rank1[0]), signal.SIGKILL)
