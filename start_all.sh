@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts a ttf training job: by default a local parameter-server cluster (1 ps + 2 workers +
-# the chief, on free localhost ports) training Wide&Deep on the bundled Criteo sample.
+# the chief, on free localhost ports) training Wide&Deep on synthetic Criteo-schema data
+# (written to data/cache on first use) and printing the AUC beside the best achievable one.
 # Run with -h for every flag. Sets itself up on first use (./.venv, packages, op build).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -16,13 +17,21 @@ Model and path:
   --precision P        auto | fp32 | bf16: dense-part precision (default auto with --tiacc, else fp32)
   --optimizer O        adam | adagrad | ftrl | sgd (default adam)
   --lr LR              learning rate (default: train.py's, 0.001)
+Data:
+  --schema S           criteo (default) | avazu | a JSON schema file: the data's columns
+  --data D             synthetic (default): rows of a planted model of --schema, written to
+                       data/cache on first use; the best achievable AUC is printed beside
+                       the AUC reached | sample: the bundled real rows (data/<schema>_sample.txt)
+                       | FILE: data of --schema, plain or .gz
+  --synthetic-rows N   rows of the synthetic data, every 5th held out (default 200000)
+  --eval-data FILE     eval data (default: every 5th line of --data, held out)
 Training:
   --steps N            global steps (default 200)
   --batch-size N       examples per step and worker (default 256)
-  --data FILE          Criteo TSV/CSV, plain or .gz (default: data/criteo_sample.txt)
-  --eval-data FILE     eval data (default: every 5th line of --data, held out)
   --checkpoint-dir D   save checkpoints here; a restart with the same D resumes
   --metrics-out FILE   write the final metrics as JSON
+  --lenient            skip and count bad input lines instead of stopping at the first
+  --verbose            show TensorFlow's own log lines (hidden by default)
 Local job (default: a parameter-server cluster on this host):
   --ps N               parameter servers (default 1)
   --workers N          workers (default 2)
@@ -46,18 +55,22 @@ One role of a multi-host job (run once per task, on its host):
   -- ARGS              pass ARGS to models/train.py as they are (any of its flags: python models/train.py -h)
 
 Examples:
-  ./start_all.sh --tiacc --fm                        # DeepFM with ttf, local PS cluster
+  ./start_all.sh --tiacc --fm                        # DeepFM with ttf, local PS cluster, synthetic data
+  ./start_all.sh --tiacc --fm --data sample          # the same on the 200 bundled real Criteo rows
+  ./start_all.sh --tiacc --schema avazu --single     # Avazu-schema synthetic data, one process
   ./start_all.sh --fm --single --steps 500           # native DeepFM in one process
   ./start_all.sh --hvd --tiacc --fm                  # DeepFM with ttf on 2 Horovod ranks
   ./start_all.sh --role ps --index 0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222 \
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
 It prints global steps/sec and AUC at the end. Logs of a local cluster go to runs/<time>/.
+Env: TTF_VENV (virtual environment, default ./.venv), PYTHON (its interpreter).
 EOF
 }
 
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
+schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
@@ -81,6 +94,10 @@ while [ $# -gt 0 ]; do
     --batch-size) need_value "$@"; batch=$2; shift ;;
     --data) need_value "$@"; data=$2; shift ;;
     --eval-data) need_value "$@"; eval_data=$2; shift ;;
+    --schema) need_value "$@"; schema=$2; shift ;;
+    --synthetic-rows) need_value "$@"; synthetic_rows=$2; shift ;;
+    --lenient) lenient=1 ;;
+    --verbose) verbose=1 ;;
     --checkpoint-dir) need_value "$@"; ckpt=$2; shift ;;
     --metrics-out) need_value "$@"; metrics=$2; shift ;;
     --ps) need_value "$@"; num_ps=$2; shift ;;
@@ -113,11 +130,12 @@ elif [ -n "$hvd_compression$hvd_hosts$hvd_host_index$hvd_rendezvous$hvd_iface" ]
   die "--hvd-compression, --hvd-hosts, --hvd-host-index, --hvd-rendezvous and --hvd-iface need --hvd"
 fi
 
-echo "[start_all] set-up: checking .venv and the op build"
+venv=${TTF_VENV:-$PWD/.venv}
+echo "[start_all] set-up: checking $venv and the op build"
 ./scripts/setup_env.sh
 [ "$hvd" = 1 ] && ./scripts/setup_horovod.sh
-PY=.venv/bin/python
-export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+PY=$venv/bin/python
+[ -x "$PY" ] || { echo "start_all: no Python at $PY after the set-up; check TTF_VENV" >&2; exit 1; }
 
 train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
 [ -n "$precision" ] && train_args+=(--precision "$precision")
@@ -127,6 +145,10 @@ train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-s
 [ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")
 [ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")
 [ -n "$metrics" ] && train_args+=(--metrics-out "$metrics")
+[ -n "$schema" ] && train_args+=(--schema "$schema")
+[ -n "$synthetic_rows" ] && train_args+=(--synthetic-rows "$synthetic_rows")
+[ "$lenient" = 1 ] && train_args+=(--lenient)
+[ "$verbose" = 1 ] && train_args+=(--verbose)
 train_args+=(${extra_train_args[@]+"${extra_train_args[@]}"})
 
 # TFRA's kernels must be registered in the servers too (ttf's are always loaded there).
@@ -147,7 +169,7 @@ if [ "$hvd" = 1 ]; then
   mkdir -p "$logdir"
   echo "[start_all] Horovod: $num_workers rank(s) on this host via horovodrun --gloo, logs in $logdir;" \
        "training (${train_args[*]})"
-  .venv/bin/horovodrun --gloo -np "$num_workers" -H "localhost:$num_workers" \
+  "$venv/bin/horovodrun" --gloo -np "$num_workers" -H "localhost:$num_workers" \
     "$PY" models/train.py "${train_args[@]}" > >(tee "$logdir/horovodrun.log") 2>&1 &
   hvdrun=$!
   trap 'kill "$hvdrun" 2>/dev/null || true; wait 2>/dev/null || true' EXIT  # horovodrun stops its ranks
@@ -179,6 +201,10 @@ if [ -n "$role" ]; then
     echo "[start_all] chief: training (${train_args[*]})"
     exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"
   fi
+  if [ "$role" = worker ] && { [ -z "$data" ] || [ "$data" = synthetic ]; }; then
+    echo "[start_all] worker $index: preparing the synthetic data the chief trains on"
+    "$PY" models/train.py "${train_args[@]}" --prepare-data
+  fi
   echo "[start_all] $role $index: starting its TensorFlow server"
   exec "$PY" -m ttf.distribute.server --job "$role" --index "$index" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"}
 fi
@@ -197,6 +223,7 @@ import socket
 socks = [socket.socket() for _ in range($num_ps + $num_workers + 1)]
 for s in socks: s.bind(('127.0.0.1', 0))
 print(*[s.getsockname()[1] for s in socks])")"
+[ "${#ports[@]}" -eq $((num_ps + num_workers + 1)) ] || { echo "start_all: could not pick free ports" >&2; exit 1; }
 join_hosts() { local IFS=,; echo "$*"; }
 ps_list=() worker_list=()
 for ((i = 0; i < num_ps; i++)); do ps_list+=("127.0.0.1:${ports[i]}"); done

@@ -25,7 +25,10 @@ OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd")
 class ModelSpec:
     """model: "fm" (DeepFM) or "wdl" (Wide&Deep). mlp: hidden layer sizes of the deep part
     (default (400, 400, 400) for fm, (1024, 512, 256) for wdl). native_buckets: rows per
-    field of the native path's fixed-size tables."""
+    field of the native path's fixed-size tables. The input: num_fields one-hot fields
+    (feature "ids", int64 [B, num_fields]), num_dense dense columns ("dense", float32
+    [B, num_dense]) and multi_hot, a tuple of (feature name, combiner "mean" | "sum") for
+    ragged int64 [B, None] features; `spec_for(schema)` fills these from a ttf.data.Schema."""
 
     model: str = "fm"
     embedding_dim: int = 16
@@ -33,14 +36,34 @@ class ModelSpec:
     num_fields: int = ttf.data.NUM_FIELDS
     num_dense: int = ttf.data.NUM_DENSE
     native_buckets: int = 100_000
+    multi_hot: tuple = ()
 
     def __post_init__(self):
         if self.model not in ("fm", "wdl"):
             raise ValueError(f"model must be 'fm' or 'wdl', got {self.model!r}")
         if self.embedding_dim <= 0 or self.native_buckets <= 0:
             raise ValueError("embedding_dim and native_buckets must be > 0")
+        object.__setattr__(self, "multi_hot", tuple(tuple(entry) for entry in self.multi_hot))
+        if self.num_fields < 0 or self.num_dense < 0:
+            raise ValueError(f"num_fields and num_dense must be >= 0, got {self.num_fields} and {self.num_dense}")
+        if self.num_fields + len(self.multi_hot) == 0:
+            raise ValueError("a CTR model needs at least one categorical field (one-hot or multi-hot)")
+        for entry in self.multi_hot:
+            if len(entry) != 2 or entry[1] not in ("mean", "sum"):
+                raise ValueError(f"multi_hot entries are (name, 'mean' | 'sum'), got {entry!r}")
         if not self.mlp:
             object.__setattr__(self, "mlp", (400, 400, 400) if self.model == "fm" else (1024, 512, 256))
+
+    @property
+    def num_embedded_fields(self):
+        return self.num_fields + len(self.multi_hot)
+
+
+def spec_for(schema, **kwargs):
+    """A ModelSpec whose input is the features of `schema` (a ttf.data.Schema or its name)."""
+    schema = ttf.data.load_schema(schema)
+    return ModelSpec(num_fields=schema.num_fields, num_dense=schema.num_dense,
+                     multi_hot=tuple((c.name, c.combiner) for c in schema.multi_hot), **kwargs)
 
 
 class NativeSparse(tf.keras.layers.Layer):
@@ -75,7 +98,36 @@ class TfraSparse(tf.keras.layers.Layer):
         return tf.reshape(rows, tf.concat([tf.shape(ids), [self.dim]], 0))
 
 
+class NativeBagSparse(tf.keras.layers.Layer):
+    """Native path, one multi-hot field: Hashing into native_buckets rows + Embedding, over flat ids [T]."""
+
+    def __init__(self, spec, seed, **kwargs):
+        super().__init__(**kwargs)
+        self.hashing = tf.keras.layers.Hashing(num_bins=spec.native_buckets)
+        self.embedding = tf.keras.layers.Embedding(
+            spec.native_buckets, spec.embedding_dim + 1,
+            embeddings_initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed))
+
+    def call(self, ids, training=None):
+        return self.embedding(self.hashing(ids))
+
+
+def bag_layer(spec, path, seed, index, shard_devices=None):
+    """The table of multi-hot field `index`: flat ids [T] -> rows [T, dim + 1]."""
+    if path == "native":
+        return NativeBagSparse(spec, seed, name=f"native_bag_{index}", autocast=False)
+    if path == "tfra":
+        return TfraSparse(spec, seed, devices=shard_devices, name=f"tfra_bag_{index}", autocast=False)
+    if path == "ttf":
+        return ttf.DynamicEmbedding(spec.embedding_dim + 1, seed=seed,
+                                    initializer=ttf.embedding.RowInitializer("uniform", -0.05, 0.05),
+                                    shard_devices=shard_devices, name=f"ttf_bag_{index}")
+    raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+
+
 def sparse_layer(spec, path, seed, shard_devices=None):
+    if spec.num_fields == 0:
+        return None
     if path == "native":
         return NativeSparse(spec, seed, name="native_sparse", autocast=False)
     if path == "tfra":
@@ -88,12 +140,15 @@ def sparse_layer(spec, path, seed, shard_devices=None):
 
 
 class CTRModel(tf.keras.Model):
-    """features {"ids": int64 [B, F], "dense": float32 [B, 13]} -> click probability [B]."""
+    """features {"ids": int64 [B, F], "dense": float32 [B, D], <multi-hot name>: ragged int64
+    [B, None], ...} -> click probability [B]. A multi-hot field's row is the mean (or sum) of
+    its ids' rows (zeros for an empty list) and then counts as one more field."""
 
-    def __init__(self, spec, sparse, seed=0, **kwargs):
+    def __init__(self, spec, sparse, seed=0, bags=(), **kwargs):
         super().__init__(**kwargs)
         self.spec = spec
         self.sparse = sparse
+        self.bags = list(bags)
         glorot = lambda offset: tf.keras.initializers.GlorotUniform(seed=seed + offset)  # noqa: E731
         self.dense_linear = tf.keras.layers.Dense(1, kernel_initializer=glorot(1), name="dense_linear")
         self.hidden = [tf.keras.layers.Dense(units, activation="relu", kernel_initializer=glorot(10 + i),
@@ -106,21 +161,25 @@ class CTRModel(tf.keras.Model):
     def logits(self, features, training=False, compute_dtype=None):
         """[B] float32 logits. The dense part runs in compute_dtype (default: this model's
         compute dtype, bfloat16 inside ttf.precision's low-precision step); weights stay fp32."""
-        rows = self.sparse(features["ids"], training=training)  # [B, F, dim + 1]
-        return self.dense_logits(rows, features["dense"], compute_dtype)
+        rows = self.field_rows(features, training)  # [B, F + M, dim + 1]
+        return self.dense_logits(rows, features["dense"] if self.spec.num_dense else None, compute_dtype)
 
     def dense_logits(self, rows, dense, compute_dtype=None):
-        """The dense part: [B] float32 logits from the embedding rows [B, F, dim + 1] and the
-        dense features [B, D]. Runs in compute_dtype (default: this model's compute dtype,
-        bfloat16 inside ttf.precision's low-precision step); weights stay fp32."""
+        """The dense part: [B] float32 logits from the embedding rows [B, F + M, dim + 1] (one-hot
+        fields, then one combined row per multi-hot field) and the dense features [B, D] (None
+        when the spec has no dense columns). Runs in compute_dtype (default: this model's
+        compute dtype, bfloat16 inside ttf.precision's low-precision step); weights stay fp32."""
         dtype = tf.as_dtype(compute_dtype or self.compute_dtype)
         dim = self.spec.embedding_dim
         rows = tf.cast(rows, tf.float32)
         emb, first_order = rows[..., :dim], rows[..., dim]
-        dense = tf.cast(dense, tf.float32)
-        linear = _mlp([self.dense_linear], dense, dtype)
-        logit = tf.reduce_sum(first_order, axis=1) + tf.cast(linear[:, 0], tf.float32)
-        x = tf.concat([tf.reshape(emb, [-1, self.spec.num_fields * dim]), dense], axis=1)
+        logit = tf.reduce_sum(first_order, axis=1)
+        x = tf.reshape(emb, [-1, self.spec.num_embedded_fields * dim])
+        if self.spec.num_dense:
+            dense = tf.cast(dense, tf.float32)
+            linear = _mlp([self.dense_linear], dense, dtype)
+            logit += tf.cast(linear[:, 0], tf.float32)
+            x = tf.concat([x, dense], axis=1)
         deep_logit = _mlp(self.hidden + [self.deep_out], x, dtype)
         logit += tf.cast(deep_logit[:, 0], tf.float32)
         if self.spec.model == "fm":  # FM second order: 0.5 * sum((sum_f e)^2 - sum_f e^2)
@@ -129,6 +188,22 @@ class CTRModel(tf.keras.Model):
             sum_of_squares = tf.reduce_sum(tf.square(e), axis=1)
             logit += tf.cast(0.5 * tf.reduce_sum(square_of_sum - sum_of_squares, axis=1), tf.float32)
         return logit
+
+    def field_rows(self, features, training):
+        """[B, F + M, dim + 1] float32: the one-hot fields' rows, then one row per multi-hot
+        field, the mean (or sum) of its ids' rows (zeros for an empty list)."""
+        parts = []
+        if self.sparse is not None:
+            parts.append(tf.cast(self.sparse(features["ids"], training=training), tf.float32))
+        for (name, combiner), bag in zip(self.spec.multi_hot, self.bags):
+            ids = features[name]  # ragged [B, None]
+            rows = tf.cast(bag(ids.values, training=training), tf.float32)  # [T, dim + 1]
+            summed = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), ids.nrows())
+            if combiner == "mean":
+                counts = tf.cast(tf.maximum(ids.row_lengths(), 1), summed.dtype)
+                summed = summed / counts[:, None]
+            parts.append(summed[:, None, :])
+        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=1)
 
 
 class Logits(tf.keras.Model):
@@ -161,7 +236,9 @@ def _mlp(layers, x, compute_dtype):
 
 def build(spec, path, seed=0, shard_devices=None):
     """The model of `spec` in form `path` (native | tfra | ttf)."""
-    return CTRModel(spec, sparse_layer(spec, path, seed, shard_devices), seed=seed, name=f"{spec.model}_{path}")
+    bags = [bag_layer(spec, path, seed, i, shard_devices) for i in range(len(spec.multi_hot))]
+    return CTRModel(spec, sparse_layer(spec, path, seed, shard_devices), seed=seed, bags=bags,
+                    name=f"{spec.model}_{path}")
 
 
 def make_optimizer(path, name, learning_rate):

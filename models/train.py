@@ -18,11 +18,17 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+# TensorFlow logs while it is imported, before argparse runs: --verbose is read here too.
+# Without it only this CLI's lines are shown (TensorFlow's C++ log level 3 also hides the
+# cuDNN/cuFFT/cuBLAS "E" lines a CPU machine prints at start-up); with it, everything.
+VERBOSE = "--verbose" in sys.argv[1:]
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if VERBOSE else "3"
 
 import ttf  # noqa: E402  (Keras 2 before TensorFlow is used)
 import numpy as np  # noqa: E402
@@ -30,7 +36,10 @@ import tensorflow as tf  # noqa: E402
 
 from models import ctr  # noqa: E402
 
-DEFAULT_DATA = os.path.join(ROOT, "data", "criteo_sample.txt")
+SAMPLE_DATA = {"criteo": os.path.join(ROOT, "data", "criteo_sample.txt"),
+               "avazu": os.path.join(ROOT, "data", "avazu_sample.txt")}
+SYNTHETIC_CACHE = os.path.join(ROOT, "data", "cache")
+SYNTHETIC_ROWS, SYNTHETIC_VOCAB = 200_000, 10_000
 
 
 def parse_args(argv):
@@ -39,8 +48,15 @@ def parse_args(argv):
     path = p.add_mutually_exclusive_group()
     path.add_argument("--tiacc", action="store_true", help="ttf: FusedEmbedding + ttf.optimizers")
     path.add_argument("--tfra", action="store_true", help="TFRA dynamic embeddings (neither flag: native TF)")
-    p.add_argument("--data", nargs="+", default=[DEFAULT_DATA],
-                   help="Criteo files, TSV or CSV, plain or .gz (default: the bundled sample data/criteo_sample.txt)")
+    p.add_argument("--schema", default="criteo",
+                   help="the data's columns: criteo (default: label, 13 dense, 26 categorical; TSV or CSV), avazu "
+                        "(CSV with header: 21 categorical + the hour stamp as hour of day and day of week) or a "
+                        "JSON schema file (docs/data.md)")
+    p.add_argument("--data", nargs="+", default=["synthetic"],
+                   help="data files of --schema, plain or .gz; or 'synthetic' (default): rows of a planted model "
+                        "(ttf.data.Synthetic) of --schema, written to data/cache on first use (see "
+                        "--synthetic-rows), whose best achievable AUC is printed beside the AUC reached; or "
+                        "'sample': the bundled real rows (data/criteo_sample.txt, data/avazu_sample.txt)")
     p.add_argument("--eval-data", nargs="+", default=None,
                    help="eval files (default: every 5th line of --data, held out of training)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per step and worker (default 256)")
@@ -63,6 +79,19 @@ def parse_args(argv):
     p.add_argument("--log-every", type=int, default=50, help="steps between progress lines (default 50)")
     p.add_argument("--metrics-out", default=None, help="write the final metrics as JSON to this file")
     p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
+    p.add_argument("--verbose", action="store_true",
+                   help="show TensorFlow's own log lines (sets TF_CPP_MIN_LOG_LEVEL=0); without it only this CLI's "
+                        "lines are printed (TF_CPP_MIN_LOG_LEVEL=3)")
+    synthetic = p.add_argument_group("synthetic data (--data synthetic)")
+    synthetic.add_argument("--synthetic-rows", type=int, default=SYNTHETIC_ROWS,
+                           help=f"rows of the synthetic file, every 5th held out for eval (default {SYNTHETIC_ROWS:,})")
+    synthetic.add_argument("--cache-dir", default=SYNTHETIC_CACHE,
+                           help="where synthetic data files are written and found again (default data/cache)")
+    synthetic.add_argument("--prepare-data", action="store_true",
+                           help="write the synthetic data (when not cached yet) and exit; start_all.sh runs this on "
+                                "the worker hosts of a multi-host job, which read the same data/cache path")
+    synthetic.add_argument("--synthetic-vocab", type=int, default=SYNTHETIC_VOCAB,
+                           help=f"distinct values per field (default {SYNTHETIC_VOCAB:,})")
     step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, one process)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
                       help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "
@@ -93,8 +122,20 @@ def parse_args(argv):
         value = getattr(args, name)
         if value is not None and value <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
-    for path in args.data + (args.eval_data or []):
-        if not os.path.isfile(path):
+    for name in ("synthetic_rows", "synthetic_vocab"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    try:
+        schema = ttf.data.load_schema(args.schema)  # args keep the name: plain, JSON-able flags
+    except ValueError as err:
+        p.error(str(err))
+    args.synthetic = args.data == ["synthetic"]
+    if args.data == ["sample"]:
+        if schema.name not in SAMPLE_DATA:
+            p.error(f"no bundled sample for schema {schema.name!r}; give --data FILE")
+        args.data = [SAMPLE_DATA[schema.name]]
+    for path in ([] if args.synthetic else args.data) + (args.eval_data or []):
+        if not os.path.exists(path):
             p.error(f"data file not found: {path}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         p.error(f"--lr must be a finite number > 0, got {args.lr}")
@@ -178,6 +219,36 @@ class HorovodRanks:
         return {"hvd_compression": self.compression, "wire_bytes_per_step": sent / max(steps_run, 1)}
 
 
+def open_readers(args):
+    """(training reader, eval reader or None). Raises ValueError / OSError naming a file that
+    cannot be read by --schema (missing, a directory, empty, bad header, broken gzip)."""
+    strict = not args.lenient
+    return (ttf.data.Reader(args.data, args.schema, strict=strict),
+            ttf.data.Reader(args.eval_data, args.schema, strict=strict) if args.eval_data else None)
+
+
+_BAD_LINE = re.compile(r"(\S+:\d+: bad \S+ line: .*?)(?: \(read with strict=False|\n|$)")
+
+
+def bad_line_message(err):
+    """The reader's `file:line: reason` inside a TensorFlow error, or None for other errors."""
+    found = _BAD_LINE.search(str(err))
+    return found.group(1) if found else None
+
+
+def prepare_synthetic(args):
+    """--data synthetic: points args.data at the cached synthetic file (written on first use);
+    returns the best achievable AUC on the rows evaluated (None with --eval-data)."""
+    config = ttf.data.Synthetic(schema=args.schema, vocab_per_field=args.synthetic_vocab)
+    path, info = ttf.data.cached_synthetic(args.cache_dir, args.synthetic_rows, config)
+    shown = os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT + os.sep) else path
+    log(f"[train] data: {info['rows']:,} synthetic {config.schema.name} rows of a planted model "
+        f"({args.synthetic_vocab:,} values per field), "
+        f"{'cached in' if info['cached'] else 'written in ' + format(info['seconds'], '.1f') + 's to'} {shown}")
+    args.data = [path]
+    return None if args.eval_data else info["best_auc_eval"]
+
+
 def make_precision_policy(precision):
     """--precision -> the policy of the training step: None (fp32), always bf16, or the
     loss-driven switch (auto)."""
@@ -204,11 +275,11 @@ def make_train_step(model, optimizer, policy, args, global_loss=None):
 class Trainer:
     """Builds the model, optimizer and checkpoint for one run; trains and evaluates."""
 
-    def __init__(self, args):
+    def __init__(self, args, readers=None):
         self.args = args
         self.path = "ttf" if args.tiacc else "tfra" if args.tfra else "native"
-        self.spec = ctr.ModelSpec(model=args.model, embedding_dim=args.embedding_dim,
-                                  native_buckets=args.native_buckets)
+        self.spec = ctr.spec_for(args.schema, model=args.model, embedding_dim=args.embedding_dim,
+                                 native_buckets=args.native_buckets)
         self.cluster = None
         self.strategy = self.coordinator = None
         self.horovod = HorovodRanks(args) if args.horovod else None
@@ -217,7 +288,7 @@ class Trainer:
             log(f"[train] connecting to {len(self.cluster.ps_hosts)} ps and {len(self.cluster.worker_hosts)} "
                 "worker task(s)")
             self.strategy, self.coordinator = ttf.distribute.make_coordinator(self.cluster)
-        self.reader = ttf.data.CriteoReader(args.data, strict=not args.lenient)
+        self.reader, self.eval_reader = readers or open_readers(args)
         scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
         with scope:
             shard_devices = self.cluster.ps_devices() if self.cluster else None
@@ -272,7 +343,8 @@ class Trainer:
         if self.horovod:
             exports = [self.horovod.logical_table(self.model.sparse)]
         else:
-            exports = [table.export() for table in self.model.sparse.tables]
+            layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
+            exports = [table.export() for layer in layers for table in layer.tables]
         keys = np.concatenate([e["keys"].numpy() for e in exports])
         values = np.concatenate([e["values"].numpy() for e in exports])
         return len(keys), float(np.sum(values[np.argsort(keys)], dtype=np.float64))  # order-independent
@@ -404,11 +476,13 @@ class Trainer:
         """AUC and logloss of the model on the eval data (run on this process)."""
         args = self.args
         ranks = self.horovod.size if self.horovod else 1
+        # Horovod: each rank's slice of a global batch. Otherwise few large calls: in a cluster
+        # each one is a round of RPCs.
+        batch = args.batch_size * ranks if self.horovod else max(args.batch_size, 4096)
         if args.eval_data:
-            data = ttf.data.CriteoReader(args.eval_data, strict=not args.lenient).dataset(
-                args.batch_size * ranks, shuffle=False)
+            data = self.eval_reader.dataset(batch, shuffle=False)
         else:
-            data = self.reader.dataset(args.batch_size * ranks, shuffle=False, split="eval")
+            data = self.reader.dataset(batch, shuffle=False, split="eval")
         if self.horovod:  # each rank predicts its slice of every batch; the table lookups are collective
             data = self.horovod.rank_slice(data)
         predict = tf.function(lambda features: tf.sigmoid(self.model.logits(features, training=False)))
@@ -429,11 +503,19 @@ def main(argv=None):
     args = parse_args(argv)
     if args.horovod:  # before hvd.init: only rank 0 prints (horovodrun and hvdrun set HOROVOD_RANK)
         _LOG_RANK[0] = int(os.environ.get("HOROVOD_RANK", "0"))
+    best_auc = prepare_synthetic(args) if args.synthetic else None
+    if args.prepare_data:
+        return 0
     path = "ttf (--tiacc)" if args.tiacc else "TFRA" if args.tfra else "native TensorFlow"
     log(f"[train] {('DeepFM' if args.model == 'fm' else 'Wide&Deep')} with {path}, optimizer {args.optimizer}, "
         f"batch {args.batch_size}, precision {args.precision}")
     try:
-        trainer = Trainer(args)
+        readers = open_readers(args)
+    except (ValueError, OSError) as err:
+        print(f"[train] error: {err}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        trainer = Trainer(args, readers)
         start_step = trainer.step()
         steps, seconds = trainer.train()
         steps_run = trainer.step() - start_step
@@ -447,6 +529,13 @@ def main(argv=None):
             f"A parameter server ({', '.join(lost) or 'see above'}) or the network failed; restart the job with the "
             "same --checkpoint-dir to resume from the last checkpoint.")
         return 1
+    except tf.errors.InvalidArgumentError as err:
+        bad_line = bad_line_message(err)
+        if bad_line is None:
+            raise
+        print(f"[train] error: {bad_line} (fix the file or --schema, or pass --lenient to skip and count bad lines)",
+              file=sys.stderr, flush=True)
+        return 2
     except ttf.precision.NonFiniteTrainingError as err:
         log(f"[train] error: {err}")
         return 1
@@ -460,6 +549,8 @@ def main(argv=None):
         return 1
     if args.lenient:
         trainer.reader.report()
+        if trainer.eval_reader is not None:
+            trainer.eval_reader.report()
     steps_per_sec = steps / seconds if seconds > 0 else float("nan")
     ranks = trainer.horovod.size if trainer.horovod else 1
     metrics = {
@@ -473,12 +564,15 @@ def main(argv=None):
     summary = trainer.table_summary()
     if summary:
         metrics["table_size"], metrics["table_checksum"] = summary
+    if best_auc is not None:
+        metrics["best_auc"] = best_auc
     if trainer.horovod:
         metrics["ranks"] = ranks
         metrics.update(trainer.horovod.wire_metrics(steps_run))
     ranks_note = f" ({ranks} Horovod ranks)" if trainer.horovod else ""
     log(f"[train] done: {trainer.step()} steps, {steps_per_sec:.2f} global steps/sec, "
-        f"AUC {auc:.4f}, logloss {logloss:.4f} on {eval_rows} eval rows{ranks_note}")
+        f"AUC {auc:.4f}, logloss {logloss:.4f} on {eval_rows} eval rows{ranks_note}"
+        + (f" (best achievable AUC {best_auc:.4f}: the planted model's)" if best_auc is not None else ""))
     if args.metrics_out and _LOG_RANK[0] == 0:
         with open(args.metrics_out, "w") as f:
             json.dump(metrics, f, indent=2)

@@ -2,13 +2,16 @@
 model, files that the reader parses back to the same rows, and the CLI."""
 import gzip
 import itertools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import ttf
 from ttf.data import SyntheticCriteo
-from ttf.data import synthetic
+from ttf.data import _synthetic as synthetic
 
 
 def test_schema_and_determinism():
@@ -104,6 +107,16 @@ def test_cli(tmp_path, capsys):
             synthetic.main(bad)
         assert exit_info.value.code == 2
     assert synthetic.main(["--rows", "5", "--out", str(tmp_path / "no" / "such" / "dir.tsv")]) == 1
+
+
+def test_cli_as_a_module_prints_no_runpy_warning(tmp_path):
+    path = tmp_path / "avazu.csv"
+    proc = subprocess.run([sys.executable, "-m", "ttf.data.synthetic", "--schema", "avazu", "--rows", "50", "--out",
+                           str(path)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert "RuntimeWarning" not in proc.stderr and "found in sys.modules" not in proc.stderr, proc.stderr
+    assert open(path).readline().startswith("id,click,hour,")
 
 
 def test_in_memory_dataset():

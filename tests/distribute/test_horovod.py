@@ -4,6 +4,7 @@ horovodrun (model.fit and a GradientTape loop), start_all.sh --hvd, compression,
 rank, mismatched flags, and --horovod without horovod installed."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "models", "train.py")
@@ -77,6 +79,24 @@ def test_two_ranks_equal_one_process_on_the_global_batch(horovod, synthetic, tmp
     assert abs(two["auc"] - one["auc"]) < 5e-4 and abs(two["logloss"] - one["logloss"]) < 5e-4, (one, two)
     assert one["auc"] > 0.6  # it learned something: the comparison means something
     assert two["wire_bytes_per_step"] > 0
+    # Rank 0's checkpoint holds every id of both ranks: the same ids as the one-process table.
+    np.testing.assert_array_equal(checkpoint_keys(tmp_path / "two"), checkpoint_keys(tmp_path / "one"))
+    # ... and restores into one process (each id to its one shard), bit for bit.
+    shutil.copytree(tmp_path / "two", tmp_path / "two_to_one")
+    out = train(*common, "--batch-size", "256", "--metrics-out", str(tmp_path / "two_to_one.json"),
+                "--checkpoint-dir", str(tmp_path / "two_to_one"))
+    assert "at step 60" in out, out[-3000:]
+    restored = json.loads((tmp_path / "two_to_one.json").read_text())
+    assert restored["table_size"] == two["table_size"] and restored["table_checksum"] == two["table_checksum"]
+    assert restored["auc"] == pytest.approx(two["auc"], abs=1e-6)
+
+
+def checkpoint_keys(directory):
+    """The sorted ids of every table saved in the latest checkpoint of `directory`."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(directory)))
+    names = [n for n in reader.get_variable_to_shape_map() if n.endswith("/keys")]
+    assert names, sorted(reader.get_variable_to_shape_map())
+    return np.sort(np.concatenate([reader.get_tensor(n) for n in names]))
 
 
 @pytest.mark.slow

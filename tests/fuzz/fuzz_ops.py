@@ -318,8 +318,11 @@ class Case:
         if rng.random() < 0.2:
             numbers = rand_ints(rng, rand_shape(rng, 1))
         names = "f.txt" if rng.random() < 0.7 else [b"a"] * int(rng.integers(0, 10))
-        self.call("parse criteo", ops().ttf_parse_criteo, np.array(lines, dtype=object), names, numbers,
-                  strict=bool(rng.random() < 0.5))
+        import ttf
+        from ttf.data._reader import _op_attrs
+        schema = pick(rng, [ttf.data.CRITEO, ttf.data.AVAZU])
+        self.call("parse lines", ops().ttf_parse_lines, np.array(lines, dtype=object), names, numbers,
+                  strict=bool(rng.random() < 0.5), **_op_attrs(schema))
 
     # --- racing threads on one table
     def race(self):

@@ -1,5 +1,6 @@
 """DeepFM and Wide&Deep in native, TFRA and ttf form: they train, share their dense start,
 and the training CLI runs end to end."""
+import gzip
 import json
 import os
 import subprocess
@@ -42,6 +43,35 @@ def test_each_path_learns(model, path):
     assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.05, (losses[:10], losses[-10:])
 
 
+ANY = ttf.data.Schema([ttf.data.Label("y"), ttf.data.Categorical("user"), ttf.data.Categorical("item"),
+                       ttf.data.MultiHot("tags"), ttf.data.MultiHot("seen", separator=";", combiner="sum")],
+                      delimiter=",", header=True, name="any")
+
+
+@pytest.mark.parametrize("path", ctr.PATHS)
+def test_each_path_learns_a_schema_with_multi_hot_fields_and_no_dense(path):
+    spec = ctr.spec_for(ANY, model="fm", embedding_dim=8, mlp=(32, 16), native_buckets=1000)
+    assert spec.num_fields == 2 and spec.num_dense == 0 and spec.multi_hot == (("tags", "mean"), ("seen", "sum"))
+    config = ttf.data.Synthetic(schema=ANY, vocab_per_field=200, key_weight_std=1.0)
+    data = list(ttf.data.synthetic_dataset(256 * 30, 256, config, seed=5, num_epochs=3))
+    net = ctr.build(spec, path, seed=1)
+    opt = ctr.make_optimizer(path, "adam", 0.01)
+
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, net.logits(features, training=True)))
+        grads = tape.gradient(loss, net.trainable_variables)
+        opt.apply_gradients(zip(grads, net.trainable_variables))
+        return loss
+
+    losses = [float(step(f, y)) for f, y in data]
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.05, (losses[:10], losses[-10:])
+    features, _ = data[0]
+    empty = tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64), tf.zeros([256], tf.int64))
+    probs = net({**features, "tags": empty, "seen": empty}).numpy()  # empty lists: a zero row, no NaN
+    assert np.all(np.isfinite(probs))
+
+
 def test_dense_part_starts_identical_across_paths():
     features, _ = next(batches(1, 8))
     weights = {}
@@ -72,7 +102,7 @@ def run_train(*args, timeout=600):
 def test_train_cli_single_process_writes_metrics(tmp_path):
     out = tmp_path / "metrics.json"
     proc = run_train("--model", "fm", "--tiacc", "--steps", "30", "--batch-size", "32", "--log-every", "10",
-                     "--metrics-out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt"))
+                     "--data", "sample", "--metrics-out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[train] step 10:" in proc.stdout and "global steps/sec" in proc.stdout
     metrics = json.loads(out.read_text())
@@ -80,7 +110,7 @@ def test_train_cli_single_process_writes_metrics(tmp_path):
     assert metrics["global_steps_per_sec"] > 0 and 0 <= metrics["auc"] <= 1 and metrics["logloss"] > 0
     # Resuming from the checkpoint continues the global step instead of starting over.
     proc = run_train("--model", "fm", "--tiacc", "--steps", "40", "--batch-size", "32", "--log-every", "10",
-                     "--metrics-out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt"))
+                     "--data", "sample", "--metrics-out", str(out), "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stdout and "at step 30" in proc.stdout
     assert json.loads(out.read_text())["steps"] == 40
@@ -95,11 +125,66 @@ def test_train_cli_bad_usage_exits_2():
     assert proc.returncode == 2 and "needs all of --ps-hosts" in proc.stderr
 
 
+def test_train_cli_default_is_synthetic_data_with_its_best_auc_and_quiet(tmp_path):
+    out = tmp_path / "metrics.json"
+    args = ("--model", "wdl", "--tiacc", "--steps", "20", "--batch-size", "64", "--synthetic-rows", "4000",
+            "--cache-dir", str(tmp_path / "cache"), "--metrics-out", str(out))
+    proc = run_train(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[train] data: 4,000 synthetic criteo rows" in proc.stdout and "written in" in proc.stdout
+    assert "on 800 eval rows (best achievable AUC 0." in proc.stdout
+    metrics = json.loads(out.read_text())
+    assert 0.6 < metrics["best_auc"] < 1.0 and metrics["eval_rows"] == 800
+    # TensorFlow's start-up lines (cuDNN/cuFFT/cuBLAS factories, TensorRT, CPU features) are not shown.
+    for noise in ("cuDNN", "cuFFT", "cuBLAS", "TensorRT", "cpu_feature_guard", "WARNING"):
+        assert noise not in proc.stderr + proc.stdout, noise
+    again = run_train(*args, "--verbose")
+    assert again.returncode == 0 and "cached in" in again.stdout
+    assert "I tensorflow" in again.stderr or "W tensorflow" in again.stderr  # --verbose brings them back
+
+
+def test_train_cli_avazu_schema_on_synthetic_data(tmp_path):
+    proc = run_train("--model", "fm", "--tiacc", "--schema", "avazu", "--steps", "20", "--batch-size", "64",
+                     "--synthetic-rows", "3000", "--cache-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "synthetic avazu rows" in proc.stdout and "best achievable AUC" in proc.stdout
+
+
+def test_train_cli_data_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    from models import train
+
+    good = open(os.path.join(ROOT, "data", "criteo_sample.txt")).read().splitlines()
+    cases = {}
+    (tmp_path / "columns.csv").write_text("\n".join(good[:30] + ["1,2,3"] + good[30:]) + "\n")
+    cases["columns.csv"] = "columns.csv:31: bad criteo line: has 3 columns, the schema declares 40"
+    (tmp_path / "dense.csv").write_text("\n".join(good[:5] + ["0,x" + good[5][good[5].index(",", 2):]]) + "\n")
+    cases["dense.csv"] = "dense.csv:6: bad criteo line: dense column I1 is not a number: 'x'"
+    (tmp_path / "empty.csv").write_text("")
+    cases["empty.csv"] = "empty.csv: empty file, no data lines"
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress("\n".join(good).encode())[:900])
+    cases["cut.csv.gz"] = "cut.csv.gz: truncated gzip file"
+    (tmp_path / "adir").mkdir()
+    cases["adir"] = "adir is a directory"
+    for name, message in cases.items():
+        code = train.main(["--tiacc", "--steps", "5", "--batch-size", "16", "--data", str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (name, err)
+    assert train.main(["--tiacc", "--steps", "5", "--batch-size", "16", "--data", str(tmp_path / "columns.csv"),
+                       "--eval-data", str(tmp_path / "columns.csv"), "--lenient"]) == 0
+    assert "[data] skipped 1 bad line(s)" in capsys.readouterr().out
+    # The whole CLI: one line on stderr, no traceback.
+    proc = run_train("--data", str(tmp_path / "dense.csv"), "--steps", "5", timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [f"[train] error: {tmp_path / 'dense.csv'}:6: bad criteo line: dense "
+                                                "column I1 is not a number: 'x' (fix the file or --schema, or pass "
+                                                "--lenient to skip and count bad lines)"]
+
+
 def test_train_cli_non_finite_run_stops_with_one_clear_line(tmp_path):
     """A run whose updates blow up (a huge lr: the weights overflow, every later loss is
     NaN/Inf) used to spin for ever at the same step; it now skips, counts and stops."""
     proc = run_train("--model", "fm", "--tiacc", "--lr", "1e30", "--steps", "1000", "--batch-size", "32",
-                     "--log-every", "1", "--max-non-finite-steps", "5", timeout=300)
+                     "--log-every", "1", "--max-non-finite-steps", "5", "--data", "sample", timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "[train] error: 5 training steps in a row" in proc.stdout, proc.stdout[-2000:]
     assert "skipped as non-finite" in proc.stdout  # the progress lines count the skips
@@ -111,10 +196,22 @@ def test_train_cli_non_finite_run_stops_with_one_clear_line(tmp_path):
 def test_train_cli_counts_skipped_steps_in_the_metrics(tmp_path):
     out = tmp_path / "metrics.json"
     proc = run_train("--model", "wdl", "--tiacc", "--precision", "fp32", "--steps", "12", "--batch-size", "32",
-                     "--metrics-out", str(out), timeout=300)
+                     "--data", "sample", "--metrics-out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["skipped_steps"] == 0 and metrics["steps"] == 12 and metrics["bf16_fraction"] == 0.0
+
+
+@pytest.mark.slow
+def test_start_all_cluster_runs_from_the_venv_named_by_ttf_venv(tmp_path):
+    venv = tmp_path / "elsewhere"
+    venv.symlink_to(os.path.join(ROOT, ".venv"))
+    proc = subprocess.run([os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", "--steps", "6", "--batch-size", "16",
+                           "--data", "sample"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TTF_VENV": str(venv)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"checking {venv}" in proc.stdout and "[train] done: 6 steps" in proc.stdout
+    assert "unbound variable" not in proc.stderr
 
 
 def test_start_all_help_and_bad_flag():

@@ -12,7 +12,7 @@ def train(precision, tmp_path):
     out = tmp_path / f"{precision}.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "models", "train.py"), "--model", "fm", "--tiacc", "--precision", precision,
-         "--steps", "150", "--batch-size", "64", "--eval-data", SAMPLE, "--metrics-out", str(out)],
+         "--steps", "150", "--batch-size", "64", "--data", SAMPLE, "--eval-data", SAMPLE, "--metrics-out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())

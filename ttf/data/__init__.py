@@ -1,8 +1,13 @@
-"""Criteo-format input and a synthetic generator of the same schema (docs/data.md).
+"""Schema-driven CTR input and a synthetic generator with a planted model (docs/data.md).
 
-Elements of every dataset here: `({"ids": int64 [B, 26], "dense": float32 [B, 13]},
-label float32 [B])`. ids are field-tagged keys, `(field << FIELD_SHIFT) | value` (see
-field_key), so all fields can share one embedding table; dense = log(1 + max(x, 0)).
+A Schema declares a file's columns (label, dense, categorical, multi-hot, hour stamp,
+skipped); `Reader(paths, schema)` parses such files (plain or gzip) in C++ inside tf.data.
+Built in: `"criteo"` (13 dense, 26 categorical; the default) and `"avazu"` (22 categorical
+columns, the hour stamp split into hour of day and day of week).
+
+Elements: `({"ids": int64 [B, F], "dense": float32 [B, D], <multi-hot name>: ragged int64
+[B, None]}, label float32 [B])`. ids are field-tagged keys, `(field << FIELD_SHIFT) |
+value` (see field_key), so all fields can share one embedding table.
 
 Example:
   >>> import ttf
@@ -11,9 +16,13 @@ Example:
   >>> features["ids"].dtype, features["dense"].shape, labels.shape
   (tf.int64, TensorShape([128, 13]), TensorShape([128]))
 """
-from ttf.data._criteo import (CSV_HEADER, FIELD_SHIFT, MISSING_VALUE, NUM_DENSE, NUM_FIELDS, CriteoReader,
-                              criteo_dataset, field_key)
-from ttf.data.synthetic import SyntheticCriteo, best_auc, synthetic_dataset, write_synthetic_criteo
+from ttf.data._reader import CSV_HEADER, NUM_DENSE, NUM_FIELDS, CriteoReader, Reader, criteo_dataset, parse_lines
+from ttf.data._schema import (AVAZU, CRITEO, FIELD_SHIFT, MISSING_VALUE, SCHEMAS, Categorical, Dense, Hour, Label,
+                              MultiHot, Schema, Skip, field_key, load_schema)
+from ttf.data._synthetic import (Synthetic, SyntheticCriteo, best_auc, cached_synthetic, synthetic_dataset,
+                                 write_synthetic, write_synthetic_criteo)
 
-__all__ = ["CSV_HEADER", "FIELD_SHIFT", "MISSING_VALUE", "NUM_DENSE", "NUM_FIELDS", "CriteoReader", "SyntheticCriteo",
-           "best_auc", "criteo_dataset", "field_key", "synthetic_dataset", "write_synthetic_criteo"]
+__all__ = ["AVAZU", "CRITEO", "CSV_HEADER", "FIELD_SHIFT", "MISSING_VALUE", "NUM_DENSE", "NUM_FIELDS", "SCHEMAS",
+           "Categorical", "CriteoReader", "Dense", "Hour", "Label", "MultiHot", "Reader", "Schema", "Skip",
+           "Synthetic", "SyntheticCriteo", "best_auc", "cached_synthetic", "criteo_dataset", "field_key",
+           "load_schema", "parse_lines", "synthetic_dataset", "write_synthetic", "write_synthetic_criteo"]

@@ -189,8 +189,19 @@ class TableSharding:
         return saved if saved is not None else self.gather_export(layer)
 
     def import_table(self, layer, tensors):
-        """Restores this rank's part of a logical table: the ids it owns."""
-        return layer.tables[0].restore(self.owned(tensors))
+        """Restores this rank's part of a logical table written by any topology: the ids it
+        owns (shard_of(id, size) == rank), filtered by the import op itself."""
+        fields = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
+        return ops().ttf_table_import(layer.tables[0].resource_handle, *(tensors[f] for f in fields),
+                                      num_partitions=self.size, partition=self.rank)
+
+    def attach_checkpoint(self, layer):
+        """The layer's table, in a checkpoint, stands for the logical table: saving writes
+        every rank's ids (export_table), restoring keeps this rank's (import_table)."""
+        table = layer.tables[0]
+        # Instance attributes: tf.train.Checkpoint calls these on the table object.
+        table._serialize_to_tensors = lambda: self.export_table(layer)  # pylint: disable=protected-access
+        table._restore_from_tensors = lambda tensors: self.import_table(layer, tensors)  # pylint: disable=protected-access
 
     def gather_export(self, layer):
         """The logical table of `layer`: every rank's export concatenated (a collective: every
@@ -202,17 +213,6 @@ class TableSharding:
         for field in ("optimizer", "slot_init", "step"):
             gathered[field] = local[field]
         return gathered
-
-    def owned(self, exported):
-        """Keeps only the ids (and admission candidates) this rank owns from an exported table."""
-        mine = dict(exported)
-        keep = tf.equal(shard_of(exported["keys"], self.size), self.rank)
-        for field in ("keys", "values", "meta"):
-            mine[field] = tf.boolean_mask(exported[field], keep)
-        keep = tf.equal(shard_of(exported["candidate_keys"], self.size), self.rank)
-        for field in ("candidate_keys", "candidate_meta"):
-            mine[field] = tf.boolean_mask(exported[field], keep)
-        return mine
 
 
 @contextlib.contextmanager
@@ -256,6 +256,7 @@ def shard_tables(model, compression="none"):
             raise ValueError(f"{layer.name} is sharded over {len(layer.tables)} devices (shard_devices); "
                              "on Horovod build it without shard_devices")
         layer.sharding = sharding
+        sharding.attach_checkpoint(layer)
     return layers
 
 

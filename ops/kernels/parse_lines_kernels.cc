@@ -1,0 +1,519 @@
+// Kernel of TtfParseLines (ops/parse_lines_ops.cc): one call parses a block of lines by a
+// schema, in parallel over lines on TensorFlow's CPU pool. The Python statement of the same
+// contract (the test reference) is ttf/data/_schema.py (field_key) and tests/data.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tensorflow {
+namespace ttf {
+namespace {
+
+enum Kind { kSkip = 0, kLabel = 1, kDense = 2, kCategorical = 3, kMultiHot = 4, kHour = 5 };
+enum ValueMode { kAuto = 0, kInt = 1, kString = 2 };
+
+constexpr int kValueBits = 56;
+constexpr uint64_t kMissing = (uint64_t{1} << kValueBits) - 1;
+constexpr uint64_t kHashBase = uint64_t{1} << 32;
+
+uint64_t Fnv1a64(const char* s, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 0x100000001b3ULL;
+  return h;
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// Hex digit values by byte, -1 for other bytes: one lookup per byte in the fast path.
+struct HexTable {
+  int8_t value[256];
+  constexpr HexTable() : value() {
+    for (int i = 0; i < 256; ++i) value[i] = -1;
+    for (int i = 0; i < 10; ++i) value['0' + i] = static_cast<int8_t>(i);
+    for (int i = 0; i < 6; ++i) value['a' + i] = value['A' + i] = static_cast<int8_t>(10 + i);
+  }
+};
+constexpr HexTable kHexTable;
+
+inline int64_t Tag(int field, uint64_t v) {
+  return static_cast<int64_t>((static_cast<uint64_t>(field) << kValueBits) | v);
+}
+
+// The low 56 bits of a categorical value's key (see field_key in ttf/data/_schema.py):
+// auto: up to 8 hex digits are their own value (Criteo's form, exact and collision-free,
+// below 2^32), other strings hash above 2^32 so they never meet a hex value; int: the
+// decimal integer, exact; string: always the hash. Empty: 2^56 - 1, one missing key per
+// field. False for an int-mode value that is not an integer in [0, 2^56 - 1).
+bool CategoricalValue(int mode, const char* s, size_t n, uint64_t* v) {
+  if (n == 0) {
+    *v = kMissing;
+    return true;
+  }
+  if (mode == kInt) {
+    if (n > 17) return false;
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!IsDigit(s[i])) return false;
+      x = x * 10 + (s[i] - '0');
+    }
+    *v = x;
+    return x < kMissing;
+  }
+  if (mode == kAuto && n <= 8) {
+    uint64_t hex = 0;
+    size_t i = 0;
+    for (; i < n; ++i) {
+      const int d = HexDigit(s[i]);
+      if (d < 0) break;
+      hex = hex * 16 + d;
+    }
+    if (i == n) {
+      *v = hex;
+      return true;
+    }
+  }
+  *v = kHashBase + Fnv1a64(s, n) % (kMissing - kHashBase);
+  return true;
+}
+
+// Parses a number field: "" (missing) or [+-]?(D+(.D*)?|.D+)([eE][+-]?D+)? with a finite
+// value ("12", "-1", "260.0", "1e3"). Plain integers of up to 18 digits (Criteo's form)
+// take a fast exact path; the rest go through strtod. False if not a number.
+bool ParseNumber(const char* s, size_t n, double* out) {
+  if (n == 0) return false;
+  size_t i = 0;
+  const bool negative = s[0] == '-';
+  if (s[0] == '-' || s[0] == '+') ++i;
+  const size_t int_begin = i;
+  int64_t integer = 0;
+  for (; i < n && IsDigit(s[i]); ++i) {
+    if (i - int_begin < 18) integer = integer * 10 + (s[i] - '0');  // past 18 digits: strtod below
+  }
+  const size_t int_digits = i - int_begin;
+  if (i == n && int_digits > 0 && int_digits <= 18) {
+    *out = static_cast<double>(negative ? -integer : integer);
+    return true;
+  }
+  size_t frac_digits = 0;
+  if (i < n && s[i] == '.') {
+    ++i;
+    while (i < n && IsDigit(s[i])) ++i, ++frac_digits;
+  }
+  if (int_digits + frac_digits == 0) return false;
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < n && (s[i] == '-' || s[i] == '+')) ++i;
+    size_t exp_digits = 0;
+    while (i < n && IsDigit(s[i])) ++i, ++exp_digits;
+    if (exp_digits == 0) return false;
+  }
+  if (i != n) return false;
+  // Validated above, so strtod reads exactly these n characters (no locale, hex or inf forms).
+  char buf[128];
+  if (n >= sizeof(buf)) return false;
+  std::memcpy(buf, s, n);
+  buf[n] = '\0';
+  *out = std::strtod(buf, nullptr);
+  return std::isfinite(*out);
+}
+
+// The position of the next `sep` at or after i, or len. CTR fields are short (Criteo's are at
+// most 8 bytes), where a plain loop beats a call to memchr; long fields go to memchr.
+inline size_t FindSeparator(const char* p, size_t i, size_t len, char sep) {
+  const size_t short_end = std::min(len, i + 16);
+  for (; i < short_end; ++i)
+    if (p[i] == sep) return i;
+  if (i == len) return len;
+  const void* found = std::memchr(p + i, sep, len - i);
+  return found != nullptr ? static_cast<const char*>(found) - p : len;
+}
+
+// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+int64_t DaysFromCivil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
+// YYMMDDHH (20YY) -> hour of day and day of week (0 Monday); false if not a valid stamp.
+bool ParseHour(const char* s, size_t n, int* hour, int* weekday) {
+  if (n != 8) return false;
+  int digits[8];
+  for (int i = 0; i < 8; ++i) {
+    if (!IsDigit(s[i])) return false;
+    digits[i] = s[i] - '0';
+  }
+  const int year = 2000 + digits[0] * 10 + digits[1], month = digits[2] * 10 + digits[3];
+  const int day = digits[4] * 10 + digits[5];
+  *hour = digits[6] * 10 + digits[7];
+  static const int kDaysIn[12] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  if (month < 1 || month > 12 || day < 1 || day > kDaysIn[month - 1] || *hour > 23) return false;
+  const bool leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+  if (month == 2 && day == 29 && !leap) return false;
+  *weekday = static_cast<int>((DaysFromCivil(year, month, day) + 3) % 7);  // 1970-01-01 was a Thursday
+  return true;
+}
+
+// A field's text for a message: at most 40 bytes, bytes outside printable ASCII as \xNN
+// (a message must be valid UTF-8 to reach Python).
+std::string Quote(const char* s, size_t n) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (size_t i = 0; i < std::min<size_t>(n, 40); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  if (n > 40) out += "...";
+  return out + "'";
+}
+
+// One column of the schema, kept small: the per-line loop walks these.
+struct Column {
+  int8_t kind, value_mode;
+  bool log1p;
+  char separator;
+  int32_t slot;
+  double default_value;
+};
+
+class ParseLinesOp : public OpKernel {
+ public:
+  explicit ParseLinesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<int> kinds, slots, value_modes;
+    std::vector<bool> log1p;
+    std::vector<float> defaults;
+    std::vector<std::string> names;
+    std::string separators;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("kinds", &kinds));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("slots", &slots));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_modes", &value_modes));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("log1p", &log1p));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("defaults", &defaults));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("separators", &separators));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("delimiter", &delimiter_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_dense", &num_dense_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_fields", &num_fields_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_multi_hot", &num_multi_hot_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("schema_name", &schema_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("strict", &strict_));
+    const size_t n = kinds.size();
+    OP_REQUIRES(ctx, n > 0, errors::InvalidArgument("kinds must name at least one column"));
+    OP_REQUIRES(ctx,
+                slots.size() == n && value_modes.size() == n && log1p.size() == n && defaults.size() == n &&
+                    separators.size() == n && names.size() == n,
+                errors::InvalidArgument("kinds, slots, value_modes, log1p, defaults, separators and names must "
+                                        "have one entry per column (", n, "), got ", slots.size(), ", ",
+                                        value_modes.size(), ", ", log1p.size(), ", ", defaults.size(), ", ",
+                                        separators.size(), ", ", names.size()));
+    OP_REQUIRES(ctx, delimiter_.size() <= 1,
+                errors::InvalidArgument("delimiter must be empty (auto) or one character, got '", delimiter_, "'"));
+    OP_REQUIRES(ctx, num_fields_ + num_multi_hot_ <= 128,
+                errors::InvalidArgument("at most 128 categorical fields, got ", num_fields_ + num_multi_hot_));
+    int labels = 0;
+    for (size_t c = 0; c < n; ++c) {
+      const int kind = kinds[c], slot = slots[c];
+      OP_REQUIRES(ctx, kind >= kSkip && kind <= kHour,
+                  errors::InvalidArgument("kinds[", c, "] must be in [0, 5], got ", kind));
+      OP_REQUIRES(ctx, value_modes[c] >= kAuto && value_modes[c] <= kString,
+                  errors::InvalidArgument("value_modes[", c, "] must be in [0, 2], got ", value_modes[c]));
+      const int limit = kind == kDense         ? num_dense_
+                        : kind == kCategorical ? num_fields_
+                        : kind == kHour        ? num_fields_ - 1
+                        : kind == kMultiHot    ? num_multi_hot_
+                                               : 1;
+      OP_REQUIRES(ctx, kind == kSkip || kind == kLabel || (slot >= 0 && slot < limit),
+                  errors::InvalidArgument("slots[", c, "] = ", slot, " is out of range for column '", names[c], "'"));
+      labels += kind == kLabel;
+      columns_.push_back({static_cast<int8_t>(kind), static_cast<int8_t>(value_modes[c]), static_cast<bool>(log1p[c]),
+                          separators[c], slot, defaults[c]});
+      names_.push_back(names[c]);
+    }
+    OP_REQUIRES(ctx, labels == 1, errors::InvalidArgument("exactly one label column, got ", labels));
+    for (int c = 0; c < static_cast<int>(n); ++c) {
+      if (runs_.empty() || runs_.back().kind != columns_[c].kind) runs_.push_back({columns_[c].kind, c, c});
+      runs_.back().end = c + 1;
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& lines = ctx->input(0);
+    const Tensor& filenames = ctx->input(1);
+    const Tensor& line_numbers = ctx->input(2);
+    OP_REQUIRES(ctx, lines.dims() == 1,
+                errors::InvalidArgument("lines must be rank 1, got shape ", lines.shape().DebugString()));
+    OP_REQUIRES(ctx, filenames.dims() == 0 || filenames.shape() == lines.shape(),
+                errors::InvalidArgument("filenames must be a scalar or have the shape of lines ",
+                                        lines.shape().DebugString(), ", got shape ",
+                                        filenames.shape().DebugString()));
+    OP_REQUIRES(ctx, line_numbers.shape() == lines.shape(),
+                errors::InvalidArgument("line_numbers must have the shape of lines ", lines.shape().DebugString(),
+                                        ", got shape ", line_numbers.shape().DebugString()));
+    const int64_t n = lines.NumElements();
+    const int D = num_dense_, F = num_fields_, M = num_multi_hot_;
+    const auto text = lines.flat<tstring>();
+
+    // Parse straight into full-size tensors; they become the outputs unless lines were skipped.
+    Tensor labels, dense, ids, lengths;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n}), &labels));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n, D}), &dense));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, F}), &ids));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, M}), &lengths));
+    float* labels_data = labels.flat<float>().data();
+    float* dense_data = dense.flat<float>().data();
+    int64_t* ids_data = ids.flat<int64_t>().data();
+    int64_t* lengths_data = lengths.flat<int64_t>().data();
+    std::vector<std::string> problems(n);  // empty (no allocation) for a good line
+    // Multi-hot keys per shard of lines (shards are contiguous ranges), joined in line order below.
+    std::mutex pieces_mu;
+    std::vector<std::pair<int64_t, std::vector<std::vector<int64_t>>>> pieces;
+    const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t cost_per_line = 125 * static_cast<int64_t>(columns_.size());  // ~1 us for Criteo's 40 columns
+    Shard(workers->num_threads, workers->workers, n, cost_per_line, [&](int64_t begin, int64_t end) {
+      std::vector<std::vector<int64_t>> values(M);
+      for (int64_t i = begin; i < end; ++i) {
+        problems[i] = ParseLine(text(i), &labels_data[i], &dense_data[i * D], &ids_data[i * F],
+                                &lengths_data[i * M], &values);
+      }
+      if (M > 0) {
+        std::lock_guard<std::mutex> lock(pieces_mu);
+        pieces.emplace_back(begin, std::move(values));
+      }
+    });
+
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (problems[i].empty()) continue;
+      const tstring& filename = filenames.dims() == 0 ? filenames.scalar<tstring>()() : filenames.flat<tstring>()(i);
+      OP_REQUIRES(ctx, !strict_,
+                  errors::InvalidArgument(filename, ":", line_numbers.flat<int64_t>()(i), ": bad ", schema_name_,
+                                          " line: ", problems[i],
+                                          " (read with strict=False to skip and count bad lines)"));
+      ++bad;
+    }
+    Tensor* bad_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("bad_lines", TensorShape({}), &bad_out));
+    bad_out->scalar<int64_t>()() = bad;
+
+    if (M > 0) {  // bad lines added no keys (ParseLine rolls them back); only their lengths go
+      std::sort(pieces.begin(), pieces.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      OpOutputList values_out, lengths_out;
+      OP_REQUIRES_OK(ctx, ctx->output_list("multi_hot_values", &values_out));
+      OP_REQUIRES_OK(ctx, ctx->output_list("multi_hot_lengths", &lengths_out));
+      for (int m = 0; m < M; ++m) {
+        int64_t total = 0;
+        for (const auto& piece : pieces) total += piece.second[m].size();
+        Tensor* v = nullptr;
+        OP_REQUIRES_OK(ctx, values_out.allocate(m, TensorShape({total}), &v));
+        int64_t* out = v->flat<int64_t>().data();
+        for (const auto& piece : pieces) out = std::copy(piece.second[m].begin(), piece.second[m].end(), out);
+        Tensor* l = nullptr;
+        OP_REQUIRES_OK(ctx, lengths_out.allocate(m, TensorShape({n - bad}), &l));
+        int64_t row = 0;
+        for (int64_t i = 0; i < n; ++i)
+          if (problems[i].empty()) l->flat<int64_t>()(row++) = lengths_data[i * M + m];
+      }
+    }
+    if (bad == 0) {
+      ctx->set_output(0, labels);
+      ctx->set_output(1, dense);
+      ctx->set_output(2, ids);
+      return;
+    }
+    const int64_t good = n - bad;
+    Tensor *labels_out, *dense_out, *ids_out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({good}), &labels_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({good, D}), &dense_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({good, F}), &ids_out));
+    int64_t row = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!problems[i].empty()) continue;
+      labels_out->flat<float>()(row) = labels_data[i];
+      std::copy(&dense_data[i * D], &dense_data[(i + 1) * D], dense_out->flat<float>().data() + row * D);
+      std::copy(&ids_data[i * F], &ids_data[(i + 1) * F], ids_out->flat<int64_t>().data() + row * F);
+      ++row;
+    }
+  }
+
+ private:
+  // Parses one line into its row of the outputs; returns "" or why the line is bad. On a
+  // bad line the multi-hot keys it appended are removed again.
+  std::string ParseLine(const tstring& line, float* label, float* dense, int64_t* ids, int64_t* lengths,
+                        std::vector<std::vector<int64_t>>* values) const {
+    std::vector<size_t> sizes_before;
+    if (!values->empty()) {
+      for (const auto& v : *values) sizes_before.push_back(v.size());
+    }
+    std::string problem = ParseFields(line, label, dense, ids, lengths, values);
+    if (!problem.empty()) {
+      for (size_t m = 0; m < sizes_before.size(); ++m) (*values)[m].resize(sizes_before[m]);
+    }
+    return problem;
+  }
+
+  std::string ParseFields(const tstring& line, float* label, float* dense, int64_t* ids, int64_t* lengths,
+                          std::vector<std::vector<int64_t>>* values) const {
+    const char* p = line.data();
+    size_t len = line.size();
+    while (len > 0 && (p[len - 1] == '\n' || p[len - 1] == '\r')) --len;
+    // auto: a line with a tab is tab separated (Criteo's raw form), otherwise CSV.
+    const char sep = !delimiter_.empty() ? delimiter_[0] : std::memchr(p, '\t', len) != nullptr ? '\t' : ',';
+    const int num_columns = static_cast<int>(columns_.size());
+    size_t start = 0;
+    // Columns go run by run (consecutive columns of one kind), so the switch below jumps to
+    // the same case many times in a row: a well-predicted branch, as in a parser written for
+    // one fixed layout.
+    for (const Run& run : runs_) {
+      for (int col = run.begin; col < run.end; ++col) {
+        const Column& column = columns_[col];
+        // Fast paths for Criteo's fields (up to 8 hex digits, a plain count): read in the
+        // same pass that finds the field's end. Anything else (and any problem) takes the
+        // general path below, which gives the same result for these fields.
+        const bool more = col < num_columns - 1;
+        if (run.kind == kCategorical && column.value_mode == kAuto) {
+          size_t i = start;
+          uint64_t hex = 0;
+          bool is_hex = true;
+          for (; i < len && i - start < 9 && p[i] != sep; ++i) {
+            const int d = kHexTable.value[static_cast<unsigned char>(p[i])];
+            is_hex &= d >= 0;
+            hex = hex * 16 + (d & 15);
+          }
+          if (is_hex && i - start <= 8 && (i < len ? p[i] == sep : !more)) {
+            ids[column.slot] = Tag(column.slot, i == start ? kMissing : hex);
+            start = i + 1;
+            continue;
+          }
+        } else if (run.kind == kDense) {
+          size_t i = start;
+          int64_t count = 0;
+          for (; i < len && i - start < 18 && IsDigit(p[i]); ++i) count = count * 10 + (p[i] - '0');
+          if (i > start && (i < len ? p[i] == sep : !more)) {
+            const double v = static_cast<double>(count);
+            dense[column.slot] = static_cast<float>(column.log1p ? std::log1p(v) : v);
+            start = i + 1;
+            continue;
+          }
+        }
+        const size_t end = FindSeparator(p, start, len, sep);
+        if (end == len && col < num_columns - 1)
+          return "has " + std::to_string(col + 1) + " columns, the schema declares " + std::to_string(num_columns);
+        const char* f = p + start;
+        const size_t n = end - start;
+        const std::string& name = names_[col];  // only read to explain a bad line
+        switch (run.kind) {
+          case kLabel: {
+            double v;
+            if (n == 0 || !ParseNumber(f, n, &v) || (v != 0.0 && v != 1.0)) {
+              if (n == name.size() && std::memcmp(f, name.data(), n) == 0)
+                return "looks like a header (label column '" + name +
+                       "' holds its own name), but the schema declares no header: give it header=True or 'auto'";
+              return "label column " + name + " must be 0 or 1, got " + Quote(f, n);
+            }
+            *label = v == 1.0 ? 1.0f : 0.0f;
+            break;
+          }
+          case kDense: {
+            double v = column.default_value;
+            if (n > 0 && !ParseNumber(f, n, &v))
+              return "dense column " + name + " is not a number: " + Quote(f, n);
+            // log(1 + x): counts are heavy tailed; negatives (Criteo has -1, -2) clip to 0.
+            dense[column.slot] = static_cast<float>(column.log1p ? std::log1p(std::max(v, 0.0)) : v);
+            break;
+          }
+          case kCategorical: {
+            uint64_t v;
+            if (!CategoricalValue(column.value_mode, f, n, &v))
+              return "categorical column " + name + " is not an integer in [0, 2^56 - 1): " + Quote(f, n);
+            ids[column.slot] = Tag(column.slot, v);
+            break;
+          }
+          case kHour: {
+            int hour, weekday;
+            if (n == 0) {
+              ids[column.slot] = Tag(column.slot, kMissing);
+              ids[column.slot + 1] = Tag(column.slot + 1, kMissing);
+            } else if (ParseHour(f, n, &hour, &weekday)) {
+              ids[column.slot] = Tag(column.slot, hour);
+              ids[column.slot + 1] = Tag(column.slot + 1, weekday);
+            } else {
+              return "column " + name + " is not a YYMMDDHH time stamp: " + Quote(f, n);
+            }
+            break;
+          }
+          case kMultiHot: {
+            std::vector<int64_t>& out = (*values)[column.slot];
+            const int field = num_fields_ + column.slot;
+            int64_t count = 0;
+            size_t item = 0;
+            while (item < n) {  // empty items ("a||b", a trailing separator) are skipped
+              const char* next = static_cast<const char*>(std::memchr(f + item, column.separator, n - item));
+              const size_t item_end = next != nullptr ? next - f : n;
+              if (item_end > item) {
+                uint64_t v;
+                if (!CategoricalValue(column.value_mode, f + item, item_end - item, &v))
+                  return "multi-hot column " + name + " holds a value that is not an integer in [0, 2^56 - 1): " +
+                         Quote(f + item, item_end - item);
+                out.push_back(Tag(field, v));
+                ++count;
+              }
+              item = item_end + 1;
+            }
+            lengths[column.slot] = count;
+            break;
+          }
+          default:
+            break;  // kSkip
+        }
+        start = end + 1;
+      }
+    }
+    if (start <= len) {
+      int64_t columns = num_columns + 1;
+      for (size_t i = start; i < len; ++i) columns += p[i] == sep;
+      return "has " + std::to_string(columns) + " columns, the schema declares " + std::to_string(num_columns);
+    }
+    return "";
+  }
+
+  struct Run {
+    int8_t kind;
+    int begin, end;  // columns [begin, end)
+  };
+  std::vector<Column> columns_;
+  std::vector<Run> runs_;
+  std::vector<std::string> names_;
+  std::string delimiter_, schema_name_;
+  int num_dense_, num_fields_, num_multi_hot_;
+  bool strict_;
+};
+REGISTER_KERNEL_BUILDER(Name("TtfParseLines").Device(DEVICE_CPU), ParseLinesOp);
+
+}  // namespace
+}  // namespace ttf
+}  // namespace tensorflow
