@@ -35,6 +35,14 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -e .
   cp requirements.txt "$stamp"
 fi
+# Test-only clients installed without their dependencies (their pins would replace ours):
+# DeepCTR, which tests/accelerate converts and trains.
+nodeps_stamp=$VENV/.ttf-requirements-nodeps
+if [ -f requirements-nodeps.txt ] && { [ ! -f "$nodeps_stamp" ] || ! cmp -s requirements-nodeps.txt "$nodeps_stamp"; }; then
+  echo "[setup] installing test clients without dependencies (requirements-nodeps.txt: deepctr)"
+  run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+  cp requirements-nodeps.txt "$nodeps_stamp"
+fi
 # Rebuild the op library when any file in ops/ is newer than it (incremental, per object).
 lib=ttf/_ttf_ops.so
 if [ ! -f "$lib" ] || [ -n "$(find ops -newer "$lib" -type f -print -quit)" ]; then

@@ -1,6 +1,8 @@
 """Keras layers over ttf tables: DynamicEmbedding (any id shape, ragged with a combiner)
 and FusedEmbedding (all fields of a [B, F] batch in one op call)."""
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import record
 
 from ttf._ops import ops
 from ttf.embedding._logical import LogicalTable, merge_exports, shard_of
@@ -15,13 +17,19 @@ def embedding_of(variable):
     return getattr(variable, "_ttf_embedding", None)
 
 
+@tf.keras.utils.register_keras_serializable(package="ttf")
 class DynamicEmbedding(tf.keras.layers.Layer):
     """An embedding layer over a dynamic hash table: any int64 id gets its own row.
 
     The table grows on demand during training (no vocabulary, no hash collisions); at
-    inference (training=False, model.predict, a SavedModel) unseen ids read the default row
-    and never grow it. Train it with a ttf optimizer (ttf.optimizers.Adam, ...), which
-    updates only the touched rows and their slots in one fused op per step.
+    inference (training=False, model.predict, model.evaluate, a SavedModel) unseen ids read
+    the default row and never grow it. Train it with a ttf optimizer (ttf.optimizers.Adam,
+    ...), which updates only the touched rows and their slots in one fused op per step.
+
+    training=None (a plain `model(x)`) follows a Keras Embedding: inside a recording
+    tf.GradientTape the lookup trains (inserts new ids, passes the row gradient), outside
+    one it is find-only. A table that gets no gradient in a step makes the ttf optimizer
+    warn, naming the table.
 
     Args:
       dim: embedding width.
@@ -220,6 +228,28 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         """Clears and (re)starts every shard's record of deleted ids (delta checkpoints)."""
         return tf.group(*[table.reset_deleted() for table in self.tables])
 
+    # -- .keras files (tf_keras saving_lib): the anchor plus every table's whole content
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for i, table in enumerate(self.tables):
+            for field, value in table.export().items():
+                store[f"table{i}_{field}"] = value.numpy()
+
+    def load_own_variables(self, store):
+        names = list(store.keys())
+        super().load_own_variables({k: store[k] for k in names if not k.startswith("table")})
+        shards = sorted({int(k[len("table"):].split("_", 1)[0]) for k in names if k.startswith("table")})
+        if shards != list(range(len(self.tables))):
+            raise ValueError(f"{self.name}: the file holds {len(shards)} table shards, the layer has {len(self.tables)}")
+        for i, table in enumerate(self.tables):
+            prefix = f"table{i}_"
+            exported = {k[len(prefix):]: np.asarray(store[k]) for k in names if k.startswith(prefix)}
+            optimizer = exported["optimizer"].item()
+            exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
+            restore = getattr(table, "restore", None) or table._restore_from_tensors
+            restore(exported)
+
     def get_config(self):
         table = self.tables[0]
         config = super().get_config()
@@ -229,6 +259,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return config
 
 
+@tf.keras.utils.register_keras_serializable(package="ttf")
 class FusedEmbedding(DynamicEmbedding):
     """All F sparse fields of a batch in one table and one op call: ids [B, F] -> [B, F, dim].
 
@@ -294,8 +325,8 @@ def _as_keys(ids, layer_name):
 
 
 def _static_bool(training):
-    if training is None:
-        return False
+    if training is None:  # as a Keras Embedding: it trains wherever a tape records it
+        return record.could_possibly_record()
     value = tf.get_static_value(training)
     if value is None:
         raise ValueError("training must be a Python bool or a constant; ttf picks the lookup op at trace time")

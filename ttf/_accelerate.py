@@ -1,0 +1,397 @@
+"""ttf.accelerate: a user's Keras model with its Embedding layers turned into ttf tables."""
+import collections
+import dataclasses
+import sys
+import warnings
+
+import numpy as np
+import tensorflow as tf
+from tf_keras.src.engine.keras_tensor import KerasTensor
+
+from ttf._ops import ops
+from ttf.embedding import DynamicEmbedding, RowInitializer
+from ttf.embedding._layers import _static_bool
+from ttf.optimizers import from_keras
+
+_FIELD_SHIFT = 56
+_VALUE_MASK = (1 << _FIELD_SHIFT) - 1
+_MAX_TAGS = 256
+_LOOKUPS = (tf.keras.layers.StringLookup, tf.keras.layers.IntegerLookup, tf.keras.layers.Hashing)
+
+
+def _keys(ids, key_kind):
+    """Raw ids -> int64 keys: int ids as they are, strings as a 64-bit hash (below 2**56)."""
+    if key_kind == "string":
+        return tf.strings.to_hash_bucket_fast(ids, 1 << _FIELD_SHIFT)
+    return tf.cast(ids, tf.int64)
+
+
+def _tagged(keys, tags):
+    """Puts each column's tag in the top 8 bits: columns of different embeddings never share a row."""
+    tags = tf.constant([t << _FIELD_SHIFT for t in tags], tf.int64)
+    return tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(keys, _VALUE_MASK), tags)
+
+
+@tf.keras.utils.register_keras_serializable(package="ttf")
+class FusedLookup(DynamicEmbedding):
+    """N single-id features, each [B] or [B, 1], looked up in one table with one op call.
+
+    Column j's ids become keys (int: as they are, string: a 64-bit hash) tagged with
+    tags[j], so columns with equal tags share rows (a shared Keras Embedding) and others
+    never collide. Returns the N embeddings, each shaped as a Keras Embedding would
+    ([B, dim] or [B, 1, dim]). Made by ttf.accelerate.
+    """
+
+    def __init__(self, dim, tags, key_kinds, **kwargs):
+        super().__init__(dim, **kwargs)
+        if len(tags) != len(key_kinds) or not all(0 <= t < _MAX_TAGS for t in tags):
+            raise ValueError(f"tags must be N ints in [0, {_MAX_TAGS}) with N key_kinds, got {tags}, {key_kinds}")
+        self.tags, self.key_kinds = list(tags), list(key_kinds)
+
+    def call(self, ids, training=None):
+        if not isinstance(ids, (list, tuple)):  # a model loaded from a file passes one tensor alone
+            ids = [ids]
+        if len(ids) != len(self.tags):
+            raise ValueError(f"{self.name}: expected {len(self.tags)} id tensors, got {len(ids)}")
+        columns = [tf.reshape(_keys(x, kind), [-1, 1]) for x, kind in zip(ids, self.key_kinds)]
+        keys = _tagged(tf.concat(columns, axis=1), self.tags)
+        rows = self._lookup(keys, None, _static_bool(training) and self.trainable)
+        # One split (its gradient is one concat), not N slices (N zero-padded gradients summed).
+        parts = tf.split(rows, len(ids), axis=1)
+        return [tf.squeeze(part, 1) if x.shape.rank == 1 else part for part, x in zip(parts, ids)]
+
+    def compute_mask(self, inputs, mask=None):
+        return [None] * len(self.tags)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(tags=self.tags, key_kinds=self.key_kinds)
+        return config
+
+
+@tf.keras.utils.register_keras_serializable(package="ttf")
+class TableLookup(DynamicEmbedding):
+    """A Keras Embedding's place for ids of any shape ([B, L] sequences, ...), with the
+    Keras mask (ids != mask_value) when the Embedding had mask_zero. Made by ttf.accelerate."""
+
+    def __init__(self, dim, key_kind="int", mask_value=None, **kwargs):
+        super().__init__(dim, **kwargs)
+        self.key_kind, self.mask_value = key_kind, mask_value
+
+    def call(self, ids, training=None):
+        return self._lookup(_keys(ids, self.key_kind), None, _static_bool(training) and self.trainable)
+
+    def compute_mask(self, inputs, mask=None):
+        if self.mask_value is None:
+            return None
+        return tf.not_equal(inputs, self.mask_value)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(key_kind=self.key_kind, mask_value=self.mask_value)
+        return config
+
+
+@dataclasses.dataclass
+class _Source:
+    """Where an Embedding call's ids come from once its lookup layer is gone."""
+    tensor: KerasTensor  # in the original model
+    key_kind: str  # "int" or "string"
+    vocabulary: object = None  # the lookup layer whose vocabulary maps raw ids to rows, if any
+    skipped: object = None  # the lookup node replaced by the key transform
+
+
+def accelerate(model, keep=()):
+    """Returns `model` with every tf.keras Embedding turned into a ttf table.
+
+    The new model has the same inputs and outputs and computes the same function:
+    - each Embedding becomes a ttf table keyed by its ids, and a Hashing, IntegerLookup or
+      StringLookup feeding only Embeddings is dropped: the table keys the raw id (ints) or
+      a 64-bit hash of it (strings), so there is no vocabulary and no collision;
+    - the existing rows carry over (id i keeps row i; a vocabulary token keeps its row),
+      so predictions before training match the model's (out-of-vocabulary and Hashing
+      inputs excepted: they read the table's default row of zeros until trained);
+    - Embeddings of equal dim, initializer and trainability over single ids ([B] or [B, 1]
+      inputs of the model) share one table and one lookup op (a FusedLookup); an Embedding
+      used on several inputs stays shared; others (sequences [B, L], mask_zero, ids
+      computed inside the model) get a TableLookup each;
+    - every other layer is cloned with its weights (from get_config), so training the new
+      model leaves `model` as it was;
+    - if `model` is compiled, the new one is compiled with the same loss, metrics and
+      loss weights and the optimizer converted by ttf.optimizers.from_keras.
+    What changes behaviour is warned about by layer name (a dropped embedding regularizer
+    or constraint, Hashing rows that cannot carry over, an initializer ttf lacks); what
+    cannot work raises ValueError naming the layer (a layer reading an Embedding's
+    `.embeddings` matrix: keep that Embedding with `keep`).
+
+    Args:
+      model: a built tf.keras functional or Sequential model.
+      keep: names of Embedding layers to leave as Keras Embeddings.
+
+    Returns: the new tf.keras.Model.
+
+    Example:
+      >>> import ttf, tensorflow as tf
+      >>> ids = tf.keras.Input([1], dtype=tf.int32)
+      >>> out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(100, 4)(ids)))
+      >>> fast = ttf.accelerate(tf.keras.Model(ids, out))
+      >>> [type(layer).__name__ for layer in fast.layers][:2]
+      ['InputLayer', 'FusedLookup']
+    """
+    if not getattr(model, "_is_graph_network", False):
+        raise ValueError(f"ttf.accelerate takes a functional or Sequential tf.keras model with known inputs; "
+                         f"{model.name} is a subclassed model (build it from tf.keras.Input, or swap its "
+                         "Embedding layers for ttf.DynamicEmbedding by hand)")
+    return _Converter(model, set(keep)).run()
+
+
+class _Converter:
+    def __init__(self, model, keep):
+        self.model, self.keep = model, keep
+        self.nodes = [n for depth in sorted(model._nodes_by_depth, reverse=True) for n in model._nodes_by_depth[depth]]
+        self.consumers = collections.defaultdict(list)
+        for node in self.nodes:
+            for kt in node.keras_inputs:
+                self.consumers[id(kt)].append(node)
+        self.model_outputs = {id(t) for t in model.outputs}
+        self.model_inputs = {id(t) for t in model.inputs}
+        self.warnings = collections.defaultdict(list)
+        self.clones = {}  # original layer -> its clone in the new model
+        self.carried = {}  # new table layer -> (keys, rows) to import
+
+    # -- analysis
+
+    def embeddings(self):
+        found = [n.layer for n in self.nodes if isinstance(n.layer, tf.keras.layers.Embedding)]
+        layers = list(dict.fromkeys(found))
+        for layer in layers:
+            if layer.name in self.keep:
+                continue
+            for other in self.model._flatten_layers(include_self=False):
+                if other is not layer and any(w is layer.embeddings for w in other.weights):
+                    raise ValueError(
+                        f"ttf.accelerate: layer {other.name} reads Embedding {layer.name}'s matrix (.embeddings), "
+                        "which a ttf table does not have; pass keep=[...] with that Embedding's name")
+        for layer in self.model._flatten_layers(include_self=False):
+            if isinstance(layer, tf.keras.Model) and any(
+                    isinstance(inner, tf.keras.layers.Embedding) for inner in layer._flatten_layers()):
+                self.warnings["nested model whose Embedding layers stay Keras Embeddings"].append(layer.name)
+        return [layer for layer in layers if layer.name not in self.keep]
+
+    def source(self, node):
+        """The ids' source of an Embedding call, looking through a lookup that feeds only Embeddings."""
+        ids = node.keras_inputs[0]
+        producer = ids._keras_history.layer
+        kind = "string" if ids.dtype == tf.string else "int"
+        if isinstance(producer, _LOOKUPS) and self._lookup_feeds_only_tables(ids):
+            lookup_node = producer._inbound_nodes[ids._keras_history.node_index]
+            raw = lookup_node.keras_inputs[0]
+            if isinstance(producer, tf.keras.layers.Hashing):
+                self.warnings["Hashing dropped: rows are not carried over (many inputs shared a bucket); "
+                              "the table keys each raw value"].append(producer.name)
+                vocabulary = None
+            else:
+                vocabulary = producer
+            return _Source(raw, "string" if raw.dtype == tf.string else "int", vocabulary, lookup_node)
+        return _Source(ids, kind)
+
+    def _lookup_feeds_only_tables(self, ids):
+        layer = ids._keras_history.layer
+        if getattr(layer, "output_mode", "int") != "int" or getattr(layer, "invert", False):
+            return False
+        if len(layer._inbound_nodes) != 1 or id(ids) in self.model_outputs:
+            return False
+        return all(isinstance(c.layer, tf.keras.layers.Embedding) and c.layer.name not in self.keep
+                   for c in self.consumers[id(ids)])
+
+    def fusible(self, layer, sources):
+        """All of an Embedding's calls take one id per example from a model input."""
+        if layer.mask_zero:
+            return False
+        for src in sources:
+            shape = src.tensor.shape
+            single = shape.rank == 1 or (shape.rank == 2 and shape[1] == 1)
+            if not (single and id(src.tensor) in self.model_inputs and isinstance(src.tensor.type_spec, tf.TensorSpec)):
+                return False
+        return True
+
+    # -- conversion
+
+    def run(self):
+        embeddings = self.embeddings()
+        calls = {layer: [n for n in layer._inbound_nodes if n in self._node_set()] for layer in embeddings}
+        sources = {id(n): self.source(n) for layer in embeddings for n in calls[layer]}
+        for layer in embeddings:
+            self._check_embedding(layer)
+        skipped = {id(s.skipped) for s in sources.values() if s.skipped is not None}
+
+        new_inputs = [tf.keras.Input(type_spec=t.type_spec, name=t._keras_history.layer.name) for t in self.model.inputs]
+        tensors = {id(old): new for old, new in zip(self.model.inputs, new_inputs)}
+
+        # Fused groups: equal dim, initializer and trainability; at most 256 embeddings each.
+        groups = collections.defaultdict(list)
+        unfused = []
+        for layer in embeddings:
+            srcs = [sources[id(n)] for n in calls[layer]]
+            if self.fusible(layer, srcs):
+                groups[(layer.output_dim, self._initializer(layer), layer.trainable)].append(layer)
+            else:
+                unfused.append(layer)
+        outputs_of = {}  # id(Embedding node) -> new tensor
+        for (dim, initializer, trainable), layers in groups.items():
+            for start in range(0, len(layers), _MAX_TAGS):
+                self._fuse(layers[start:start + _MAX_TAGS], dim, initializer, trainable, calls, sources, tensors,
+                           outputs_of)
+        tables = {layer: self._table_lookup(layer, sources[id(calls[layer][0])]) for layer in unfused}
+
+        for node in self.nodes:
+            if node.is_input or id(node) in skipped:
+                continue
+            if id(node) in outputs_of:
+                new_out = outputs_of[id(node)]
+            elif node.layer in tables:
+                new_out = tables[node.layer](tensors[id(sources[id(node)].tensor)])
+            else:
+                args, kwargs = node.map_arguments(_Always(tensors))
+                new_out = self._clone(node.layer)(*args, **kwargs)
+            for kt, new in zip(tf.nest.flatten(node.outputs), tf.nest.flatten(new_out)):
+                tensors[id(kt)] = new
+        for layer in list(self.clones):
+            self.clones[layer].set_weights(layer.get_weights())
+
+        fast = tf.keras.Model(tf.nest.pack_sequence_as(self.model._nested_inputs, new_inputs),
+                              tf.nest.pack_sequence_as(self.model._nested_outputs,
+                                                       [tensors[id(t)] for t in self.model.outputs]),
+                              name=f"{self.model.name}_ttf")
+        for layer, (keys, rows) in self.carried.items():
+            _import_rows(layer, keys, rows)
+        self._report()
+        if getattr(self.model, "optimizer", None) is not None and getattr(self.model, "_is_compiled", False):
+            _compile_like(fast, self.model)
+        return fast
+
+    def _node_set(self):
+        if not hasattr(self, "_nodes"):
+            self._nodes = set(self.nodes)
+        return self._nodes
+
+    def _clone(self, layer):
+        if layer not in self.clones:
+            try:
+                self.clones[layer] = layer.__class__.from_config(layer.get_config())
+            except Exception as err:  # noqa: BLE001  (any user layer may fail; reported, not hidden)
+                self.warnings[f"cloning failed ({type(err).__name__}), so the new model shares these layers "
+                              "(and their weights) with the original"].append(layer.name)
+                self.clones[layer] = layer
+        return self.clones[layer]
+
+    def _initializer(self, layer):
+        try:
+            return RowInitializer.of(layer.embeddings_initializer)
+        except TypeError:
+            self.warnings["initializer ttf lacks: new ids start from uniform(-0.05, 0.05)"].append(layer.name)
+            return RowInitializer()
+
+    def _check_embedding(self, layer):
+        if _active(layer.embeddings_regularizer) or _active(layer.activity_regularizer):
+            self.warnings["regularizer dropped (ttf tables add no regularization loss)"].append(layer.name)
+        if layer.embeddings_constraint is not None:
+            self.warnings["embeddings_constraint dropped"].append(layer.name)
+
+    def _seed(self, layer):
+        return int(getattr(layer.embeddings_initializer, "seed", None) or 0)
+
+    def _fuse(self, layers, dim, initializer, trainable, calls, sources, tensors, outputs_of):
+        tags = {layer: i for i, layer in enumerate(layers)}
+        columns = [(layer, node) for layer in layers for node in calls[layer]]
+        kinds = [sources[id(node)].key_kind for _, node in columns]
+        fused = FusedLookup(dim, [tags[layer] for layer, _ in columns], kinds, initializer=initializer,
+                            seed=self._seed(layers[0]), trainable=trainable,
+                            name=f"ttf_fused_{dim}d_{len(self.carried)}")
+        results = fused([tensors[id(sources[id(node)].tensor)] for _, node in columns])
+        for (layer, node), out in zip(columns, results):
+            outputs_of[id(node)] = out
+        keys, rows = [], []
+        for layer in layers:
+            source = next(sources[id(n)] for n in calls[layer])
+            layer_keys, layer_rows = self._rows(layer, source)
+            keys.append(_tagged(tf.constant(layer_keys)[:, None], [tags[layer]]).numpy()[:, 0])
+            rows.append(layer_rows)
+        self.carried[fused] = (np.concatenate(keys), np.concatenate(rows))
+
+    def _table_lookup(self, layer, source):
+        mask_value = None
+        if layer.mask_zero:
+            if source.vocabulary is None:
+                mask_value = "" if source.key_kind == "string" else 0
+            elif source.vocabulary.mask_token is not None:
+                mask_value = source.vocabulary.mask_token
+            else:
+                self.warnings["mask_zero over a lookup without mask_token: index 0 (out of vocabulary) is no "
+                              "longer masked"].append(layer.name)
+        table = TableLookup(layer.output_dim, source.key_kind, mask_value, initializer=self._initializer(layer),
+                            seed=self._seed(layer), trainable=layer.trainable, name=layer.name)
+        keys, rows = self._rows(layer, source)
+        self.carried[table] = (keys, rows)
+        return table
+
+    def _rows(self, layer, source):
+        """(keys [N] int64 before tagging, rows [N, dim]) that carry the Embedding's rows over."""
+        matrix = layer.get_weights()[0]
+        if source.skipped is not None and source.vocabulary is None:  # Hashing: nothing to carry
+            return np.zeros([0], np.int64), np.zeros([0, matrix.shape[1]], np.float32)
+        if source.vocabulary is None:
+            return np.arange(len(matrix), dtype=np.int64), matrix
+        tokens = [t for t in source.vocabulary.get_vocabulary() if t != source.vocabulary.mask_token]
+        tokens = [t for t in tokens if t != getattr(source.vocabulary, "oov_token", None)]
+        indices = source.vocabulary(tf.constant(tokens)).numpy()
+        keys = _keys(tf.constant(tokens), source.key_kind).numpy()
+        return keys, matrix[indices]
+
+    def _report(self):
+        for what, names in self.warnings.items():
+            warnings.warn(f"ttf.accelerate: {what}: {', '.join(dict.fromkeys(names))}", stacklevel=3)
+
+
+def _active(regularizer):
+    """A regularizer that adds a loss (DeepCTR passes l2(0) when regularization is off)."""
+    if regularizer is None:
+        return False
+    config = regularizer.get_config() if hasattr(regularizer, "get_config") else None
+    return not (config and all(isinstance(v, (int, float)) and v == 0 for v in config.values()))
+
+
+class _Always(dict):
+    """tensor_dict for Node.map_arguments, which pops one use per read: ours never runs out."""
+
+    def __getitem__(self, key):
+        return [dict.__getitem__(self, int(key) if isinstance(key, str) else key)]
+
+
+def _import_rows(layer, keys, rows):
+    """Writes carried-over rows into the layer's (single) table: its whole content."""
+    if not len(keys):
+        return
+    if len(layer.tables) != 1:
+        raise ValueError(f"{layer.name}: carrying rows over needs an unsharded table")
+    table = layer.tables[0]
+    ops().ttf_table_import(table.resource_handle, keys.astype(np.int64), rows.astype(np.float32),
+                           np.zeros([len(keys), 2], np.int64), np.zeros([0], np.int64), np.zeros([0, 2], np.int64),
+                           "", np.zeros([0], np.float32), 0)
+
+
+def _compile_like(fast, model):
+    config = dict(model._compile_config.config) if hasattr(model, "_compile_config") else {}
+    config["optimizer"] = from_keras(model.optimizer)
+    for name in ("loss", "metrics", "weighted_metrics"):
+        config[name] = tf.nest.map_structure(_fresh, config.get(name))
+    print(f"ttf.accelerate: {fast.name} compiled like {model.name}, with ttf.optimizers."
+          f"{type(config['optimizer']).__name__}", file=sys.stderr)
+    fast.compile(**config)
+
+
+def _fresh(obj):
+    """A new metric or loss object of the same config (they hold state tied to one model)."""
+    if isinstance(obj, (tf.keras.metrics.Metric, tf.keras.losses.Loss)):
+        return obj.__class__.from_config(obj.get_config())
+    return obj
