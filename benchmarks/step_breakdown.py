@@ -50,15 +50,16 @@ def sync(value):
 
 
 def time_ms(fn, inputs, steps):
-    """Median-ready: ms per call of fn over `steps` calls cycling through inputs."""
+    """(wall ms, process CPU ms) per call of fn over `steps` calls cycling through inputs.
+    CPU time (all threads of this process) is steadier than wall time on a shared machine."""
     for args in inputs:  # warm-up: every input once (traces settle)
         out = fn(*args)
     sync(out)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(steps):
         out = fn(*inputs[i % len(inputs)])
     sync(out)
-    return (time.perf_counter() - start) / steps * 1e3
+    return (time.perf_counter() - start) / steps * 1e3, (time.process_time() - cpu) / steps * 1e3
 
 
 class Parts:
@@ -148,15 +149,32 @@ class Parts:
         return train_cli.make_train_step(self.net, self.opt, train_cli.make_precision_policy(precision), fake_args)
 
 
-def multi_step(step_fn, k):
-    """k training steps per tf.function call, reading batches from an iterator in the graph."""
+def _fm_today(e):  # models/ctr.py: 0.5 * sum_d((sum_f e)^2 - sum_f e^2)
+    return 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(e, axis=1)) - tf.reduce_sum(tf.square(e), axis=1), axis=1)
+
+
+def _fm_flat(e):  # the sum of squares over one contiguous axis
+    flat = tf.reshape(e, [tf.shape(e)[0], -1])
+    return 0.5 * (tf.reduce_sum(tf.square(tf.reduce_sum(e, axis=1)), axis=1) - tf.reduce_sum(tf.square(flat), axis=1))
+
+
+def _fm_matmul(e):  # sum over fields as a matmul with stacked identities
+    fields, dim = e.shape[1], e.shape[2]
+    flat = tf.reshape(e, [-1, fields * dim])
+    total = tf.matmul(flat, tf.constant(np.tile(np.eye(dim, dtype=np.float32), (fields, 1))))
+    return 0.5 * (tf.reduce_sum(tf.square(total), axis=1) - tf.reduce_sum(tf.square(flat), axis=1))
+
+
+FM_VARIANTS = {"today": _fm_today, "flat sum of squares": _fm_flat, "matmul": _fm_matmul}
+
+
+def _fwd_bwd(fm):
     @tf.function
-    def run(iterator):
-        loss = tf.constant(0.0)
-        for _ in tf.range(k):
-            features, labels = next(iterator)
-            loss = step_fn._train_step(features, labels, None)["loss"]
-        return loss
+    def run(e):
+        with tf.GradientTape() as tape:
+            tape.watch(e)
+            y = tf.reduce_sum(fm(e))
+        return tape.gradient(y, e)
     return run
 
 
@@ -169,6 +187,7 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=400_000, help="synthetic rows of the input file (default 400000)")
     p.add_argument("--levers", action="store_true", help="also time the levers (host read, XLA, steps per call)")
     p.add_argument("--steps-per-call", type=int, default=8, help="k for the steps-per-call lever (default 8)")
+    p.add_argument("--only", default=None, help="time only the parts whose name contains one of these (comma list)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke run)")
     args = p.parse_args(argv)
     if args.quick:
@@ -211,38 +230,47 @@ def main(argv=None):
         for pr in steps:
             timers[f"loop {pr} + host read per step"] = (loop(pr, True), [()])
             k = args.steps_per_call
-            multi = multi_step(steps[pr], k)
             it = iter(reader.dataset(args.batch_size, shuffle=True, seed=2, split="all", num_epochs=None))
-            timers[f"loop {pr}, {k} steps per call (per step)"] = (lambda m=multi, i=it: m(i), [()])
+            timers[f"loop {pr}, {k} steps per call (per step)"] = (
+                lambda s=steps[pr], i=it, k=k: s.run(i, k)["loss"], [()])
         for pr in ("fp32", "bf16"):
             timers[f"dense fwd+bwd {pr}, XLA"] = (parts.dense_xla[pr], parts.rows_inputs)
+        emb = [(r[..., :16],) for r, _, _ in parts.rows_inputs]
+        for name, fm in FM_VARIANTS.items():
+            timers[f"FM term fwd+bwd, {name}"] = (_fwd_bwd(fm), emb)
         for mode, fn in parts.applies.items():
             timers[f"table + dense apply, {mode}"] = (fn, parts.applies_inputs)
 
+    if args.only:
+        timers = {n: t for n, t in timers.items() if any(w in n for w in args.only.split(","))}
     results = {name: [] for name in timers}
     for rep in range(args.reps):
         names = list(timers) if rep % 2 == 0 else list(reversed(timers))
         for name in names:
             fn, inputs = timers[name]
             per_call = args.steps_per_call if "steps per call" in name else 1
-            results[name].append(time_ms(fn, inputs, max(args.steps // per_call, 2)) / per_call)
+            wall, cpu = time_ms(fn, inputs, max(args.steps // per_call, 2))
+            results[name].append((wall / per_call, cpu / per_call))
         print(f"[breakdown] repetition {rep + 1}/{args.reps} done", flush=True)
-    med = {name: statistics.median(v) for name, v in results.items()}
-    print(render(args, med))
+    med = {name: statistics.median(w for w, _ in v) for name, v in results.items()}
+    cpu = {name: statistics.median(c for _, c in v) for name, v in results.items()}
+    print(render(args, med, cpu))
     return 0
 
 
-def render(args, med):
+def render(args, med, cpu):
     lines = [f"Model {args.model}, batch {args.batch_size}, ttf path, Adam; median ms per call over {args.reps} "
              f"interleaved repetitions of {args.steps} calls ({platform.node()}, {os.cpu_count()} cores, "
-             f"TF {tf.__version__}).", "", "| part | ms | share of step fp32 | share of step auto |", "|---|---|---|---|"]
+             f"TF {tf.__version__}).", "", "| part | wall ms | CPU ms | CPU share of step fp32 | CPU share of step auto |", "|---|---|---|---|---|"]
     for name, value in med.items():
-        fp32 = value / med["step fp32"] if not name.startswith("loop") else float("nan")
-        auto = value / med["step auto"] if not name.startswith("loop") else float("nan")
-        lines.append(f"| {name} | {value:.2f} | {fp32:.0%} | {auto:.0%} |".replace("nan%", "-"))
-    for pr, dense in (("fp32", "dense fwd+bwd fp32"), ("auto", "dense fwd+bwd bf16")):
-        parts = med["lookup"] + med[dense] + med["table apply"] + med["dense apply"] + (med["switch"] if pr == "auto" else 0)
-        lines.append(f"| Keras/TF overhead {pr} (step - parts) | {med[f'step {pr}'] - parts:.2f} | | |")
+        fp32 = cpu[name] / cpu["step fp32"] if "step fp32" in cpu and not name.startswith("loop") else float("nan")
+        auto = cpu[name] / cpu["step auto"] if "step auto" in cpu and not name.startswith("loop") else float("nan")
+        lines.append(f"| {name} | {value:.2f} | {cpu[name]:.2f} | {fp32:.0%} | {auto:.0%} |".replace("nan%", "-"))
+    for pr, dense in (("fp32", "dense fwd+bwd fp32"), ("auto", "dense fwd+bwd bf16")) if not args.only else ():
+        parts = {t: m["lookup"] + m[dense] + m["table apply"] + m["dense apply"] + (m["switch"] if pr == "auto" else 0)
+                 for t, m in (("wall", med), ("cpu", cpu))}
+        lines.append(f"| Keras/TF overhead {pr} (step - parts) | {med[f'step {pr}'] - parts['wall']:.2f} | "
+                     f"{cpu[f'step {pr}'] - parts['cpu']:.2f} | | |")
     return "\n".join(lines)
 
 

@@ -65,9 +65,10 @@ def parse_args(argv):
     length.add_argument("--epochs", type=int, default=None, help="passes over --data instead of --steps")
     p.add_argument("--optimizer", choices=ctr.OPTIMIZERS, default="adam", help="(default adam)")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default=None,
-                   help="dense-part precision: auto (ttf.precision's loss policy: bf16 while the loss is calm, "
-                        "fp32 after spikes, NaN steps skipped), fp32 or bf16 (weights stay fp32 either way); "
+    p.add_argument("--precision", choices=["auto", "loss", "fp32", "bf16"], default=None,
+                   help="dense-part precision: loss (ttf.precision's loss policy: bf16 while the loss is calm, "
+                        "fp32 after spikes), auto (loss on a CPU with native bf16, avx512_bf16 or amx_bf16; fp32 "
+                        "elsewhere, where bf16 is emulated and slower), fp32 or bf16 (weights stay fp32 either way); "
                         "default auto with --tiacc, fp32 otherwise")
     p.add_argument("--embedding-dim", type=int, default=16, help="(default 16)")
     p.add_argument("--native-buckets", type=int, default=100_000,
@@ -96,6 +97,9 @@ def parse_args(argv):
     step.add_argument("--max-non-finite-steps", type=int, default=20,
                       help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "
                            "NaN/Inf (each such step is skipped whole and counted); 0 never stops (default 20)")
+    step.add_argument("--steps-per-call", type=int, default=1,
+                      help="training steps per tf.function call (one Python round trip per K steps; "
+                           "progress and checkpoints then fall on multiples of K) (default 1)")
     cluster = p.add_argument_group("parameter-server job (this process is the chief)")
     cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
     cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
@@ -118,7 +122,7 @@ def parse_args(argv):
     cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
     if any(cluster_flags) and not all(cluster_flags):
         p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
-    for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every"):
+    for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every", "steps_per_call"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -219,6 +223,16 @@ class HorovodRanks:
         return {"hvd_compression": self.compression, "wire_bytes_per_step": sent / max(steps_run, 1)}
 
 
+def resolve_precision(precision):
+    """--precision auto -> loss on a CPU with native bf16, else fp32 (and why)."""
+    if precision != "auto":
+        return precision, None
+    if ttf.precision.cpu_has_native_bf16():
+        return "loss", None
+    return "fp32", ("[train] precision auto: this CPU has no native bf16 (avx512_bf16 / amx_bf16), where bf16 is "
+                    "emulated and slower: training in fp32 (--precision loss or bf16 forces bf16)")
+
+
 def open_readers(args):
     """(training reader, eval reader or None). Raises ValueError / OSError naming a file that
     cannot be read by --schema (missing, a directory, empty, bad header, broken gzip)."""
@@ -250,8 +264,8 @@ def prepare_synthetic(args):
 
 
 def make_precision_policy(precision):
-    """--precision -> the policy of the training step: None (fp32), always bf16, or the
-    loss-driven switch (auto)."""
+    """--precision (resolved) -> the policy of the training step: None (fp32), always
+    bf16, or the loss-driven switch (loss)."""
     if precision == "fp32":
         return None
     if precision == "bf16":
@@ -317,6 +331,7 @@ class Trainer:
         if self.horovod:
             self.horovod.broadcast(self.model)  # rank 0's dense weights everywhere (same seed: already equal)
         self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
+        self.timed_cpu = None  # one process: CPU seconds of this process over the timed steps
         self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
 
     def step(self):
@@ -385,29 +400,43 @@ class Trainer:
         if target is not None and step >= target:
             log(f"[train] already at step {step} >= --steps {target}; nothing to train")
             return 0, 0.0
-        warmup, timed_start, run = 5, None, 0
-        last_log = time.perf_counter()
-        for features, labels in self.dataset(self.args.seed):
-            result = self.train_step(features, labels)  # no host read: the step decides on the device
-            run += 1
-            step += 1
-            if run == warmup:
+        per_call = self.args.steps_per_call
+        warmup, timed_start, run = max(5, per_call), None, 0
+        last_log, last_log_step = time.perf_counter(), step
+        iterator = iter(self.dataset(self.args.seed))
+        while target is None or step < target:
+            # No host read per step: the step decides its precision on the device.
+            calls = per_call if target is None else min(per_call, target - step)
+            if calls == 1:
+                batch = next(iterator, None)
+                if batch is None:
+                    break
+                result, ran = self.train_step(*batch), 1
+            else:
+                result = self.train_step.run(iterator, calls)
+                ran = int(result["steps"])
+                if ran == 0:
+                    break
+            before, run, step = step, run + ran, step + ran
+            if timed_start is None and run >= warmup:
                 result["loss"].numpy()
-                timed_start = time.perf_counter()
-            if step % self.args.log_every == 0:
+                timed_start, timed_from = time.perf_counter(), run
+                self.timed_cpu = -time.process_time()
+            if step // self.args.log_every > before // self.args.log_every:
                 loss = float(result["loss"])
                 now = time.perf_counter()
                 skipped = int(self.train_step.skipped_steps.numpy())
                 ranks = f" ({self.horovod.size} ranks)" if self.horovod else ""
-                log(f"[train] step {step}: loss {loss:.4f}, {self.args.log_every / (now - last_log):.1f} steps/s"
+                log(f"[train] step {step}: loss {loss:.4f}, {(step - last_log_step) / (now - last_log):.1f} steps/s"
                     + (f", {skipped} skipped as non-finite" if skipped else "") + ranks)
-                last_log = now
-            self._maybe_checkpoint(step)
-            if target is not None and step >= target:
+                last_log, last_log_step = now, step
+            self._maybe_checkpoint(step, every_chunk=per_call > 1)
+            if ran < calls:  # the data ran out
                 break
         if timed_start is None:  # shorter than the warm-up: time everything
             return run, max(time.perf_counter() - last_log, 1e-9)
-        return run - warmup, time.perf_counter() - timed_start
+        self.timed_cpu += time.process_time()
+        return run - timed_from, time.perf_counter() - timed_start
 
     def _train_cluster(self):
         strategy, coordinator = self.strategy, self.coordinator
@@ -507,8 +536,11 @@ def main(argv=None):
     if args.prepare_data:
         return 0
     path = "ttf (--tiacc)" if args.tiacc else "TFRA" if args.tfra else "native TensorFlow"
+    args.precision, precision_note = resolve_precision(args.precision)
     log(f"[train] {('DeepFM' if args.model == 'fm' else 'Wide&Deep')} with {path}, optimizer {args.optimizer}, "
         f"batch {args.batch_size}, precision {args.precision}")
+    if precision_note:
+        log(precision_note)
     try:
         readers = open_readers(args)
     except (ValueError, OSError) as err:
@@ -557,7 +589,10 @@ def main(argv=None):
         "model": args.model, "path": trainer.path, "optimizer": args.optimizer, "batch_size": args.batch_size,
         "precision": args.precision, "steps": trainer.step(), "timed_steps": steps,
         "global_steps_per_sec": steps_per_sec, "bf16_fraction": trainer.bf16_fraction(steps_run),
-        "skipped_steps": trainer.skipped_steps(), "examples_per_sec": steps_per_sec * args.batch_size * ranks,
+        "skipped_steps": trainer.skipped_steps(),
+        # One process: CPU seconds (every thread) per timed step, steadier than wall time on a shared machine.
+        "cpu_seconds_per_step": trainer.timed_cpu / steps if trainer.timed_cpu is not None and steps else None,
+        "examples_per_sec": steps_per_sec * args.batch_size * ranks,
         "auc": auc, "logloss": logloss, "eval_rows": eval_rows,
         "cluster": trainer.cluster.shape() if trainer.cluster else trainer.horovod.shape() if trainer.horovod else "single",
     }

@@ -193,13 +193,16 @@ def test_train_cli_non_finite_run_stops_with_one_clear_line(tmp_path):
     assert proc.returncode == 2 and "--lr must be a finite number > 0, got nan" in proc.stderr
 
 
-def test_train_cli_counts_skipped_steps_in_the_metrics(tmp_path):
+def test_train_cli_counts_skipped_steps_and_runs_several_steps_per_call(tmp_path):
     out = tmp_path / "metrics.json"
-    proc = run_train("--model", "wdl", "--tiacc", "--precision", "fp32", "--steps", "12", "--batch-size", "32",
-                     "--data", "sample", "--metrics-out", str(out), timeout=300)
+    proc = run_train("--model", "wdl", "--tiacc", "--precision", "bf16", "--steps", "10", "--steps-per-call", "4",
+                     "--log-every", "5", "--batch-size", "32", "--data", "sample", "--metrics-out", str(out), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads(out.read_text())
-    assert metrics["skipped_steps"] == 0 and metrics["steps"] == 12 and metrics["bf16_fraction"] == 0.0
+    # calls of 4, 4 and 2 steps; progress lines where a call crossed a multiple of 5
+    assert metrics["skipped_steps"] == 0 and metrics["steps"] == 10 and metrics["bf16_fraction"] == 1.0
+    assert "[train] step 8:" in proc.stdout and "[train] step 10:" in proc.stdout
+    assert metrics["cpu_seconds_per_step"] > 0
 
 
 @pytest.mark.slow

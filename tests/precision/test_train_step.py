@@ -255,3 +255,22 @@ def test_non_finite_run_stops_with_a_clear_error():
     assert int(step_fn.skipped_steps) == 3
     with pytest.raises(ValueError, match="max_non_finite_steps must be an int >= 0"):
         make_train_step(model, BCE, tf.keras.optimizers.SGD(0.1), max_non_finite_steps=-1)
+
+
+def test_run_k_steps_per_call_equals_k_single_calls():
+    features, labels = batch(size=96)
+    dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(32)  # 3 batches
+    single, looped = mlp(seed=4), mlp(seed=4)
+    policy = lambda: AdaptivePrecision("time", start_step=1)  # noqa: E731  (fp32, then bf16: both branches)
+    step_single = make_train_step(single, BCE, tf.keras.optimizers.Adam(1e-2), policy())
+    step_looped = make_train_step(looped, BCE, tf.keras.optimizers.Adam(1e-2), policy())
+    for f, y in dataset:
+        last = step_single(f, y)
+    result = step_looped.run(iter(dataset), 5)  # asks for 5, the data has 3
+    assert int(result["steps"]) == 3 and int(step_looped.step) == 3
+    np.testing.assert_allclose(float(result["loss"]), float(last["loss"]), rtol=1e-6)
+    for a, b in zip(single.variables, looped.variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-7)
+    assert int(step_looped.low_precision_steps) == 2
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
+        step_looped.run(iter(dataset), 0)

@@ -202,6 +202,9 @@ class TableSharding:
         # Instance attributes: tf.train.Checkpoint calls these on the table object.
         table._serialize_to_tensors = lambda: self.export_table(layer)  # pylint: disable=protected-access
         table._restore_from_tensors = lambda tensors: self.import_table(layer, tensors)  # pylint: disable=protected-access
+        if hasattr(layer, "export_table"):  # a layer whose checkpoint entry is its logical table
+            object.__setattr__(layer, "export_table", lambda *args, **kwargs: self.export_table(layer))
+            object.__setattr__(layer, "import_table", lambda tensors: self.import_table(layer, tensors))
 
     def gather_export(self, layer):
         """The logical table of `layer`: every rank's export concatenated (a collective: every

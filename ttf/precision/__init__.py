@@ -10,6 +10,7 @@ or any gradient is NaN/Inf whole (counted), and raises `NonFiniteTrainingError` 
 many such steps in a row. See docs/precision.md.
 """
 from ttf.precision._config import PrecisionConfig, SwitchConfig
+from ttf.precision._cpu import cpu_has_native_bf16
 from ttf.precision._policy import AdaptivePrecision
 from ttf.precision._switch import PrecisionSwitch
 from ttf.precision._train_step import (
@@ -27,6 +28,7 @@ __all__ = [
     "PrecisionSwitch",
     "PrecisionTrainStep",
     "SwitchConfig",
+    "cpu_has_native_bf16",
     "low_precision",
     "make_train_step",
     "use_adaptive_precision",

@@ -176,6 +176,7 @@ class PrecisionTrainStep(tf.Module):
         self._trace_counts = _TraceCounts()
         self._optimizer_built = False
         self._function = tf.function(self._train_step)
+        self._loop = tf.function(self._run_steps)
 
     @property
     def trace_counts(self):
@@ -198,6 +199,46 @@ class PrecisionTrainStep(tf.Module):
             if _NON_FINITE_MARKER not in str(err):
                 raise
             raise self._non_finite_error() from None
+
+    def run(self, iterator, steps):
+        """Runs up to `steps` steps in one tf.function call, each on the next batch
+        `(features, labels)` of `iterator` (an iterator over a tf.data.Dataset), so Python
+        and the function call are paid once per `steps` steps.
+
+        Returns:
+          {"loss": the last step's loss, "steps": int32 steps run}: fewer than `steps` when
+          the iterator ran out (then "steps" counts the batches it still had).
+
+        Raises:
+          NonFiniteTrainingError: as `__call__`.
+        """
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+        if not self._optimizer_built:
+            _build_optimizer(self._optimizer, self._trainable_variables())
+            self._optimizer_built = True
+        try:
+            return self._loop(iterator, tf.constant(steps, tf.int32))
+        except tf.errors.InvalidArgumentError as err:
+            if _NON_FINITE_MARKER not in str(err):
+                raise
+            raise self._non_finite_error() from None
+
+    def _run_steps(self, iterator, steps):
+        def body(done, loss, more):
+            optional = iterator.get_next_as_optional()
+            more = optional.has_value()
+
+            def step():
+                features, labels = optional.get_value()
+                return self._train_step(features, labels, None)["loss"]
+
+            loss = tf.cond(more, step, lambda: loss)
+            return done + tf.cast(more, tf.int32), loss, more
+
+        done, loss, _ = tf.while_loop(lambda done, loss, more: tf.logical_and(more, done < steps), body,
+                                      (tf.constant(0), tf.constant(float("nan")), tf.constant(True)))
+        return {"loss": loss, "steps": done}
 
     def _non_finite_error(self):
         last = int(self.step.numpy())
