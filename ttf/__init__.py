@@ -26,9 +26,12 @@ if not _tf.keras.Model.__module__.startswith("tf_keras."):
 
 __version__ = "0.1.0"
 
-from ttf._ops import ops as _load_ops  # noqa: E402
+from ttf._ops import LIBRARY_PATH as _LIBRARY_PATH  # noqa: E402
 
-_load_ops()  # registers ttf's op types, which tf.saved_model.load of a model with ttf layers needs
+if os.path.exists(_LIBRARY_PATH):  # (ttf._ops.ops() says how to rebuild when it is missing or stale)
+    # Registers ttf's op types, which tf.saved_model.load of a model with ttf layers needs;
+    # runs no op, so TensorFlow's context (devices) stays unconfigured until the user's code.
+    _tf.load_op_library(_LIBRARY_PATH)
 
 from ttf import _keras, checkpoint, data, distribute, optimizers, precision  # noqa: E402
 from ttf._accelerate import accelerate  # noqa: E402
