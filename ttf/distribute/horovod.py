@@ -159,15 +159,7 @@ class TableSharding:
         return embeddings, route
 
     def _route_gradient(self, layer, upstream, row_splits, route):
-        upstream = tf.convert_to_tensor(upstream)
-        if row_splits is None:
-            per_key = upstream
-        else:  # one gradient row per id of each bag, scaled for the mean
-            row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
-            per_key = tf.gather(upstream, row_ids)
-            if layer.combiner == "mean":
-                lengths = tf.cast(tf.maximum(row_splits[1:] - row_splits[:-1], 1), tf.float32)
-                per_key *= tf.gather(1.0 / lengths, row_ids)[:, None]
+        per_key = layer._per_key_gradient(tf.convert_to_tensor(upstream), row_splits)  # pylint: disable=protected-access
         unique_grads = ops().ttf_embedding_grad(tf.cast(per_key, tf.float32), route["inverse"], route["unique_keys"])
         sent = _to_wire(tf.gather(unique_grads, route["order"]), self.wire_dtype)
         received, _ = hvd.alltoall(sent, splits=route["splits"], name=f"ttf_{layer.name}_grads")

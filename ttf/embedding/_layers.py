@@ -139,19 +139,24 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             embeddings, unique_keys, inverse = self._forward(keys, row_splits, training=True)
 
             def grad(upstream):
-                if row_splits is None:
-                    per_key = upstream
-                else:  # one gradient row per id of each bag, scaled for the mean
-                    row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
-                    per_key = tf.gather(upstream, row_ids)
-                    if self.combiner == "mean":
-                        lengths = tf.cast(tf.maximum(row_splits[1:] - row_splits[:-1], 1), tf.float32)
-                        per_key *= tf.gather(1.0 / lengths, row_ids)[:, None]
+                per_key = self._per_key_gradient(upstream, row_splits)
                 return tf.IndexedSlices(ops().ttf_embedding_grad(per_key, inverse, unique_keys), unique_keys)
 
             return embeddings, grad
 
         return lookup(tf.convert_to_tensor(self.anchor))
+
+    def _per_key_gradient(self, upstream, row_splits):
+        """The gradient of each looked-up id: upstream itself for dense ids; for ragged
+        ids, one row per id of each bag, scaled by 1/length for the mean combiner."""
+        if row_splits is None:
+            return upstream
+        row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
+        per_key = tf.gather(upstream, row_ids)
+        if self.combiner == "mean":
+            lengths = tf.cast(tf.maximum(row_splits[1:] - row_splits[:-1], 1), tf.float32)
+            per_key *= tf.gather(1.0 / lengths, row_ids)[:, None]
+        return per_key
 
     def _forward(self, keys, row_splits, training):
         """-> embeddings, unique_keys, inverse_index (embeddings = rows[unique_keys][inverse])."""
