@@ -30,9 +30,6 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.txt "$stamp"; then
   echo "[setup] installing pinned requirements: TensorFlow 2.16.2, tf-keras 2.16, TFRA 0.8.1 (a minute or two)"
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --upgrade pip
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check -r requirements.txt
-  [ "$deps_only" = 1 ] && exit 0
-  echo "[setup] installing ttf (editable) and building its ops"
-  run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -e .
   cp requirements.txt "$stamp"
 fi
 # Test-only clients installed without their dependencies (their pins would replace ours):
@@ -42,6 +39,14 @@ if [ -f requirements-nodeps.txt ] && { [ ! -f "$nodeps_stamp" ] || ! cmp -s requ
   echo "[setup] installing test clients without dependencies (requirements-nodeps.txt: deepctr)"
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-deps -r requirements-nodeps.txt
   cp requirements-nodeps.txt "$nodeps_stamp"
+fi
+[ "$deps_only" = 1 ] && exit 0
+# ttf itself, editable: the stamp holds the checkout it points at.
+editable_stamp=$VENV/.ttf-editable
+if [ "$(cat "$editable_stamp" 2>/dev/null)" != "$PWD" ]; then
+  echo "[setup] installing ttf (editable) and building its ops"
+  run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -e .
+  echo "$PWD" >"$editable_stamp"
 fi
 # Rebuild the op library when any file in ops/ is newer than it (incremental, per object).
 lib=ttf/_ttf_ops.so

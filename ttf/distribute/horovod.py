@@ -187,17 +187,6 @@ class TableSharding:
         return ops().ttf_table_import(layer.tables[0].resource_handle, *(tensors[f] for f in fields),
                                       num_partitions=self.size, partition=self.rank)
 
-    def attach_checkpoint(self, layer):
-        """The layer's table, in a checkpoint, stands for the logical table: saving writes
-        every rank's ids (export_table), restoring keeps this rank's (import_table)."""
-        table = layer.tables[0]
-        # Instance attributes: tf.train.Checkpoint calls these on the table object.
-        table._serialize_to_tensors = lambda: self.export_table(layer)  # pylint: disable=protected-access
-        table._restore_from_tensors = lambda tensors: self.import_table(layer, tensors)  # pylint: disable=protected-access
-        if hasattr(layer, "export_table"):  # a layer whose checkpoint entry is its logical table
-            object.__setattr__(layer, "export_table", lambda *args, **kwargs: self.export_table(layer))
-            object.__setattr__(layer, "import_table", lambda tensors: self.import_table(layer, tensors))
-
     def gather_export(self, layer):
         """The logical table of `layer`: every rank's export concatenated (a collective: every
         rank must call it, in the same order of layers)."""
@@ -250,8 +239,7 @@ def shard_tables(model, compression="none"):
         if len(layer.tables) != 1:
             raise ValueError(f"{layer.name} is sharded over {len(layer.tables)} devices (shard_devices); "
                              "on Horovod build it without shard_devices")
-        layer.sharding = sharding
-        sharding.attach_checkpoint(layer)
+        layer.sharding = sharding  # its export_table/import_table now gather / keep this rank's ids
     return layers
 
 

@@ -5,7 +5,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 from ttf._ops import ops
-from ttf.embedding._logical import LogicalTable, merge_exports, shard_of
+from ttf.embedding._logical import EXPORT_FIELDS, LogicalTable, merge_exports, shard_of
 from ttf.embedding._table import EmbeddingTable
 
 _FIELD_SHIFT = 56
@@ -233,27 +233,24 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         """Clears and (re)starts every shard's record of deleted ids (delta checkpoints)."""
         return tf.group(*[table.reset_deleted() for table in self.tables])
 
-    # -- .keras files (tf_keras saving_lib): the anchor plus every table's whole content
+    # -- .keras files (tf_keras saving_lib): the anchor plus the logical table, like a checkpoint
 
     def save_own_variables(self, store):
         super().save_own_variables(store)
-        for i, table in enumerate(self.tables):
-            for field, value in table.export().items():
-                store[f"table{i}_{field}"] = value.numpy()
+        for field, value in self.export_table().items():
+            store[f"table_{field}"] = value.numpy()
 
     def load_own_variables(self, store):
         names = list(store.keys())
         super().load_own_variables({k: store[k] for k in names if not k.startswith("table")})
-        shards = sorted({int(k[len("table"):].split("_", 1)[0]) for k in names if k.startswith("table")})
-        if shards != list(range(len(self.tables))):
-            raise ValueError(f"{self.name}: the file holds {len(shards)} table shards, the layer has {len(self.tables)}")
-        for i, table in enumerate(self.tables):
-            prefix = f"table{i}_"
-            exported = {k[len(prefix):]: np.asarray(store[k]) for k in names if k.startswith(prefix)}
-            optimizer = exported["optimizer"].item()
-            exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
-            restore = getattr(table, "restore", None) or table._restore_from_tensors
-            restore(exported)
+        if any(k.startswith("table_") for k in names):
+            exported = _exported_from_store(store, "table_")
+        else:  # a file written before the logical table (ttf <= 0.1): one entry per shard, table{i}_
+            shards = sorted({k[len("table"):].split("_", 1)[0] for k in names if k.startswith("table")})
+            if not shards:
+                raise ValueError(f"{self.name}: the file holds no table for this layer (saved without its rows?)")
+            exported = merge_exports([_exported_from_store(store, f"table{i}_") for i in shards], self.dim)
+        self.import_table(exported)
 
     def get_config(self):
         table = self.tables[0]
@@ -336,3 +333,14 @@ def _static_bool(training):
     if value is None:
         raise ValueError("training must be a Python bool or a constant; ttf picks the lookup op at trace time")
     return bool(value)
+
+
+def _exported_from_store(store, prefix):
+    """The export dict saved under `prefix` in a .keras weights store."""
+    exported = {k[len(prefix):]: np.asarray(store[k]) for k in store.keys() if k.startswith(prefix)}
+    missing = set(EXPORT_FIELDS) - set(exported)
+    if missing:
+        raise ValueError(f"the .keras file's table entry {prefix}* lacks {sorted(missing)}: not written by ttf?")
+    optimizer = exported["optimizer"].item()
+    exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
+    return exported

@@ -200,4 +200,9 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         the saved resource as is."""
         value = struct_pb2.StructuredValue()
         proto.Unpack(value)
-        return cls(**nested_structure_coder.decode_proto(value))
+        table = cls(**nested_structure_coder.decode_proto(value))
+        # The loaded functions capture only the handle: it keeps the table (whose deletion
+        # destroys the resource) alive, so `tf.saved_model.load(p).signatures[...]` works
+        # after the loaded object itself is gone.
+        table.resource_handle._ttf_table = table
+        return table
