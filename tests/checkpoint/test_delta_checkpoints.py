@@ -95,3 +95,26 @@ def test_a_delta_is_smaller_than_a_full_checkpoint_and_never_taken_for_one(tmp_p
     with pytest.raises((tf.errors.NotFoundError, AssertionError, ValueError)):
         plain, _, plain_opt = build(1)
         tf.train.Checkpoint(model=plain, optimizer=plain_opt).restore(delta).assert_existing_objects_matched()
+
+
+class _OldShard(tf.__internal__.tracking.Trackable):
+    """A table shard as ttf wrote it before checkpoints held the logical table."""
+
+    def _serialize_to_tensors(self):
+        return {"keys": tf.constant([1, 2], tf.int64), "values": tf.zeros([2, 4])}
+
+
+class _OldLayer(tf.__internal__.tracking.AutoTrackable):
+    def __init__(self):
+        self.tables = [_OldShard()]
+
+
+@pytest.mark.parametrize("written_by", ["old_ttf", "another_model"])
+def test_a_checkpoint_without_the_table_raises_naming_the_layer(tmp_path, written_by):
+    saved = tf.train.Checkpoint(emb=_OldLayer()) if written_by == "old_ttf" else tf.train.Checkpoint(step=tf.Variable(3))
+    tf.train.CheckpointManager(saved, str(tmp_path), max_to_keep=1).save(checkpoint_number=5)
+    _, emb, optimizer = build(2)
+    manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(emb=emb, optimizer=optimizer), str(tmp_path))
+    cause = "one entry per table shard" if written_by == "old_ttf" else "another model"
+    with pytest.raises(ValueError, match=f"holds no table for the ttf layers \\['emb'\\]: .*{cause}"):
+        manager.restore_latest()

@@ -120,7 +120,11 @@ class CheckpointManager:
             if latest is None:
                 return None
             self._chain = {"full": latest, "deltas": []}
+        tables = self._tables()
+        for table in tables:
+            table.restored = False
         self.checkpoint.restore(self._chain["full"])
+        _check_every_table_restored(tables, self._chain["full"])
         with self._mode(_DeltaRestore()):
             for path in self._chain["deltas"]:
                 self.checkpoint.restore(path)
@@ -162,3 +166,16 @@ class CheckpointManager:
             json.dump(chain, f)
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
         self._chain = chain
+
+
+def _check_every_table_restored(tables, path):
+    """Raises when `path` held nothing for a table: its ids would otherwise start empty, silently."""
+    missing = [t.layer.name for t in tables if not t.restored]
+    if not missing:
+        return
+    names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    old_format = any("/tables/" in n and n.endswith("/keys") for n in names)
+    cause = ("it holds one entry per table shard, written by ttf before checkpoints held the logical table; "
+             "restore it with that ttf version and save again, or train from scratch"
+             if old_format else "it was written by another model (different layer names or structure)")
+    raise ValueError(f"checkpoint {path} holds no table for the ttf layers {missing}: {cause}")

@@ -81,6 +81,7 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
         self._layer = weakref.ref(layer)  # the layer tracks this object, not the reverse
         self.mode = None
         self.saved_step = None
+        self.restored = False  # set when a checkpoint restore reaches this entry
 
     @property
     def layer(self):
@@ -96,6 +97,7 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
             restored = self.mode.restore(self, restored_tensors)
         else:
             restored = self.layer.import_table(restored_tensors)
+        self.restored = True
         self._note_step(restored_tensors)
         return restored
 
