@@ -38,6 +38,20 @@ def interface_of(address):
     return None
 
 
+def loopback_hostname():
+    """This host's name, when it resolves to a loopback address (else None).
+
+    Horovod 0.28 builds the Gloo context of its process sets (every collective runs on one)
+    from the address this host's name resolves to, not from HOROVOD_GLOO_IFACE: with a
+    loopback address there, ranks on other hosts get 127.0.0.1 to connect to and abort."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        return None
+    return name if address.startswith("127.") else None
+
+
 def wait_for_port(host, port, timeout):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -79,6 +93,13 @@ def main(argv=None):
     iface = args.iface or interface_of(me)
     if iface is None:
         parser.error(f"no network interface here holds {me} (host {args.host_index} of --hosts); pass --iface")
+
+    hostname = loopback_hostname() if len(hosts) > 1 else None
+    if hostname is not None:
+        parser.error(f"this host's name {hostname!r} resolves to a loopback address, and Horovod's Gloo "
+                     f"connects other hosts' ranks to the address this name resolves to. Map it to "
+                     f"{me} in /etc/hosts (e.g. `{me} {hostname}`; in a network namespace NS, "
+                     f"/etc/netns/NS/hosts)")
 
     server = None
     if args.host_index == 0:

@@ -213,7 +213,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         EmbeddingTable.export. Override it (with import_table and reset_deleted) for
         shards that live in other processes, e.g. gather them on Horovod."""
         if self.sharding is not None:  # shards on other ranks: the sharding gathers them (a collective)
-            if since_step is not None or reset_deleted:
+            # reset_deleted only starts the record a later delta reads; deltas are refused here.
+            if since_step is not None:
                 raise NotImplementedError(f"{self.name}: delta checkpoints of a table sharded over Horovod ranks "
                                           "are not supported yet; save full checkpoints (full_every=1)")
             return self.sharding.export_table(self)
