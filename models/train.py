@@ -295,16 +295,18 @@ def make_precision_policy(precision):
                                            interval_hold=10)
 
 
-def make_train_step(model, optimizer, policy, args, global_loss=None):
+def make_train_step(model, optimizer, policy, args, global_loss=None, finite_across=None):
     """The one-process (or one Horovod rank's) training step: sigmoid cross-entropy on the
     model's logits. global_loss (Horovod): the mean over the ranks, so every rank takes the
-    same skip and precision decisions; its gradient leaves each rank's own gradient as is."""
+    same precision decision; its gradient leaves each rank's own gradient as is.
+    finite_across (Horovod): every rank skips a step where any rank's gradient is not finite."""
     def loss_fn(labels, logits):
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
         return loss if global_loss is None else global_loss(loss)
 
     return ttf.precision.make_train_step(ctr.Logits(model), loss_fn, optimizer, policy,
-                                         max_non_finite_steps=args.max_non_finite_steps)
+                                         max_non_finite_steps=args.max_non_finite_steps,
+                                         finite_across=finite_across)
 
 
 class Trainer:
@@ -339,8 +341,10 @@ class Trainer:
                 parts["precision"] = self.precision
             self.train_step = None
             if not self.strategy:
-                self.train_step = make_train_step(self.model, self.optimizer, self.precision, args,
-                                                  global_loss=self.horovod.mean if self.horovod else None)
+                self.train_step = make_train_step(
+                    self.model, self.optimizer, self.precision, args,
+                    global_loss=self.horovod.mean if self.horovod else None,
+                    finite_across=self.horovod.tdh.all_ranks if self.horovod else None)
                 parts["train_step"] = self.train_step
             self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = None

@@ -113,6 +113,17 @@ def test_own_keras_model_under_horovodrun_equals_one_process(horovod, tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(horovod, tmp_path):
+    script = os.path.join(ROOT, "tests", "distribute", "hvd_one_rank_nan.py")
+    proc = horovodrun(2, sys.executable, script, str(tmp_path / "out"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"out-{rank}.json").read_text())
+        assert result == {"skipped": [False, False, True, False, False], "skipped_steps": 1,
+                          "optimizer_iterations": 4}, (rank, result)
+
+
+@pytest.mark.slow
 def test_compression_runs_and_sends_fewer_bytes(horovod, synthetic, tmp_path):
     common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "30",
               "--precision", "fp32", "--batch-size", "128", "--seed", "3"]

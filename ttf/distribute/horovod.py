@@ -334,6 +334,12 @@ def mean_over_ranks(value, name="ttf_mean"):
     return hvd.allreduce(value, op=hvd.Average, name=name)
 
 
+def all_ranks(flag, name="ttf_all_ranks"):
+    """A boolean scalar that is True only where `flag` is True on every rank (e.g. a step's
+    gradients are finite: make_train_step(finite_across=all_ranks))."""
+    return tf.cast(hvd.allreduce(tf.cast(flag, tf.int32), op=hvd.Min, name=name), tf.bool)
+
+
 def check_same_config(config, what="flags"):
     """Raises ValueError naming the ranks whose `config` (a JSON-able dict) differs from rank 0's."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
@@ -351,5 +357,5 @@ def check_same_config(config, what="flags"):
 
 
 __all__ = ["COMPRESSIONS", "DistributedOptimizer", "TableSharding", "allreduce_dense", "broadcast_variables",
-           "check_same_config", "gather_rows", "gathered_tables", "mean_over_ranks", "rank_slice", "shard_tables", "table_size",
+           "all_ranks", "check_same_config", "gather_rows", "gathered_tables", "mean_over_ranks", "rank_slice", "shard_tables", "table_size",
            "ttf_layers", "wire_bytes"]

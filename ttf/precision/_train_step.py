@@ -157,7 +157,7 @@ class PrecisionTrainStep(tf.Module):
     """
 
     def __init__(self, model, loss_fn, optimizer, policy=None, variables=None,
-                 low_precision_dtype=tf.bfloat16, max_non_finite_steps=20):
+                 low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None):
         super().__init__(name="precision_train_step")
         if isinstance(max_non_finite_steps, bool) or not isinstance(max_non_finite_steps, int) \
                 or max_non_finite_steps < 0:
@@ -169,6 +169,7 @@ class PrecisionTrainStep(tf.Module):
         self._variables = variables
         self._dtype = tf.as_dtype(low_precision_dtype)
         self._max_non_finite_steps = max_non_finite_steps
+        self._finite_across = finite_across
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.non_finite_run = tf.Variable(0, dtype=tf.int64, trainable=False, name="non_finite_run")
@@ -306,6 +307,8 @@ class PrecisionTrainStep(tf.Module):
             loss, outputs, finite, flat = branch(False)()
         else:
             loss, outputs, finite, flat = tf.cond(low, branch(True), branch(False))
+        if self._finite_across is not None:  # every replica takes the same skip decision
+            finite = self._finite_across(finite)
         # A non-finite gradient counts as a non-finite loss for the switch: it holds float32.
         observed = tf.where(finite, loss, tf.constant(float("nan")))
         if self.policy is not None:
@@ -370,7 +373,7 @@ def _cast_floating(tensor, dtype):
 
 
 def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
-                    low_precision_dtype=tf.bfloat16, max_non_finite_steps=20):
+                    low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None):
     """Returns a callable running one training step, in the precision `policy` picks.
 
     The one training step of ttf (models/train.py uses it too). Both precision variants
@@ -391,6 +394,10 @@ def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
       low_precision_dtype: tf.bfloat16 (default).
       max_non_finite_steps: raise `NonFiniteTrainingError` when this many steps in a row
         were skipped as non-finite (default 20; 0 never stops).
+      finite_across: data-parallel replicas (Horovod ranks): `finite_across(flag) -> flag`,
+        True only when the flag is True on every replica (e.g.
+        `ttf.distribute.horovod.all_ranks`), so all skip the same steps. A replica that
+        skipped alone would miss the others' gradient allreduce.
 
     Returns:
       A `PrecisionTrainStep`: `step_fn(features, labels, sample_weight=None)` returns
@@ -410,7 +417,7 @@ def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
     if not isinstance(model, tf.keras.layers.Layer) and variables is None:
         raise ValueError("model is a plain callable: pass the variables to train in variables=")
     return PrecisionTrainStep(model, loss_fn, optimizer, policy, variables, low_precision_dtype,
-                              max_non_finite_steps)
+                              max_non_finite_steps, finite_across)
 
 
 def use_adaptive_precision(model, policy, max_non_finite_steps=20):
