@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A parameter-server job with one container per task on a container network: N ps, M workers
 # and the chief, each running start_all.sh's multi-host role flags (--role/--index/--*-hosts).
+# With --hvd: a synchronous Horovod job instead, one rank per container (start_all.sh --hvd
+# --hvd-hosts/--hvd-host-index: Gloo rendezvous on the first container, no ssh).
 # Checkpoints go to a volume mounted at /ckpt in every container; running the same job again
 # with the same volume resumes from its last checkpoint. Run with -h for every option.
 set -euo pipefail
@@ -15,7 +17,9 @@ Runs a ttf parameter-server job in containers, one per task, on its own containe
 (builds or updates the image first, with docker/build.sh).
 
   --ps N          parameter-server containers (default 1)
-  --workers N     worker containers (default 2)
+  --workers N     worker containers (default 2); with --hvd: Horovod ranks, one per container
+  --hvd           a Horovod job: containers JOB-rank0.., tables sharded over the ranks, rank 0
+                  saves checkpoints and prints the result
   --name JOB      job name (default ttf-job): containers JOB-ps0.., JOB-worker0.., JOB-chief on
                   the network JOB-net; they are removed when the job ends
   --volume V      named volume (or absolute host directory) for checkpoints, mounted at /ckpt
@@ -30,12 +34,13 @@ Env: TTF_ENGINE, TTF_IMAGE (docker/build.sh -h), TTF_BUILD_FLAGS (extra build.sh
 Examples:
   docker/cluster.sh --tiacc --fm                       # 1 ps + 2 workers + chief, DeepFM with ttf
   docker/cluster.sh --ps 2 --workers 3 --tiacc --fm --steps 1000 --name big
+  docker/cluster.sh --hvd --workers 2 --tiacc --fm     # 2 Horovod ranks in 2 containers
 EOF
 }
 
 usage_error() { echo "[cluster] $*" >&2; echo "Run docker/cluster.sh -h for usage." >&2; exit 2; }
 
-num_ps=1 num_workers=2 job=ttf-job volume="" job_flags=() user_ckpt=0
+num_ps=1 num_workers=2 job=ttf-job volume="" job_flags=() user_ckpt=0 hvd=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --ps|--workers|--name|--volume) [ $# -ge 2 ] && [ -n "$2" ] || usage_error "$1 needs a value" ;;&
@@ -43,7 +48,8 @@ while [ $# -gt 0 ]; do
     --workers) num_workers=$2; shift ;;
     --name) job=$2; shift ;;
     --volume) volume=$2; shift ;;
-    --role|--index|--ps-hosts|--worker-hosts|--chief-host|--single)
+    --hvd) hvd=1 ;;
+    --role|--index|--ps-hosts|--worker-hosts|--chief-host|--single|--hvd-hosts|--hvd-host-index|--hvd-rendezvous)
       usage_error "$1 is set by cluster.sh for each container; leave it out" ;;
     -h|--help) usage; exit 0 ;;
     *) [ "$1" = --checkpoint-dir ] && user_ckpt=1; job_flags+=("$1") ;;
@@ -64,11 +70,17 @@ pick_engine no quiet
 
 network=$job-net port=2222
 names=() roles=()
-for ((i = 0; i < num_ps; i++)); do names+=("$job-ps$i") roles+=("ps $i"); done
-for ((i = 0; i < num_workers; i++)); do names+=("$job-worker$i") roles+=("worker $i"); done
 join_hosts() { local IFS=,; echo "$*"; }
 hosts() { local prefix=$1 n=$2 list=(); for ((i = 0; i < n; i++)); do list+=("$job-$prefix$i:$port"); done; join_hosts "${list[@]}"; }
-cluster=(--ps-hosts "$(hosts ps "$num_ps")" --worker-hosts "$(hosts worker "$num_workers")" --chief-host "$job-chief:$port")
+if [ "$hvd" = 1 ]; then
+  for ((i = 0; i < num_workers; i++)); do names+=("$job-rank$i") roles+=("rank $i"); done
+  port=1  # one rank per container: host:slots
+  cluster=(--hvd --hvd-hosts "$(hosts rank "$num_workers")" --hvd-rendezvous "$job-rank0:29500")
+else
+  for ((i = 0; i < num_ps; i++)); do names+=("$job-ps$i") roles+=("ps $i"); done
+  for ((i = 0; i < num_workers; i++)); do names+=("$job-worker$i") roles+=("worker $i"); done
+  cluster=(--ps-hosts "$(hosts ps "$num_ps")" --worker-hosts "$(hosts worker "$num_workers")" --chief-host "$job-chief:$port")
+fi
 
 follower=""
 remove_containers() { engine rm -f "${names[@]}" "$job-chief" >/dev/null 2>&1 || true; }
@@ -104,6 +116,35 @@ report_stop() {  # name, role: why the container stopped and its last lines
   echo "[cluster] $2 (container $1) stopped: $why; its last lines:" >&2
   engine logs --tail 5 "$1" 2>&1 | sed 's/^/    /' >&2
 }
+
+if [ "$hvd" = 1 ]; then
+  echo "[cluster] Horovod job $job: $num_workers rank(s), one per container, on network $network, checkpoints in $volume"
+  for ((i = 0; i < num_workers; i++)); do start_task "${names[i]}" --hvd-host-index "$i"; done
+  engine logs -f "${names[0]}" 2>&1 | grep --line-buffered -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+: [IWE] ' &
+  follower=$!
+  failed=""
+  while :; do  # until every rank's container stopped; a failed rank stops the others (Gloo loses its peer)
+    left=0
+    for ((i = 0; i < num_workers; i++)); do
+      if running "${names[i]}"; then left=$((left + 1)); continue; fi
+      code=$(exit_code "${names[i]}")
+      if [ "$code" != 0 ] && [[ " $failed " != *" $i "* ]]; then
+        failed="$failed $i"
+        report_stop "${names[i]}" "${roles[i]}"
+      fi
+    done
+    [ "$left" = 0 ] && break
+    sleep 2
+  done
+  wait "$follower" 2>/dev/null || true
+  follower=""
+  if [ -n "$failed" ]; then
+    echo "[cluster] the Horovod job failed; run it again with the same --volume to resume from its last checkpoint" >&2
+    exit 1
+  fi
+  echo "[cluster] done; checkpoints in $volume"
+  exit 0
+fi
 
 echo "[cluster] job $job: $num_ps ps + $num_workers worker(s) + chief on network $network, checkpoints in $volume"
 for ((i = 0; i < ${#names[@]}; i++)); do

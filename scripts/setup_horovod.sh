@@ -5,13 +5,17 @@
 # The first build takes about 6 minutes on two cores (needs g++ and cmake; cmake comes from
 # PyPI when the system has none). pip keeps the built wheel in its cache, so later installs
 # (a new venv, a re-run) take seconds. Idempotent: returns at once when horovod is there.
+# --deps-only: on top of `setup_env.sh --deps-only` (docker/Dockerfile's cached layer: the
+# venv with the pinned packages, before ttf itself is there).
 # Env: TTF_VENV (default ./.venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TTF_VENV:-$PWD/.venv}
 log=build-horovod.log
+deps_only=0
+[ "${1:-}" = --deps-only ] && deps_only=1
 
-./scripts/setup_env.sh
+if [ "$deps_only" = 1 ]; then ./scripts/setup_env.sh --deps-only; else ./scripts/setup_env.sh; fi
 if [ -f "$VENV/.ttf-horovod" ] && "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('horovod') is None)"; then
   exit 0
 fi
@@ -30,7 +34,9 @@ if ! HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD
   tail -n 40 "$log" >&2
   exit 1
 fi
-if ! "$VENV/bin/python" -c "import ttf, horovod.tensorflow as hvd; hvd.init()" >>"$log" 2>&1; then
+check="import ttf, horovod.tensorflow as hvd; hvd.init()"
+[ "$deps_only" = 1 ] && check="import horovod.tensorflow as hvd; hvd.init()"  # ttf is not there yet
+if ! "$VENV/bin/python" -c "$check" >>"$log" 2>&1; then
   echo "[setup] horovod installed but does not load with this TensorFlow; end of $log:" >&2
   tail -n 20 "$log" >&2
   exit 1

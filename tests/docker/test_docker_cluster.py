@@ -1,7 +1,8 @@
 """A parameter-server job in containers (docker/cluster.sh): one container per task (1 ps,
 2 workers, the chief) on a container network, with start_all.sh's multi-host flags and
 checkpoints on a named volume. It trains and reports, finishing after a worker container is
-killed; a killed ps container stops it, and a restart from the volume's checkpoint has every key."""
+killed; a killed ps container stops it, and a restart from the volume's checkpoint has every key.
+The Horovod shape (cluster.sh --hvd): one rank per container, tables sharded over them."""
 import importlib.util
 import json
 import os
@@ -28,7 +29,8 @@ def job(image):
     """A unique job name; its containers, network and volume are removed afterwards."""
     name = f"ttft-{uuid.uuid4().hex[:6]}"
     yield name
-    engine("rm", "-f", *[f"{name}-{task}" for task in ("ps0", "worker0", "worker1", "chief")], check=False)
+    engine("rm", "-f", *[f"{name}-{task}" for task in ("ps0", "worker0", "worker1", "chief", "rank0", "rank1")],
+           check=False)
     engine("network", "rm", f"{name}-net", check=False)
     engine("volume", "rm", "-f", f"{name}-ckpt", check=False)
 
@@ -101,3 +103,18 @@ def test_killing_the_ps_container_and_restarting_from_the_volume_loses_no_keys(j
     assert restored["steps"] == saved_step
     assert restored["table_size"] == size > 0  # no key lost
     assert restored["table_checksum"] == checksum  # the same rows and slots, bit for bit in the sum
+
+
+def test_horovod_job_with_one_rank_per_container(job):
+    proc = start(job, "--hvd", "--workers", "2", "--steps", "60", "--metrics-out", "/ckpt/m.json")
+    out = finish(proc)
+    assert proc.returncode == 0, out[-5000:]
+    assert f"[cluster] Horovod job {job}: 2 rank(s), one per container, on network {job}-net" in out
+    assert "[train] done: 60 steps" in out and "(2 Horovod ranks)" in out, out[-3000:]
+    result = json.loads(open(os.path.join(volume_dir(job), "m.json")).read())
+    assert result["cluster"]["horovod_ranks"] == 2 and result["table_size"] > 0 and 0 <= result["auc"] <= 1
+    # Rank 0's checkpoint on the volume holds every id of both ranks, once.
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(volume_dir(job)))
+    keys = [reader.get_tensor(n) for n in reader.get_variable_to_shape_map() if n.endswith("/keys")]
+    assert sum(len(k) for k in keys) == result["table_size"]
+    assert engine("ps", "-a", "--filter", f"name={job}-", "--format", "{{.Names}}").strip() == ""  # removed

@@ -90,15 +90,20 @@ def main(argv=None):
     rv_host, _, rv_port = (args.rendezvous or f"{hosts[0].hostname}:29500").rpartition(":")
     if not rv_host or not rv_port.isdigit():
         parser.error(f"--rendezvous must be address:port, got {args.rendezvous!r}")
-    iface = args.iface or interface_of(me)
+    try:
+        my_address = socket.gethostbyname(me)  # --hosts may name hosts (a container network's DNS)
+    except OSError as err:
+        parser.error(f"host {args.host_index} of --hosts, {me!r}, does not resolve here ({err})")
+    iface = args.iface or interface_of(my_address)
     if iface is None:
-        parser.error(f"no network interface here holds {me} (host {args.host_index} of --hosts); pass --iface")
+        parser.error(f"no network interface here holds {me} ({my_address}, host {args.host_index} of --hosts); "
+                     "pass --iface")
 
     hostname = loopback_hostname() if len(hosts) > 1 else None
     if hostname is not None:
         parser.error(f"this host's name {hostname!r} resolves to a loopback address, and Horovod's Gloo "
                      f"connects other hosts' ranks to the address this name resolves to. Map it to "
-                     f"{me} in /etc/hosts (e.g. `{me} {hostname}`; in a network namespace NS, "
+                     f"{my_address} in /etc/hosts (e.g. `{my_address} {hostname}`; in a network namespace NS, "
                      f"/etc/netns/NS/hosts)")
 
     server = None
@@ -111,6 +116,10 @@ def main(argv=None):
         print(f"[hvdrun] error: host 0's rendezvous server {rv_host}:{rv_port} did not answer within "
               f"{args.start_timeout:.0f}s; start host 0 first or check --rendezvous", file=sys.stderr, flush=True)
         return 1
+    try:  # (after the wait: another container's name resolves once it runs)
+        rv_host = socket.gethostbyname(rv_host)  # Horovod's rendezvous client wants an address
+    except OSError as err:
+        parser.error(f"the rendezvous host {rv_host!r} does not resolve here ({err})")
 
     ranks = {}
     for slot in plan:
