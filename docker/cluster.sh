@@ -83,7 +83,10 @@ else
 fi
 
 follower=""
-remove_containers() { engine rm -f "${names[@]}" "$job-chief" >/dev/null 2>&1 || true; }
+remove_containers() {  # one by one: podman removes none of a list that names a missing container
+  local name
+  for name in "${names[@]}" "$job-chief"; do engine rm -f "$name" >/dev/null 2>&1 || true; done
+}
 cleanup() {
   trap - EXIT INT TERM
   [ -z "$follower" ] || kill "$follower" 2>/dev/null || true

@@ -25,6 +25,8 @@ if ! command -v cmake >/dev/null; then
   "$VENV/bin/python" -m pip install --disable-pip-version-check -q "cmake<4" >"$log" 2>&1 || {
     echo "[setup] failed to install cmake; install it (apt-get install cmake) and re-run" >&2; tail -n 20 "$log" >&2; exit 1; }
 fi
+command -v make >/dev/null || {  # horovod's build passes make's arguments to the build tool
+  echo "[setup] horovod's build needs make and g++: install them (apt-get install make g++) and re-run" >&2; exit 1; }
 echo "[setup] installing horovod 0.28.1 (TensorFlow + Gloo): a source build of about 6 minutes the first" \
      "time, seconds from pip's wheel cache later; log: $log"
 if ! HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
@@ -35,7 +37,10 @@ if ! HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD
   exit 1
 fi
 check="import ttf, horovod.tensorflow as hvd; hvd.init()"
-[ "$deps_only" = 1 ] && check="import horovod.tensorflow as hvd; hvd.init()"  # ttf is not there yet
+# --deps-only (an image build): ttf is not there yet, and hvd.init() needs a host name that
+# resolves, which a build container may not have; the import loads horovod's TF ops, the check
+# that matters here.
+[ "$deps_only" = 1 ] && check="import horovod.tensorflow"
 if ! "$VENV/bin/python" -c "$check" >>"$log" 2>&1; then
   echo "[setup] horovod installed but does not load with this TensorFlow; end of $log:" >&2
   tail -n 20 "$log" >&2
