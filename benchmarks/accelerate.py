@@ -140,7 +140,8 @@ def main(argv=None):
                       f"{args.batch_size}, Adam lr {args.lr}, l2_reg_embedding = l2_reg_linear = 0 in both; medians of "
                       f"{args.repeats} interleaved blocks of {args.steps} steps after {args.warmup} warm-up "
                       f"steps; AUC on {args.eval_rows:,} held-out rows after the same "
-                      f"{args.warmup + args.repeats * args.steps} steps. The machine was shared with other jobs.\n\n"
+                      f"{args.warmup + args.repeats * args.steps} steps. Load average at the end (1/5/15 min): "
+                      f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores.\n\n"
                       f"{text}\n")
     return 0
 
