@@ -29,6 +29,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402  (same data files)
 
+
+def _native_bf16():
+    """What ttf's --precision auto checks (ttf.precision.cpu_has_native_bf16), without importing TF here."""
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 ROOT = compare.ROOT
 TRAIN = os.path.join(ROOT, "models", "train.py")
 # name -> extra train.py flags
@@ -81,7 +89,8 @@ def main(argv=None):
     if not args.quick:
         entry = (f"\n## Issue 10 targets: ttf default precision vs ttf fp32 vs native with 8 buckets per field\n\n"
                  f"Command: `.venv/bin/python benchmarks/targets.py {' '.join(sys.argv[1:])}`  \n"
-                 f"Machine: {os.cpu_count()} cores (AMD EPYC, avx512_bf16), **shared with other jobs while measuring**; "
+                 f"Machine: {os.cpu_count()} cores, native bf16 {_native_bf16()}, load average "
+                 f"at the end {' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1/5/15 min); "
                  f"Python {platform.python_version()}. One process per run, Adam lr 0.001, {args.examples:,} training "
                  f"examples per run, synthetic data of compare.py; medians of {args.repeats} interleaved repetitions.\n\n"
                  f"{table}\n")
