@@ -29,7 +29,8 @@ Every other flag goes to start_all.sh in each container: model, path, --steps, -
 --metrics-out /ckpt/metrics.json, ... (paths are inside the containers; /ckpt is the volume).
 Like start_all.sh it reports a worker that stops and lets the chief finish on the others, and
 stops the job when a parameter server is lost (run it again to resume from the checkpoint).
-Env: TTF_ENGINE, TTF_IMAGE (docker/build.sh -h), TTF_BUILD_FLAGS (extra build.sh flags).
+Env: TTF_ENGINE, TTF_IMAGE (docker/build.sh -h), TTF_BUILD_FLAGS (extra build.sh flags),
+TTF_START_TIMEOUT (seconds a server container may take to listen, default 300).
 
 Examples:
   docker/cluster.sh --tiacc --fm                       # 1 ps + 2 workers + chief, DeepFM with ttf
@@ -69,6 +70,7 @@ pick_engine no quiet
 [ "$ENGINE" = podman ] && check_engine "$IMAGE"
 
 network=$job-net port=2222
+start_timeout=${TTF_START_TIMEOUT:-300}  # seconds for a server container to listen (a loaded host is slow)
 names=() roles=()
 join_hosts() { local IFS=,; echo "$*"; }
 hosts() { local prefix=$1 n=$2 list=(); for ((i = 0; i < n; i++)); do list+=("$job-$prefix$i:$port"); done; join_hosts "${list[@]}"; }
@@ -155,13 +157,14 @@ for ((i = 0; i < ${#names[@]}; i++)); do
   start_task "${names[i]}" --role "$role" --index "$index"
 done
 for ((i = 0; i < ${#names[@]}; i++)); do  # wait until every server listens
-  for ((t = 0; t < 120; t++)); do
+  for ((t = 0; t < start_timeout; t++)); do
     engine logs "${names[i]}" 2>&1 | grep -q "ready at" && break
     running "${names[i]}" || { report_stop "${names[i]}" "${roles[i]}"; exit 1; }
     sleep 1
   done
   engine logs "${names[i]}" 2>&1 | grep -q "ready at" ||
-    { echo "[cluster] ${roles[i]} did not start within 120s: see $ENGINE logs ${names[i]}" >&2; exit 1; }
+    { echo "[cluster] ${roles[i]} did not start within ${start_timeout}s (TTF_START_TIMEOUT); its last lines:" >&2
+      engine logs --tail 10 "${names[i]}" 2>&1 | sed 's/^/    /' >&2; exit 1; }
 done
 echo "[cluster] servers ready; starting the chief ($job-chief)"
 start_task "$job-chief" --role chief
