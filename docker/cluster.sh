@@ -127,23 +127,20 @@ if [ "$hvd" = 1 ]; then
   for ((i = 0; i < num_workers; i++)); do start_task "${names[i]}" --hvd-host-index "$i"; done
   engine logs -f "${names[0]}" 2>&1 | grep --line-buffered -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+: [IWE] ' &
   follower=$!
-  failed=""
-  while :; do  # until every rank's container stopped; a failed rank stops the others (Gloo loses its peer)
-    left=0
-    for ((i = 0; i < num_workers; i++)); do
-      if running "${names[i]}"; then left=$((left + 1)); continue; fi
-      code=$(exit_code "${names[i]}")
-      if [ "$code" != 0 ] && [[ " $failed " != *" $i "* ]]; then
-        failed="$failed $i"
-        report_stop "${names[i]}" "${roles[i]}"
-      fi
-    done
-    [ "$left" = 0 ] && break
+  alive=() failed=0
+  for ((i = 0; i < num_workers; i++)); do alive[i]=1; done
+  left=$num_workers
+  while [ "$left" -gt 0 ]; do  # until every rank's container stopped; a failed rank stops the others
     sleep 2
+    for ((i = 0; i < num_workers; i++)); do
+      [ "${alive[i]}" = 1 ] && ! running "${names[i]}" || continue
+      alive[i]=0 left=$((left - 1))
+      [ "$(exit_code "${names[i]}")" = 0 ] || { failed=1; report_stop "${names[i]}" "${roles[i]}"; }
+    done
   done
   wait "$follower" 2>/dev/null || true
   follower=""
-  if [ -n "$failed" ]; then
+  if [ "$failed" = 1 ]; then
     echo "[cluster] the Horovod job failed; run it again with the same --volume to resume from its last checkpoint" >&2
     exit 1
   fi

@@ -89,6 +89,13 @@ def test_two_ranks_equal_one_process_on_the_global_batch(horovod, synthetic, tmp
     restored = json.loads((tmp_path / "two_to_one.json").read_text())
     assert restored["table_size"] == two["table_size"] and restored["table_checksum"] == two["table_checksum"]
     assert restored["auc"] == pytest.approx(two["auc"], abs=1e-6)
+    # The one-process checkpoint restores into 2 ranks (each id to its owning rank), bit for bit.
+    shutil.copytree(tmp_path / "one", tmp_path / "one_to_two")
+    out = train(*common, "--batch-size", "128", "--metrics-out", str(tmp_path / "one_to_two.json"),
+                "--checkpoint-dir", str(tmp_path / "one_to_two"), ranks=2)
+    assert "at step 60" in out, out[-3000:]
+    restored = json.loads((tmp_path / "one_to_two.json").read_text())
+    assert restored["table_size"] == one["table_size"] and restored["table_checksum"] == one["table_checksum"]
 
 
 def checkpoint_keys(directory):

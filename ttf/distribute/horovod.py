@@ -183,9 +183,7 @@ class TableSharding:
     def import_table(self, layer, tensors):
         """Restores this rank's part of a logical table written by any topology: the ids it
         owns (shard_of(id, size) == rank), filtered by the import op itself."""
-        fields = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
-        return ops().ttf_table_import(layer.tables[0].resource_handle, *(tensors[f] for f in fields),
-                                      num_partitions=self.size, partition=self.rank)
+        return layer.tables[0].restore(tensors, num_partitions=self.size, partition=self.rank)
 
     def gather_export(self, layer):
         """The logical table of `layer`: every rank's export concatenated (a collective: every
