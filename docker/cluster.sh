@@ -111,7 +111,11 @@ start_task() {  # name, role flags...: one detached container running start_all.
     "${RUN_OPTS[@]}" -v "$volume:/ckpt" "$IMAGE" "${job_flags[@]}" "$@" "${cluster[@]}" 2>&1 >/dev/null) ||
     fail "could not start container $name: ${err##*$'\n'}"
 }
-running() { engine inspect -f '{{.State.Running}}' "$1" 2>/dev/null | grep -q true; }
+running() { [ "$(engine inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
+# grep reads the whole log: with pipefail, `grep -q` would quit at the first match and the
+# engine, still writing, would die of SIGPIPE and fail the test, so a listening server would
+# never count as ready.
+listening() { engine logs "$1" 2>&1 | grep -F "ready at" >/dev/null; }
 exit_code() { engine inspect -f '{{.State.ExitCode}}' "$1" 2>/dev/null || echo "?"; }
 report_stop() {  # name, role: why the container stopped and its last lines
   local code why
@@ -155,11 +159,11 @@ for ((i = 0; i < ${#names[@]}; i++)); do
 done
 for ((i = 0; i < ${#names[@]}; i++)); do  # wait until every server listens
   for ((t = 0; t < start_timeout; t++)); do
-    engine logs "${names[i]}" 2>&1 | grep -q "ready at" && break
+    listening "${names[i]}" && break
     running "${names[i]}" || { report_stop "${names[i]}" "${roles[i]}"; exit 1; }
     sleep 1
   done
-  engine logs "${names[i]}" 2>&1 | grep -q "ready at" ||
+  listening "${names[i]}" ||
     { echo "[cluster] ${roles[i]} did not start within ${start_timeout}s (TTF_START_TIMEOUT); its last lines:" >&2
       engine logs --tail 10 "${names[i]}" 2>&1 | sed 's/^/    /' >&2; exit 1; }
 done
