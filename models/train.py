@@ -116,8 +116,6 @@ def parse_args(argv):
     if args.horovod and (args.ps_hosts or args.tfra):
         p.error("--horovod runs the native or ttf (--tiacc) path without parameter servers; "
                 "drop --ps-hosts/--worker-hosts/--chief-host and --tfra")
-    if args.horovod and args.full_every > 1:
-        p.error("--full-every > 1 (delta checkpoints) is not supported with --horovod yet; use full checkpoints")
     if args.hvd_compression != "none" and not args.horovod:
         p.error("--hvd-compression needs --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:
@@ -234,7 +232,13 @@ class HorovodRanks:
         return {"horovod_ranks": self.size, "compression": self.compression}
 
     def save(self, manager, model, step):
-        with self.tdh.gathered_tables(model):
+        # Rank 0 writes; every rank exports its part, of the kind (full or delta) rank 0 picks,
+        # and none does when rank 0 has saved this step already (only its manager knows).
+        saved, plan = self.hvd.broadcast_object(
+            (manager.last_step == step, manager.delta_plan()) if self.rank == 0 else None, name="ttf_save_plan")
+        if saved:
+            return
+        with self.tdh.gathered_tables(model, delta=plan):
             if self.rank == 0:
                 manager.save(step)
 
@@ -590,7 +594,7 @@ def main(argv=None):
         steps, seconds = trainer.train()
         steps_run = trainer.step() - start_step
         if trainer.manager:
-            # One process: not again at a step already saved. Horovod: every rank joins the gather.
+            # Not again at a step already saved (on Horovod every rank asks rank 0, in save_checkpoint).
             if trainer.horovod or trainer.manager.last_step != trainer.step():
                 trainer.save_checkpoint(trainer.step())
             log(f"[train] checkpoint {trainer.manager.latest}")

@@ -10,7 +10,6 @@ from tf_keras.src.engine.keras_tensor import KerasTensor
 
 from ttf._ops import ops
 from ttf.embedding import DynamicEmbedding, RowInitializer
-from ttf.embedding._layers import _static_bool
 from ttf.optimizers import from_keras
 
 _FIELD_SHIFT = 56
@@ -24,6 +23,14 @@ def _keys(ids, key_kind):
     if key_kind == "string":
         return tf.strings.to_hash_bucket_fast(ids, 1 << _FIELD_SHIFT)
     return tf.cast(ids, tf.int64)
+
+
+def _id_list(ids, n, layer_name):
+    if not isinstance(ids, (list, tuple)):  # a model loaded from a file passes one tensor alone
+        ids = [ids]
+    if len(ids) != n:
+        raise ValueError(f"{layer_name}: expected {n} id tensors, got {len(ids)}")
+    return ids
 
 
 def _tagged(keys, tags):
@@ -48,14 +55,14 @@ class FusedLookup(DynamicEmbedding):
             raise ValueError(f"tags must be N ints in [0, {_MAX_TAGS}) with N key_kinds, got {tags}, {key_kinds}")
         self.tags, self.key_kinds = list(tags), list(key_kinds)
 
-    def call(self, ids, training=None):
-        if not isinstance(ids, (list, tuple)):  # a model loaded from a file passes one tensor alone
-            ids = [ids]
-        if len(ids) != len(self.tags):
-            raise ValueError(f"{self.name}: expected {len(self.tags)} id tensors, got {len(ids)}")
+    def keys_of(self, ids):
+        ids = _id_list(ids, len(self.tags), self.name)
         columns = [tf.reshape(_keys(x, kind), [-1, 1]) for x, kind in zip(ids, self.key_kinds)]
-        keys = _tagged(tf.concat(columns, axis=1), self.tags)
-        rows = self._lookup(keys, None, _static_bool(training) and self.trainable)
+        return _tagged(tf.concat(columns, axis=1), self.tags), None
+
+    def call(self, ids, training=None):
+        ids = _id_list(ids, len(self.tags), self.name)
+        rows = self._lookup(self.keys_of(ids)[0], None, self.trains(training))
         # One split (its gradient is one concat), not N slices (N zero-padded gradients summed).
         parts = tf.split(rows, len(ids), axis=1)
         return [tf.squeeze(part, 1) if x.shape.rank == 1 else part for part, x in zip(parts, ids)]
@@ -78,8 +85,8 @@ class TableLookup(DynamicEmbedding):
         super().__init__(dim, **kwargs)
         self.key_kind, self.mask_value = key_kind, mask_value
 
-    def call(self, ids, training=None):
-        return self._lookup(_keys(ids, self.key_kind), None, _static_bool(training) and self.trainable)
+    def keys_of(self, ids):
+        return _keys(ids, self.key_kind), None
 
     def compute_mask(self, inputs, mask=None):
         if self.mask_value is None:

@@ -26,9 +26,14 @@ per_rank = global_batch // size
 def make_model():
     ids = tf.keras.Input([3], dtype=tf.int64, name="ids")
     tags = tf.keras.Input([None], dtype=tf.int64, ragged=True, name="tags")
+    # Three tables of three widths (as DeepFM's fields, a multi-hot bag and a linear part),
+    # four calls: shard_tables groups them, so a step makes one alltoall per direction for all.
     fields = ttf.FusedEmbedding(8, num_fields=3, tag_fields=True, seed=1)(ids)
-    bag = ttf.DynamicEmbedding(8, combiner="mean", seed=2)(tags)
-    x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(fields), bag])
+    bag = ttf.DynamicEmbedding(4, combiner="mean", seed=2)(tags)
+    # The linear table is called twice (a shared layer), once on ids computed inside the model.
+    linear_table = ttf.FusedEmbedding(1, num_fields=3, tag_fields=True, seed=5)
+    linear = [tf.keras.layers.Flatten()(linear_table(x)) for x in (ids, tf.reverse(ids, [1]) + 7)]
+    x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(fields), bag, *linear])
     x = tf.keras.layers.Dense(16, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(x)
     out = tf.keras.layers.Dense(1, activation="sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(4))(x)
     return tf.keras.Model([ids, tags], out)
@@ -56,6 +61,7 @@ model(batch(0)[0])  # builds the variables
 tdh.broadcast_variables(model.variables)  # Horovod: rank 0's initial dense weights everywhere
 loss_fn = tf.keras.losses.BinaryCrossentropy()
 
+alltoalls = None  # counted in the tape loop's graph
 if mode == "fit":
     model.compile(optimizer=optimizer, loss=loss_fn)
 
@@ -78,6 +84,8 @@ else:
 
     for step in range(steps):
         train_step(*batch(step))
+    graph = train_step.get_concrete_function(*batch(0)).graph
+    alltoalls = sorted(op.name for op in graph.get_operations() if op.type == "HorovodAlltoall")
 
 probe_ids = tf.constant(ids[:64])
 probe_tags = tf.RaggedTensor.from_row_lengths(tag_values, tag_lengths)[:64]
@@ -86,4 +94,4 @@ table_size = tdh.table_size(model)
 if rank == 0:
     with open(out_path, "w") as f:
         json.dump({"predictions": predictions.tolist(), "table_size": table_size, "size": size,
-                   "iterations": int(optimizer.iterations.numpy())}, f)
+                   "iterations": int(optimizer.iterations.numpy()), "alltoalls": alltoalls}, f)

@@ -107,6 +107,26 @@ def checkpoint_keys(directory):
 
 
 @pytest.mark.slow
+def test_delta_checkpoints_of_two_ranks_restore_into_one_process(horovod, synthetic, tmp_path):
+    """2 ranks, a save every 20 steps, every 3rd full: the chain (full at 20, deltas at 40 and
+    60) holds every rank's changed rows; restored into one process it is the 2-rank table at
+    step 60, bit for bit."""
+    common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "60",
+              "--precision", "fp32", "--optimizer", "adam", "--seed", "3", "--batch-size", "128",
+              "--checkpoint-every", "20", "--full-every", "3"]
+    train(*common, "--metrics-out", str(tmp_path / "two.json"), "--checkpoint-dir", str(tmp_path / "two"), ranks=2)
+    chain = json.loads((tmp_path / "two" / "ttf_chain.json").read_text())
+    assert chain["full"].endswith("ckpt-20") and [p.rsplit("/", 1)[1] for p in chain["deltas"]] == [
+        "delta-40", "delta-60"], chain
+    two = json.loads((tmp_path / "two.json").read_text())
+    out = train(*common, "--metrics-out", str(tmp_path / "one.json"), "--checkpoint-dir", str(tmp_path / "two"))
+    assert "at step 60" in out, out[-3000:]
+    one = json.loads((tmp_path / "one.json").read_text())
+    assert one["table_size"] == two["table_size"] > 1000 and one["table_checksum"] == two["table_checksum"]
+    assert one["auc"] == pytest.approx(two["auc"], abs=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fit", "tape"])
 def test_own_keras_model_under_horovodrun_equals_one_process(horovod, tmp_path, mode):
     script = os.path.join(ROOT, "tests", "distribute", "hvd_own_model.py")
@@ -117,6 +137,31 @@ def test_own_keras_model_under_horovodrun_equals_one_process(horovod, tmp_path, 
     assert two["size"] == 2 and one["iterations"] == two["iterations"] == 12
     assert one["table_size"] == two["table_size"] > 100
     np.testing.assert_allclose(two["predictions"], one["predictions"], rtol=1e-4, atol=1e-5)
+    if mode == "tape":  # three tables, four calls: one exchange per direction (ids, rows, row gradients)
+        assert sorted(n.rsplit("_", 1)[1] for n in two["alltoalls"]) == ["grads", "ids", "rows"], two["alltoalls"]
+
+
+@pytest.mark.slow
+def test_deepctr_model_accelerated_and_sharded_exchanges_all_tables_at_once(horovod, tmp_path):
+    """DeepCTR's DeepFM through ttf.accelerate (a dim-8 and a dim-1 table), sharded over 2
+    ranks: the carried-over rows move to their owners (same predictions, each id once), a
+    step makes one alltoall per direction for both tables, and training equals one process."""
+    pytest.importorskip("deepctr")
+    script = os.path.join(ROOT, "tests", "distribute", "hvd_grouped.py")
+    for ranks in (1, 2):
+        proc = horovodrun(ranks, sys.executable, script, str(tmp_path / f"{ranks}.json"), timeout=600)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in (1, 2))
+    assert two["tables"] == [1, 8]
+    np.testing.assert_allclose(two["after"], two["before"], rtol=1e-6, atol=1e-7)
+    assert two["sharded_size"] == two["local_size"] == 6 * 300 * 2  # each carried-over id on one rank only
+    assert sorted(n.rsplit("/", 1)[-1] for n in two["alltoalls"]) == [
+        "ttf_2_tables_grads", "ttf_2_tables_ids", "ttf_2_tables_rows"], two["alltoalls"]
+    np.testing.assert_allclose(two["trained"], one["trained"], rtol=1e-4, atol=1e-5)
+    assert not np.allclose(two["trained"], two["after"], atol=1e-3)  # it trained
+    assert one["table_size"] == two["table_size"]
+    [warning] = two["warnings"]
+    assert "user_table, item_table" in warning and "functional" in warning
 
 
 @pytest.mark.slow

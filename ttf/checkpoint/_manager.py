@@ -23,9 +23,7 @@ class _FullSave:
 
 class _DeltaSave:
     def serialize(self, logical):
-        # Lookups after a save at table step S mark rows last-seen S, so rows seen after S - 1
-        # are every row that changed since that save (TtfTableExportDelta's contract). The
-        # table step, not the global step: a skipped (non-finite) step does not advance it.
+        # Since the last save's step - 1: see CheckpointManager.delta_plan.
         delta = logical.layer.export_table(since_step=logical.saved_step - 1, reset_deleted=True)
         return {f"delta_{name}": tensor for name, tensor in delta.items()}
 
@@ -89,13 +87,23 @@ class CheckpointManager:
             return None
         return (self._chain["deltas"] or [self._chain["full"]])[-1]
 
+    def delta_plan(self):
+        """What the next save() writes: None for a full checkpoint, else {layer name: table
+        step the delta starts after} for each ttf table. On Horovod every rank exports its
+        part of the same kind: tdh.gathered_tables(model, delta=plan) with rank 0's plan."""
+        if not (self._chain is not None and self._last_step is not None and self.full_every > 1
+                and len(self._chain["deltas"]) + 1 < self.full_every
+                and all(t.saved_step is not None for t in self._tables())):
+            return None
+        # Lookups after a save at table step S mark rows last-seen S, so rows seen after S - 1
+        # are every row that changed since that save (TtfTableExportDelta's contract). The
+        # table step, not the global step: a skipped (non-finite) step does not advance it.
+        return {t.layer.name: t.saved_step - 1 for t in self._tables()}
+
     def save(self, step):
         """Writes a full or a delta checkpoint for global step `step`; returns its path."""
         step = int(step)
-        delta = (self._chain is not None and self._last_step is not None and self.full_every > 1
-                 and len(self._chain["deltas"]) + 1 < self.full_every
-                 and all(t.saved_step is not None for t in self._tables()))
-        if delta:
+        if self.delta_plan() is not None:
             path = os.path.join(self.directory, f"delta-{step}")
             with self._mode(_DeltaSave()):
                 self.checkpoint.write(path)

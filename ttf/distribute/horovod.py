@@ -3,16 +3,18 @@
 Every rank runs the whole model on its slice of the global batch. Each id of a ttf table
 lives on exactly one rank, `ttf.embedding.shard_of(id, size)`. A training step:
 
-  forward:  each rank de-duplicates its batch's ids (all fields of a table at once) and one
-            alltoall sends each id to its owner; the owner finds or inserts the rows and one
-            alltoall brings them back;
+  forward:  each rank de-duplicates its batch's ids (per table, over all its fields and calls)
+            and one alltoall sends each id to its owner; the owner finds or inserts the rows
+            and one alltoall brings them back;
   backward: one alltoall carries each id's row gradient to its owner, which sums it over
             the ranks and applies the fused optimizer once per id (ttf.optimizers);
             dense gradients are allreduced (averaged, fused into one buffer).
 
 Table gradients are averaged over the ranks like dense ones, so with every rank's loss the
 mean over its slice, N ranks of batch B compute what one process computes on the global
-batch of N x B. Importing this module imports horovod; `import ttf` never does.
+batch of N x B. The three alltoalls carry all the model's ttf tables together: shard_tables
+makes a functional model compute every ttf layer's ids first and exchange them at once.
+Importing this module imports horovod; `import ttf` never does.
 
 Your own Keras model (both model.fit and a GradientTape loop work):
 
@@ -34,6 +36,7 @@ the embedding rows, their gradients and the dense allreduce (summed in float32 o
 import contextlib
 import hashlib
 import json
+import warnings
 
 import tensorflow as tf
 
@@ -95,6 +98,15 @@ def _itemsize(dtype):
     return 4 if dtype == tf.float32 else 2
 
 
+def _exchange_name(layers):
+    return f"ttf_{layers[0].name}" if len(layers) == 1 else f"ttf_{len(layers)}_tables"
+
+
+def _row_slots(offsets, dim):
+    """[N] offsets of rows in a flat buffer -> [N, dim] indices of their elements."""
+    return tf.cast(offsets, tf.int32)[:, None] + tf.range(dim)[None, :]
+
+
 class TableSharding:
     """Makes a ttf embedding layer's table one shard of a table spread over the Horovod
     ranks: this rank holds the ids with shard_of(id, size) == rank. Set by shard_tables."""
@@ -104,113 +116,195 @@ class TableSharding:
         self.compression = compression
         self.rank, self.size = hvd.rank(), hvd.size()
         self._gathered = {}
+        self._grouped = {}  # id(layer) -> [(training, keys shape, embeddings)] while a grouped model runs
 
     def lookup(self, layer, keys, row_splits, training):
         """The layer's lookup of `keys` (a flat id list with row_splits for ragged ids, else
-        any shape), through the owners; training: rows are inserted and gradients routed."""
-        if not training:
-            embeddings, _ = self._forward(layer, keys, row_splits, training=False)
+        any shape), through the owners; training: rows are inserted and gradients routed.
+        Inside a model grouped by shard_tables, the model's one exchange has already
+        brought this call's rows."""
+        queue = self._grouped.get(id(layer))
+        if queue and queue[0][0] == training:
+            _, shape, embeddings = queue.pop(0)
+            if not keys.shape.is_compatible_with(shape):
+                raise RuntimeError(f"{layer.name}: the grouped exchange looked up ids of shape {shape}, the layer "
+                                   f"was called with {keys.shape}; report this as a ttf bug")
             return embeddings
-        if not layer.built:
-            layer.build(None)
+        return self.exchange([(layer, keys, row_splits)], training)[0]
+
+    def exchange(self, requests, training):
+        """Looks up every request (layer, keys, row_splits) through the owners with one
+        alltoall per direction for all of them: ids out, rows back and, in the backward
+        pass, row gradients out. Returns each request's embeddings."""
+        layers = list({id(layer): layer for layer, _, _ in requests}.values())
+        if not training:
+            return self._forward(requests, layers, training=False)[0]
+        for layer in layers:
+            if not layer.built:
+                layer.build(None)
 
         @tf.custom_gradient
-        def lookup(anchor):
-            del anchor  # connects the tape to the layer's anchor variable; its value is unused
-            embeddings, route = self._forward(layer, keys, row_splits, training=True)
+        def lookup(*anchors):
+            del anchors  # connect the tape to the layers' anchor variables; their values are unused
+            embeddings, route = self._forward(requests, layers, training=True)
 
-            def grad(upstream):
-                return self._route_gradient(layer, upstream, row_splits, route)
+            def grad(*upstream):
+                return self._route_gradients(requests, layers, upstream, route)
 
             return embeddings, grad
 
-        return lookup(tf.convert_to_tensor(layer.anchor))
+        return lookup(*[tf.convert_to_tensor(layer.anchor) for layer in layers])
 
-    def _forward(self, layer, keys, row_splits, training):
-        name = layer.name
-        unique_keys, inverse = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
-        owner = shard_of(unique_keys, self.size)
-        order = tf.argsort(owner, stable=True)  # ids grouped by owner, in rank order
-        splits = tf.math.bincount(owner, minlength=self.size, maxlength=self.size, dtype=tf.int32)
-        recv_keys, recv_splits = hvd.alltoall(tf.gather(unique_keys, order), splits=splits,
-                                              name=f"ttf_{name}_ids")
-        # The same id can come from several ranks: probe (and count a sighting) once.
-        owned_keys, owned_index = tf.unique(recv_keys, out_idx=tf.int32)
-        owned_rows = layer.tables[0].lookup(owned_keys, training)
-        sent_rows, _ = hvd.alltoall(_to_wire(tf.gather(owned_rows, owned_index), self.wire_dtype),
-                                    splits=recv_splits, name=f"ttf_{name}_rows")
-        unique_rows = tf.gather(_from_wire(sent_rows, self.wire_dtype), tf.math.invert_permutation(order))
-        per_key = tf.gather(unique_rows, inverse)
-        if row_splits is None:
-            embeddings = tf.reshape(per_key, tf.concat([tf.shape(keys), [layer.dim]], 0))
-        else:
-            row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
-            bags = tf.shape(row_splits)[0] - 1
-            combine = tf.math.unsorted_segment_sum if layer.combiner == "sum" else tf.math.unsorted_segment_mean
-            embeddings = combine(per_key, row_ids, bags)
-        route = dict(unique_keys=unique_keys, inverse=inverse, order=order, splits=splits,
-                     owned_keys=owned_keys, owned_index=owned_index)
+    def _forward(self, requests, layers, training):
+        """Rank r's ids travel as one block: the count of each table's ids, then table 0's ids,
+        table 1's, ...; the rows come back as one flat float buffer, each id's row (its
+        table's width) in the place of the id."""
+        num_tables, size = len(layers), self.size
+        table_of = {id(layer): t for t, layer in enumerate(layers)}
+        dims = tf.constant([layer.dim for layer in layers], tf.int32)
+        # Each table's ids de-duplicated over all its requests (a shared layer's calls too).
+        flat = [[] for _ in layers]
+        for layer, keys, _ in requests:
+            flat[table_of[id(layer)]].append(tf.reshape(keys, [-1]))
+        unique = [tf.unique(tf.concat(parts, 0), out_idx=tf.int32) for parts in flat]
+        counts = tf.stack([tf.size(u.y) for u in unique])
+        tags = tf.repeat(tf.range(num_tables), counts)
+        all_keys = tf.concat([u.y for u in unique], 0)
+        bucket = shard_of(all_keys, size) * num_tables + tags  # (owner, table)
+        order = tf.argsort(bucket, stable=True)
+        pair_counts = tf.reshape(tf.math.bincount(bucket, minlength=size * num_tables,
+                                                  maxlength=size * num_tables, dtype=tf.int32), [size, num_tables])
+        send = tf.concat([tf.RaggedTensor.from_tensor(tf.cast(pair_counts, tf.int64)),
+                          tf.RaggedTensor.from_row_lengths(tf.gather(all_keys, order),
+                                                            tf.reduce_sum(tf.cast(pair_counts, tf.int64), 1))],
+                         axis=1)
+        received, received_splits = hvd.alltoall(send.values, splits=tf.cast(send.row_lengths(), tf.int32),
+                                                 name=f"{_exchange_name(layers)}_ids")
+        received = tf.RaggedTensor.from_row_lengths(received, received_splits)
+        received_counts = tf.cast(received[:, :num_tables].to_tensor(shape=[size, num_tables]), tf.int32)
+        received_keys = received[:, num_tables:].values
+        received_tags = tf.repeat(tf.tile(tf.range(num_tables), [size]), tf.reshape(received_counts, [-1]))
+        # The owner: each table probes its ids once (the same id can come from several ranks)
+        # and writes the rows where the ids were.
+        widths = tf.gather(dims, received_tags)
+        received_offsets = tf.cumsum(widths, exclusive=True)
+        owned, slots, rows = [], [], []
+        for t, layer in enumerate(layers):
+            where = tf.where(tf.equal(received_tags, t))[:, 0]
+            keys_t, index_t = tf.unique(tf.gather(received_keys, where), out_idx=tf.int32)
+            slots_t = _row_slots(tf.gather(received_offsets, where), layer.dim)
+            owned.append((keys_t, index_t, slots_t))
+            slots.append(tf.reshape(slots_t, [-1]))
+            rows.append(tf.reshape(tf.gather(layer.tables[0].lookup(keys_t, training), index_t), [-1]))
+        rows_out = tf.math.unsorted_segment_sum(widths, tf.repeat(tf.range(size), tf.reduce_sum(received_counts, 1)),
+                                                size)
+        flat_rows, rows_in = hvd.alltoall(_to_wire(tf.dynamic_stitch(slots, rows), self.wire_dtype),
+                                          splits=rows_out, name=f"{_exchange_name(layers)}_rows")
+        flat_rows = _from_wire(flat_rows, self.wire_dtype)
+        # The requester: table t's unique ids sit in `send` at these places.
+        sent_offsets = tf.cumsum(tf.gather(dims, tf.gather(tags, order)), exclusive=True)
+        places = tf.split(tf.math.invert_permutation(order), counts, num=num_tables)
+        unique_slots = [_row_slots(tf.gather(sent_offsets, places[t]), layer.dim) for t, layer in enumerate(layers)]
+        embeddings, start = [], [0] * num_tables
+        for layer, keys, row_splits in requests:
+            t = table_of[id(layer)]
+            n = tf.size(keys)
+            per_key = tf.gather(flat_rows, tf.gather(unique_slots[t], unique[t].idx[start[t]:start[t] + n]))
+            start[t] += n
+            embeddings.append(layer._combine(per_key, keys, row_splits))  # pylint: disable=protected-access
+        route = dict(unique=unique, unique_slots=unique_slots, rows_in=rows_in, owned=owned)
         if training:
-            off_rank_ids = tf.reduce_sum(splits) - splits[self.rank]
-            off_rank_rows = tf.reduce_sum(recv_splits) - recv_splits[self.rank]
-            with tf.control_dependencies([_count(8 * off_rank_ids + off_rank_rows * layer.dim
-                                                 * _itemsize(self.wire_dtype))]):
-                embeddings = tf.identity(embeddings)
+            off_rank_ids = tf.size(all_keys) - tf.reduce_sum(pair_counts[self.rank]) + (size - 1) * num_tables
+            off_rank_floats = tf.reduce_sum(rows_out) - rows_out[self.rank]
+            with tf.control_dependencies([_count(8 * off_rank_ids + off_rank_floats * _itemsize(self.wire_dtype))]):
+                embeddings = [tf.identity(e) for e in embeddings]
         return embeddings, route
 
-    def _route_gradient(self, layer, upstream, row_splits, route):
-        per_key = layer._per_key_gradient(tf.convert_to_tensor(upstream), row_splits)  # pylint: disable=protected-access
-        unique_grads = ops().ttf_embedding_grad(tf.cast(per_key, tf.float32), route["inverse"], route["unique_keys"])
-        sent = _to_wire(tf.gather(unique_grads, route["order"]), self.wire_dtype)
-        received, _ = hvd.alltoall(sent, splits=route["splits"], name=f"ttf_{layer.name}_grads")
-        # Sum each owned id's gradient over the ranks; / size averages like the dense allreduce.
-        owned_keys = route["owned_keys"]
-        summed = tf.math.unsorted_segment_sum(_from_wire(received, self.wire_dtype), route["owned_index"],
-                                              tf.size(owned_keys)) / self.size
-        off_rank = tf.size(route["unique_keys"]) - route["splits"][self.rank]
-        with tf.control_dependencies([_count(off_rank * layer.dim * _itemsize(self.wire_dtype))]):
-            summed = tf.identity(summed)
-        return tf.IndexedSlices(summed, owned_keys)
+    def _route_gradients(self, requests, layers, upstream, route):
+        """The requests' row gradients -> their owners in one alltoall (the rows' way back) ->
+        summed over the ranks per owned id: one IndexedSlices per layer's anchor."""
+        table_of = {id(layer): t for t, layer in enumerate(layers)}
+        per_key = [[] for _ in layers]
+        for (layer, _, row_splits), up in zip(requests, upstream):
+            up = tf.cast(tf.convert_to_tensor(up), tf.float32)
+            per_key[table_of[id(layer)]].append(
+                tf.reshape(layer._per_key_gradient(up, row_splits), [-1, layer.dim]))  # pylint: disable=protected-access
+        unique_grads = [ops().ttf_embedding_grad(tf.concat(per_key[t], 0), route["unique"][t].idx, route["unique"][t].y)
+                        for t in range(len(layers))]
+        flat = tf.dynamic_stitch([tf.reshape(s, [-1]) for s in route["unique_slots"]],
+                                 [tf.reshape(g, [-1]) for g in unique_grads])
+        received, _ = hvd.alltoall(_to_wire(flat, self.wire_dtype), splits=route["rows_in"],
+                                   name=f"{_exchange_name(layers)}_grads")
+        received = _from_wire(received, self.wire_dtype)
+        off_rank = tf.size(flat) - route["rows_in"][self.rank]
+        grads = []
+        with tf.control_dependencies([_count(off_rank * _itemsize(self.wire_dtype))]):
+            for keys_t, index_t, slots_t in route["owned"]:
+                # Sum each owned id's gradient over the ranks; / size averages like the dense allreduce.
+                summed = tf.math.unsorted_segment_sum(tf.gather(received, slots_t), index_t, tf.size(keys_t))
+                grads.append(tf.IndexedSlices(summed / self.size, keys_t))
+        return grads
 
     # -- checkpoints: the logical table (every id of every rank) is what gets saved
 
-    def export_table(self, layer):
-        """The logical table of `layer` for a checkpoint: gathered before the save by
-        gathered_tables (so only rank 0 needs to write), else gathered now (a collective)."""
+    def export_table(self, layer, since_step=None, reset_deleted=False):
+        """The logical table of `layer` for a checkpoint (a delta with since_step): gathered
+        before the save by gathered_tables (so only rank 0 needs to write), else gathered
+        now (a collective)."""
         saved = self._gathered.get(id(layer))
-        return saved if saved is not None else self.gather_export(layer)
+        if saved is None:
+            return self.gather_export(layer, since_step, reset_deleted)
+        if ("deleted_keys" in saved) != (since_step is not None):
+            raise RuntimeError(
+                f"{layer.name}: the save asked for a {'delta' if since_step is not None else 'full'} export but "
+                f"gathered_tables gathered a {'delta' if 'deleted_keys' in saved else 'full'} one; pass rank 0's "
+                "manager.delta_plan() to tdh.gathered_tables(model, delta=...) on every rank")
+        return saved
 
     def import_table(self, layer, tensors):
-        """Restores this rank's part of a logical table written by any topology: the ids it
-        owns (shard_of(id, size) == rank), filtered by the import op itself."""
+        """Restores this rank's part of a logical table written by any topology (a full
+        export or a delta): the ids it owns (shard_of(id, size) == rank), filtered by the
+        import op itself."""
         return layer.tables[0].restore(tensors, num_partitions=self.size, partition=self.rank)
 
-    def gather_export(self, layer):
-        """The logical table of `layer`: every rank's export concatenated (a collective: every
-        rank must call it, in the same order of layers)."""
-        local = layer.tables[0].export()
-        gathered = {}
-        for field in ("keys", "values", "meta", "candidate_keys", "candidate_meta"):
-            gathered[field] = hvd.allgather(local[field], name=f"ttf_{layer.name}_export_{field}")
-        for field in ("optimizer", "slot_init", "step"):
-            gathered[field] = local[field]
+    def gather_export(self, layer, since_step=None, reset_deleted=False):
+        """The logical table of `layer` (a delta since table step since_step, with every
+        rank's deleted ids): every rank's export concatenated (a collective: every rank must
+        call it, in the same order of layers)."""
+        local = layer.tables[0].export(since_step, reset_deleted)
+        gathered = dict(local)
+        for field in ("keys", "values", "meta", "candidate_keys", "candidate_meta", "deleted_keys"):
+            if field in local:
+                gathered[field] = hvd.allgather(local[field], name=f"ttf_{layer.name}_export_{field}")
         return gathered
 
 
 @contextlib.contextmanager
-def gathered_tables(model):
+def gathered_tables(model, delta=None):
     """Gathers every sharded table of `model` from all ranks (every rank must enter, layers in
     the same order); inside, a checkpoint save on any rank writes the logical tables, every id
     of every rank. Restoring any checkpoint sends each id to its owner.
 
+    delta: None (a full save; each rank also restarts its record of deleted ids, the base
+    of later deltas), or ttf.checkpoint.CheckpointManager.delta_plan() of the rank that
+    saves, which every rank must be given (hvd.broadcast_object): each rank then exports
+    the rows changed since that step and the ids it deleted.
+
     Example (every rank runs it):
-        with tdh.gathered_tables(model):
+        plan = hvd.broadcast_object(manager.delta_plan() if hvd.rank() == 0 else None)
+        with tdh.gathered_tables(model, delta=plan):
             if hvd.rank() == 0:
-                manager.save()
+                manager.save(step)
     """
     layers = [layer for layer in ttf_layers(model) if layer.sharding is not None]
+    missing = sorted({layer.name for layer in layers} - set(delta)) if delta is not None else []
+    if missing:
+        raise ValueError(f"the delta plan names no start step for {', '.join(missing)}: is it the plan of "
+                         "this model's CheckpointManager?")
     for layer in layers:
-        layer.sharding._gathered[id(layer)] = layer.sharding.gather_export(layer)  # pylint: disable=protected-access
+        since = None if delta is None else delta[layer.name]
+        layer.sharding._gathered[id(layer)] = layer.sharding.gather_export(  # pylint: disable=protected-access
+            layer, since, reset_deleted=True)
     try:
         yield
     finally:
@@ -238,7 +332,63 @@ def shard_tables(model, compression="none"):
             raise ValueError(f"{layer.name} is sharded over {len(layer.tables)} devices (shard_devices); "
                              "on Horovod build it without shard_devices")
         layer.sharding = sharding  # its export_table/import_table now gather / keep this rank's ids
+        if tf.executing_eagerly() and int(layer.tables[0].size()) > 0:
+            # Rows already there (ttf.accelerate's, a restore before sharding): keep the owned ones.
+            table = layer.tables[0]
+            table.restore(table.export(), num_partitions=sharding.size, partition=sharding.rank)
+    grouped = _group_lookups(model, sharding)
+    apart = [layer.name for layer in layers if id(layer) not in grouped]
+    if len(layers) > 1 and apart:
+        warnings.warn(
+            f"ttf: {len(apart)} of the {len(layers)} ttf tables of {model.name} ({', '.join(apart)}) each make "
+            "their own Horovod exchange per step, since they are not called at the top level of a functional "
+            "model (subclassed or nested models): more, smaller alltoalls. Build the model functionally to "
+            "exchange every table's ids, rows and gradients in one alltoall each.", stacklevel=2)
     return layers
+
+
+def _group_lookups(model, sharding):
+    """Makes a functional model look up all its ttf tables in one exchange: each call first
+    computes the ids of every ttf layer call (a sub-model from the inputs to those ids),
+    exchanges them all at once, and the layers then take their rows from that exchange.
+    Returns the ids of the grouped layers (none for a subclassed model, or one ttf call)."""
+    if not hasattr(model, "_nodes_by_depth"):
+        return set()
+    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)  # the order _run_internal_graph runs
+             for node in model._nodes_by_depth[depth]  # pylint: disable=protected-access
+             if not node.is_input and isinstance(node.layer, DynamicEmbedding) and node.layer.sharding is sharding]
+    if len(nodes) < 2:
+        return set()
+    ids_structure = [node.call_args[0] for node in nodes]
+    try:
+        ids_model = tf.keras.Model(model._nested_inputs, tf.nest.flatten(ids_structure),  # pylint: disable=protected-access
+                                   name=f"{model.name}_ttf_ids")
+    except (ValueError, TypeError) as err:
+        warnings.warn(f"ttf: cannot group the ttf lookups of {model.name} into one Horovod exchange ({err}); "
+                      "each table makes its own", stacklevel=3)
+        return set()
+    run = model._run_internal_graph  # pylint: disable=protected-access
+
+    def grouped_run(inputs, training=None, mask=None):
+        if any(node.layer._serving_table is not None for node in nodes):  # pylint: disable=protected-access
+            return run(inputs, training=training, mask=mask)  # export_for_serving is tracing: no exchange
+        flat_ids = ids_model(inputs)
+        ids = tf.nest.pack_sequence_as(ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
+        requests = [(node.layer, *node.layer.keys_of(x)) for node, x in zip(nodes, ids)]
+        trains = [node.layer.trains(training) for node in nodes]
+        queues = {}
+        for flag in sorted(set(trains)):  # a frozen table takes part in a find-only exchange
+            chosen = [request for request, trained in zip(requests, trains) if trained == flag]
+            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(chosen, flag)):
+                queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
+        outer, sharding._grouped = sharding._grouped, queues  # pylint: disable=protected-access
+        try:
+            return run(inputs, training=training, mask=mask)
+        finally:
+            sharding._grouped = outer  # pylint: disable=protected-access
+
+    model._run_internal_graph = grouped_run  # pylint: disable=protected-access
+    return {id(node.layer) for node in nodes}
 
 
 def table_size(model):

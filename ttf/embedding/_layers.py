@@ -92,7 +92,18 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, ids, training=None):
-        training = _static_bool(training)
+        keys, row_splits = self.keys_of(ids)
+        return self._lookup(keys, row_splits, self.trains(training))
+
+    def trains(self, training):
+        """Whether a call with this `training` argument trains the table (inserts new ids and
+        passes the row gradient): training=None as a Keras Embedding does, inside a
+        recording tape; never for a frozen layer (trainable=False)."""
+        return _static_bool(training) and self.trainable
+
+    def keys_of(self, ids):
+        """The table keys of a call's ids -> (keys, row_splits): the flat ids and their
+        row_splits for ragged ids, else the (tagged) ids in their shape and None."""
         if isinstance(ids, tf.SparseTensor):
             ids = tf.RaggedTensor.from_sparse(ids)
         if isinstance(ids, tf.RaggedTensor):
@@ -100,11 +111,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 raise ValueError(f"{self.name}: ragged ids need combiner='sum' or 'mean'")
             if ids.ragged_rank != 1 or ids.shape.rank != 2:
                 raise ValueError(f"{self.name}: ragged ids must have shape [B, None], got {ids.shape}")
-            return self._lookup(_as_keys(ids.values, self.name), ids.row_splits, training)
+            return _as_keys(ids.values, self.name), ids.row_splits
         ids = _as_keys(tf.convert_to_tensor(ids), self.name)
         if ids.shape.rank == 0:
             raise ValueError(f"{self.name}: ids must have rank >= 1, got a scalar")
-        return self._lookup(self._tag(ids), None, training)
+        return self._tag(ids), None
 
     def _tag(self, ids):
         return ids
@@ -213,11 +224,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         EmbeddingTable.export. Override it (with import_table and reset_deleted) for
         shards that live in other processes, e.g. gather them on Horovod."""
         if self.sharding is not None:  # shards on other ranks: the sharding gathers them (a collective)
-            # reset_deleted only starts the record a later delta reads; deltas are refused here.
-            if since_step is not None:
-                raise NotImplementedError(f"{self.name}: delta checkpoints of a table sharded over Horovod ranks "
-                                          "are not supported yet; save full checkpoints (full_every=1)")
-            return self.sharding.export_table(self)
+            return self.sharding.export_table(self, since_step, reset_deleted)
         return merge_exports([t.export(since_step, reset_deleted) for t in self.tables], self.dim)
 
     def import_table(self, tensors):
@@ -291,13 +298,13 @@ class FusedEmbedding(DynamicEmbedding):
         self.num_fields = num_fields
         self.tag_fields = tag_fields
 
-    def call(self, ids, training=None):
+    def keys_of(self, ids):
         if isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
             raise TypeError(f"{self.name}: FusedEmbedding takes dense ids [B, {self.num_fields}]")
         ids = tf.convert_to_tensor(ids)
         if ids.shape.rank != 2 or ids.shape[1] not in (None, self.num_fields):
             raise ValueError(f"{self.name}: ids must have shape [B, {self.num_fields}], got {ids.shape}")
-        return super().call(ids, training=training)
+        return super().keys_of(ids)
 
     def _tag(self, ids):
         if not self.tag_fields:
