@@ -138,8 +138,8 @@ def main(argv=None):
     lines = [
         f"## One Horovod exchange for all tables vs one per table ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
-        "`.venv/bin/horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python benchmarks/horovod_exchange.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]) + "`",
+        "`" + " ".join([".venv/bin/horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python benchmarks/horovod_exchange.py",
+                        *(argv if argv is not None else sys.argv[1:])]) + "`",
         f"on {os.cpu_count()} cores ({platform.machine()}), TensorFlow {tf.__version__}, horovod {horovod.__version__} "
         f"(Gloo), load average before the run {os.getloadavg()[0]:.1f}. DeepCTR WDL, {FIELDS} fields of widths "
         f"{'/'.join(map(str, WIDTHS))} (ttf tables of widths {widths}), {args.vocab:,} ids per field, "
