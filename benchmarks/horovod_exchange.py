@@ -141,7 +141,7 @@ def main(argv=None):
         "`" + " ".join([".venv/bin/horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python benchmarks/horovod_exchange.py",
                         *(argv if argv is not None else sys.argv[1:])]) + "`",
         f"on {os.cpu_count()} cores ({platform.machine()}), TensorFlow {tf.__version__}, horovod {horovod.__version__} "
-        f"(Gloo), load average before the run {os.getloadavg()[0]:.1f}. DeepCTR WDL, {FIELDS} fields of widths "
+        f"(Gloo), 1-minute load average at the end {os.getloadavg()[0]:.1f} (the two ranks count for about 2). DeepCTR WDL, {FIELDS} fields of widths "
         f"{'/'.join(map(str, WIDTHS))} (ttf tables of widths {widths}), {args.vocab:,} ids per field, "
         f"{size} ranks x batch {args.batch_size}, Adam; medians of {args.repeats} interleaved blocks of "
         f"{args.steps} steps after {args.warmup} warm-up steps.",
