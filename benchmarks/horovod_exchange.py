@@ -27,8 +27,7 @@ import warnings
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# This directory holds benchmarks/horovod.py, which would shadow the horovod package.
-sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "benchmarks")]
+sys.path.insert(0, ROOT)
 
 import ttf  # noqa: E402  (before deepctr: it imports tf.keras, which must resolve to tf_keras)
 import tensorflow as tf  # noqa: E402

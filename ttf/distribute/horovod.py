@@ -359,8 +359,10 @@ def _group_lookups(model, sharding):
              if not node.is_input and isinstance(node.layer, DynamicEmbedding) and node.layer.sharding is sharding]
     if len(nodes) < 2:
         return set()
-    ids_structure = [node.call_args[0] for node in nodes]
+    ids_structure = [node.call_args[0] if node.call_args else node.call_kwargs.get("ids") for node in nodes]
     try:
+        if any(ids is None for ids in ids_structure):
+            raise ValueError("a ttf layer was called without its ids as the first argument")
         ids_model = tf.keras.Model(model._nested_inputs, tf.nest.flatten(ids_structure),  # pylint: disable=protected-access
                                    name=f"{model.name}_ttf_ids")
     except (ValueError, TypeError) as err:

@@ -12,10 +12,10 @@ synthetic data, all seeing steps x 2 x batch examples:
 Paths and shapes run interleaved, --repeats times; the table gives medians of examples/sec,
 ttf vs native per shape, AUC and logloss on a held-out file. Then the ttf Horovod job with
 --hvd-compression none|fp16|bf16 (once): bytes sent per step and rank, and AUC. Printed, appended
-to benchmarks/RESULTS.md with this command, drawn to benchmarks/horovod.png.
+to benchmarks/RESULTS.md with this command, drawn to benchmarks/sync_vs_async.png.
 
-    .venv/bin/python benchmarks/horovod.py                 # about 25 minutes on 2 cores
-    .venv/bin/python benchmarks/horovod.py --quick         # a smoke run, nothing recorded
+    .venv/bin/python benchmarks/sync_vs_async.py                 # about 25 minutes on 2 cores
+    .venv/bin/python benchmarks/sync_vs_async.py --quick         # a smoke run, nothing recorded
 """
 import argparse
 import json
@@ -43,7 +43,7 @@ def run(path, shape, args, files, compression=None):
         steps *= 2
     if shape == "single":
         batch *= 2
-    out = os.path.join(ROOT, "runs", f"hvdbench_{path}_{shape}_{compression or 'none'}.json")
+    out = os.path.join(ROOT, "runs", f"hvdbench_{path}_{shape}_{compression or 'default'}.json")
     cmd = [os.path.join(ROOT, "start_all.sh"), "--fm", *PATHS[path], *shape_flags, "--optimizer", "adam",
            "--steps", str(steps), "--batch-size", str(batch), "--data", files["train"], "--eval-data",
            files["eval"], "--metrics-out", out]
@@ -57,7 +57,7 @@ def run(path, shape, args, files, compression=None):
         print(f"[horovod-bench] {label} FAILED:\n{tail}", flush=True)
         return None
     metrics = json.load(open(out))
-    metrics["examples_seen"] = steps * batch
+    metrics["examples_seen"] = steps * batch * (2 if shape == "hvd" else 1)  # hvd: 2 ranks per step
     print(f"[horovod-bench] {label}: {metrics['examples_per_sec']:9.0f} examples/s, AUC {metrics['auc']:.4f}, "
           f"{metrics['examples_seen']:,} examples ({time.time() - t0:.0f}s)", flush=True)
     return metrics
@@ -100,7 +100,7 @@ def main(argv=None):
     print(table)
     if not args.quick:
         record(args, table)
-        draw(results, os.path.join(ROOT, "benchmarks", "horovod.png"))
+        draw(results, os.path.join(ROOT, "benchmarks", "sync_vs_async.png"))
 
 
 def render(results, compressed):
@@ -139,17 +139,18 @@ def record(args, table):
     import tensorflow as tf
     import horovod
 
-    command = "benchmarks/horovod.py " + " ".join(sys.argv[1:])
+    command = "benchmarks/sync_vs_async.py " + " ".join(sys.argv[1:])
     entry = (f"\n## Horovod sync vs PS async vs one process (DeepFM, Adam)\n\n"
              f"Command: `.venv/bin/python {command.strip()}`  \n"
-             f"Machine: {os.cpu_count()} cores shared with other jobs, avx512_bf16={'avx512_bf16' in flags}; "
+             f"Machine: {os.cpu_count()} cores, 1-minute load average at the end {os.getloadavg()[0]:.1f}, "
+             f"avx512_bf16={'avx512_bf16' in flags}; "
              f"TensorFlow {tf.__version__}, horovod {horovod.__version__} (Gloo), Python {platform.python_version()}.  \n"
              f"Data: synthetic Criteo schema, {args.rows:,} training rows, {args.vocab:,} ids per field; eval on a "
              f"separate file. Shapes repeated: {args.repeat_shapes} (the others ran once). Every shape sees {2 * args.steps * args.batch_size:,} examples: hvd 2 ranks x batch "
              f"{args.batch_size} x {args.steps} steps, ps 2 workers x batch {args.batch_size} x {2 * args.steps} "
              f"async worker steps, single batch {2 * args.batch_size} x {args.steps}. Medians of {args.repeats} "
              f"interleaved run(s); every path at its default --precision (ttf: auto).\n\n{table}\n\n"
-             f"![examples/sec](horovod.png)\n")
+             f"![examples/sec](sync_vs_async.png)\n")
     with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
         f.write(entry)
     print("[horovod-bench] appended to benchmarks/RESULTS.md")
