@@ -58,6 +58,18 @@ def test_inference_calls_never_grow_the_table():
     assert int(emb.size()) == 0
 
 
+def test_a_frozen_table_is_find_only_as_a_frozen_keras_embedding():
+    model, emb = toy_model()
+    ids, _ = toy_data(256)
+    emb(ids[:8], training=True)
+    before = int(emb.size())
+    emb.trainable = False  # a frozen layer: its rows stay as they are, and no new id gets one
+    with tf.GradientTape():
+        model(ids, training=True)
+    assert int(emb.size()) == before > 0
+    assert not any(v is emb.anchor for v in model.trainable_variables)
+
+
 def test_a_table_without_gradient_warns_naming_it_and_the_cause():
     model, emb = toy_model()
     opt = ttf.optimizers.Adam(0.01)
