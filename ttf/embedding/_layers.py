@@ -28,8 +28,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     training=None (a plain `model(x)`) follows a Keras Embedding: inside a recording
     tf.GradientTape the lookup trains (inserts new ids, passes the row gradient), outside
-    one it is find-only. A table that gets no gradient in a step makes the ttf optimizer
-    warn, naming the table.
+    one it is find-only. A frozen layer (trainable=False) is always find-only. A table
+    that gets no gradient in a step makes the ttf optimizer warn, naming the table.
 
     Args:
       dim: embedding width.
