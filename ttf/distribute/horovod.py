@@ -334,8 +334,7 @@ def shard_tables(model, compression="none"):
         layer.sharding = sharding  # its export_table/import_table now gather / keep this rank's ids
         if tf.executing_eagerly() and int(layer.tables[0].size()) > 0:
             # Rows already there (ttf.accelerate's, a restore before sharding): keep the owned ones.
-            table = layer.tables[0]
-            table.restore(table.export(), num_partitions=sharding.size, partition=sharding.rank)
+            sharding.import_table(layer, layer.tables[0].export())
     grouped = _group_lookups(model, sharding)
     apart = [layer.name for layer in layers if id(layer) not in grouped]
     if len(layers) > 1 and apart:
