@@ -5,6 +5,7 @@
 # Run with -h for every flag. Sets itself up on first use (./.venv, packages, op build).
 set -euo pipefail
 cd "$(dirname "$0")"
+start_all_args=("$@")  # kept to run again inside the private network namespace
 
 usage() {
   cat <<'EOF'
@@ -42,6 +43,9 @@ Local job (default: a parameter-server cluster on this host):
   --ps N               parameter servers (default 1)
   --workers N          workers (default 2)
   --single             one process, no cluster
+  --no-isolation       run the local cluster or local Horovod job in this host's network: its servers
+                       then listen on every interface, unauthenticated (default: a private network
+                       namespace holding only loopback, where the kernel allows one; see README "Security")
 Horovod job (synchronous data parallel; ttf tables sharded over the ranks by id):
   --hvd                N ranks on this host through `horovodrun --gloo` (N = --workers, default 2);
                        installs horovod on first use (scripts/setup_horovod.sh, ~6 min build once)
@@ -68,8 +72,10 @@ Examples:
   ./start_all.sh --hvd --tiacc --fm                  # DeepFM with ttf on 2 Horovod ranks
   ./start_all.sh --role ps --index 0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222 \
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
-It prints global steps/sec and AUC at the end. Logs of a local cluster go to runs/<time>/.
-Env: TTF_VENV (virtual environment, default ./.venv), PYTHON (its interpreter).
+It prints the ports each task listens on at start-up, global steps/sec and AUC at the end. Logs of a
+local cluster go to runs/<time>/.
+Env: TTF_VENV (virtual environment, default ./.venv), PYTHON (its interpreter), TTF_START_TIMEOUT
+(seconds the local cluster's servers may take to listen, default 300).
 EOF
 }
 
@@ -79,7 +85,7 @@ lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 dat
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 ckpt_every="" full_every="" export_dir=""
-num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
+isolation=1 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -88,6 +94,7 @@ while [ $# -gt 0 ]; do
     --tiacc) path_flag=--tiacc ;;
     --tfra) path_flag=--tfra ;;
     --single) single=1 ;;
+    --no-isolation) isolation=0 ;;
     --hvd) hvd=1 ;;
     --hvd-compression) need_value "$@"; hvd_compression=$2; shift ;;
     --hvd-hosts) need_value "$@"; hvd_hosts=$2; shift ;;
@@ -141,11 +148,30 @@ elif [ -n "$hvd_compression$hvd_hosts$hvd_host_index$hvd_rendezvous$hvd_iface" ]
 fi
 
 venv=${TTF_VENV:-$PWD/.venv}
-echo "[start_all] set-up: checking $venv and the op build"
-./scripts/setup_env.sh
-[ "$hvd" = 1 ] && ./scripts/setup_horovod.sh
 PY=$venv/bin/python
-[ -x "$PY" ] || { echo "start_all: no Python at $PY after the set-up; check TTF_VENV" >&2; exit 1; }
+if [ -z "${TTF_NETWORK:-}" ]; then  # (set inside the private network namespace: set up already)
+  echo "[start_all] set-up: checking $venv and the op build"
+  ./scripts/setup_env.sh
+  [ "$hvd" = 1 ] && ./scripts/setup_horovod.sh
+  [ -x "$PY" ] || { echo "start_all: no Python at $PY after the set-up; check TTF_VENV" >&2; exit 1; }
+fi
+
+# A local job's servers (TensorFlow's gRPC, Horovod's rendezvous and Gloo) listen on every address
+# with no authentication: the whole job runs again, same pid, in a private network namespace
+# whose only interface is loopback (TTF_NETWORK=private there, or "refused: why").
+if [ -z "$role" ] && [ "$single" = 0 ] && [ -z "$hvd_hosts" ] && [ "$isolation" = 1 ] && [ -z "${TTF_NETWORK:-}" ]; then
+  exec "$PY" ttf/distribute/private_network.py -- "$BASH" "$PWD/start_all.sh" ${start_all_args[@]+"${start_all_args[@]}"}
+fi
+network_line() {  # PORTS PROTOCOLS: one line saying where the local job's servers listen, and who can reach them
+  case "${TTF_NETWORK:-}" in
+    private) echo "[start_all] listening: $1 on every address of this job's private network namespace ($2," \
+                  "no authentication): loopback only, reachable by no process outside the job" ;;
+    *) local why="--no-isolation"
+       [ -n "${TTF_NETWORK:-}" ] && why="the kernel refused a private network namespace: ${TTF_NETWORK#refused: }"
+       echo "[start_all] warning: not isolated ($why); $1 listen on ALL interfaces ($2, no authentication:" \
+            "whoever reaches them can run code as $(id -un)); see README \"Security\"" ;;
+  esac
+}
 
 train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
 [ -n "$precision" ] && train_args+=(--precision "$precision")
@@ -182,6 +208,7 @@ if [ "$hvd" = 1 ]; then
   mkdir -p "$logdir"
   echo "[start_all] Horovod: $num_workers rank(s) on this host via horovodrun --gloo, logs in $logdir;" \
        "training (${train_args[*]})"
+  network_line "horovodrun's rendezvous server and every rank's Gloo ports (picked at start-up)" "HTTP and Gloo TCP"
   "$venv/bin/horovodrun" --gloo -np "$num_workers" -H "localhost:$num_workers" \
     "$PY" models/train.py "${train_args[@]}" > >(tee "$logdir/horovodrun.log") 2>&1 &
   hvdrun=$!
@@ -210,6 +237,11 @@ fi
 # One role of a multi-host job: this process becomes that task.
 if [ -n "$role" ]; then
   cluster=(--ps-hosts "$ps_hosts" --worker-hosts "$worker_hosts" --chief-host "$chief_host")
+  case $role in chief) role_hosts=$chief_host ;; ps) role_hosts=$ps_hosts ;; worker) role_hosts=$worker_hosts ;; esac
+  IFS=, read -r -a role_hosts <<<"$role_hosts"
+  [ "$index" -lt "${#role_hosts[@]}" ] || die "--index $index is outside the ${#role_hosts[@]} $role task(s)"
+  echo "[start_all] $role $index: listens on 0.0.0.0:${role_hosts[index]##*:}, every address of this host" \
+       "(TensorFlow gRPC, no authentication: whoever reaches it can run code as $(id -un)); see README \"Security\""
   if [ "$role" = chief ]; then
     echo "[start_all] chief: training (${train_args[*]})"
     exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"
@@ -237,14 +269,15 @@ socks = [socket.socket() for _ in range($num_ps + $num_workers + 1)]
 for s in socks: s.bind(('127.0.0.1', 0))
 print(*[s.getsockname()[1] for s in socks])")"
 [ "${#ports[@]}" -eq $((num_ps + num_workers + 1)) ] || { echo "start_all: could not pick free ports" >&2; exit 1; }
+TASK_NAMES=() TASK_WHERE=() NUM_PS=$num_ps ps_list=() worker_list=() listing=()
+for ((i = 0; i < num_ps; i++)); do TASK_NAMES+=("ps $i") ps_list+=("127.0.0.1:${ports[i]}"); done
+for ((i = 0; i < num_workers; i++)); do TASK_NAMES+=("worker $i") worker_list+=("127.0.0.1:${ports[num_ps + i]}"); done
+for ((i = 0; i <= num_ps + num_workers; i++)); do listing+=("${TASK_NAMES[i]:-chief} port ${ports[i]}"); done
 join_hosts() { local IFS=,; echo "$*"; }
-ps_list=() worker_list=()
-for ((i = 0; i < num_ps; i++)); do ps_list+=("127.0.0.1:${ports[i]}"); done
-for ((i = 0; i < num_workers; i++)); do worker_list+=("127.0.0.1:${ports[num_ps + i]}"); done
 cluster=(--ps-hosts "$(join_hosts "${ps_list[@]}")" --worker-hosts "$(join_hosts "${worker_list[@]}")"
          --chief-host "127.0.0.1:${ports[num_ps + num_workers]}")
 
-pids=() names=()
+pids=()
 cleanup() {
   trap - EXIT INT TERM
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -255,66 +288,31 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "[start_all] interrupted: stopping every process"; exit 130' INT TERM
 
+# The hooks of scripts/job_watch.sh, for local processes.
+JOB_PREFIX=start_all JOB_RESUME_HINT="restart with the same --checkpoint-dir to resume"
+task_log() { echo "$logdir/${TASK_NAMES[$1]/ /}.log"; }
+task_running() { kill -0 "${pids[$1]}" 2>/dev/null; }
+task_listening() { grep -q "ready at" "$(task_log "$1")" 2>/dev/null; }
+task_exit_code() { TASK_EXIT_CODE=0; wait "${pids[$1]}" 2>/dev/null || TASK_EXIT_CODE=$?; }
+task_last_lines() { echo "($(task_log "$1"))"; tail -n "$2" "$(task_log "$1")"; }
+chief_running() { kill -0 "$chief" 2>/dev/null; }
+source scripts/job_watch.sh
+
 echo "[start_all] cluster: $num_ps ps + $num_workers worker(s) on 127.0.0.1, logs in $logdir"
-for ((i = 0; i < num_ps; i++)); do
-  "$PY" -m ttf.distribute.server --job ps --index "$i" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"} \
-    >"$logdir/ps$i.log" 2>&1 &
-  pids+=($!) names+=("ps $i")
-done
-for ((i = 0; i < num_workers; i++)); do
-  "$PY" -m ttf.distribute.server --job worker --index "$i" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"} \
-    >"$logdir/worker$i.log" 2>&1 &
-  pids+=($!) names+=("worker $i")
+network_line "$(join_hosts "${listing[@]}" | sed 's/,/, /g')" "TensorFlow gRPC"
+for ((i = 0; i < num_ps + num_workers; i++)); do
+  read -r job index <<<"${TASK_NAMES[i]}"
+  "$PY" -m ttf.distribute.server --job "$job" --index "$index" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"} \
+    >"$logdir/$job$index.log" 2>&1 &
+  pids+=($!) TASK_WHERE+=("pid $!")
 done
 
-died() {  # reports why task $1 (a name) stopped, from its exit status and log
-  local name=$1 pid=$2 log=$3 rc=0
-  wait "$pid" 2>/dev/null || rc=$?
-  local why="exit code $rc"
-  [ "$rc" -gt 128 ] && why="killed by signal $((rc - 128))"
-  echo "[start_all] $name (pid $pid) stopped: $why; last lines of $log:" >&2
-  tail -n 5 "$log" | sed 's/^/    /' >&2
-}
-
-for ((i = 0; i < ${#pids[@]}; i++)); do  # wait until every server listens
-  log="$logdir/${names[i]/ /}.log"
-  for ((t = 0; t < 120; t++)); do
-    grep -q "ready at" "$log" 2>/dev/null && break
-    if ! kill -0 "${pids[i]}" 2>/dev/null; then died "${names[i]}" "${pids[i]}" "$log"; exit 1; fi
-    sleep 0.5
-  done
-  grep -q "ready at" "$log" || { echo "[start_all] ${names[i]} did not start within 60s; see $log" >&2; exit 1; }
-done
+wait_until_listening || exit 1
 echo "[start_all] servers ready; chief: training (${train_args[*]})"
-
 "$PY" models/train.py "${train_args[@]}" "${cluster[@]}" 2>"$logdir/chief.err" > >(tee "$logdir/chief.log") &
 chief=$!
 pids+=($chief)
-alive=() ps_lost_at=""
-for ((i = 0; i < num_ps + num_workers; i++)); do alive[i]=1; done
-while kill -0 "$chief" 2>/dev/null; do
-  for ((i = 0; i < num_ps + num_workers; i++)); do
-    if [ "${alive[i]}" = 1 ] && ! kill -0 "${pids[i]}" 2>/dev/null; then
-      alive[i]=0
-      died "${names[i]}" "${pids[i]}" "$logdir/${names[i]/ /}.log"
-      if [ "$i" -lt "$num_ps" ]; then
-        echo "[start_all] parameter server lost: the chief stops with an error; restart with the same" \
-             "--checkpoint-dir to resume" >&2
-        ps_lost_at=$SECONDS
-      else
-        echo "[start_all] the chief goes on with the remaining workers" >&2
-      fi
-    fi
-  done
-  if [ -n "$ps_lost_at" ] && [ $((SECONDS - ps_lost_at)) -gt 90 ]; then
-    echo "[start_all] the chief did not stop within 90s of losing a parameter server: stopping it" >&2
-    exit 1
-  fi
-  workers_alive=0
-  for ((i = num_ps; i < num_ps + num_workers; i++)); do workers_alive=$((workers_alive + alive[i])); done
-  if [ "$workers_alive" = 0 ]; then echo "[start_all] every worker is gone: stopping the job" >&2; exit 1; fi
-  sleep 1
-done
+watch_job 1 || exit 1
 rc=0
 wait "$chief" || rc=$?
 if [ "$rc" != 0 ]; then

@@ -5,8 +5,9 @@
 
 Run it once on every host with the same --hosts (host:ranks, in rank order); host i passes
 --host-index i. Ranks are assigned as horovodrun assigns them. Host 0 also serves Horovod's
-Gloo rendezvous (the HTTP key-value store horovodrun would start) on --rendezvous (default
-<host 0>:29500); every rank gets horovodrun's environment (HOROVOD_RANK, HOROVOD_SIZE,
+Gloo rendezvous (the HTTP key-value store horovodrun would start, no authentication) on
+--rendezvous (default <host 0>:29500), listening on that address only, not on every interface;
+every rank gets horovodrun's environment (HOROVOD_RANK, HOROVOD_SIZE,
 HOROVOD_LOCAL_RANK, ..., HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_GLOO_IFACE), so the
 command runs exactly as under `horovodrun --gloo -H ...`, with no ssh between hosts.
 (`./start_all.sh --hvd --hvd-hosts ... --hvd-host-index I` runs this.)
@@ -71,11 +72,16 @@ def main(argv=None):
                         help="address:port of the Gloo rendezvous server on host 0 (default <host 0>:29500)")
     parser.add_argument("--iface", default=None,
                         help="network interface Gloo uses here (default: the one holding this host's address)")
-    parser.add_argument("--start-timeout", type=float, default=120,
-                        help="seconds to wait for host 0's rendezvous server (default 120)")
+    parser.add_argument("--start-timeout", type=float, default=None,
+                        help="seconds to wait for host 0's rendezvous server (default: $TTF_START_TIMEOUT, or 300)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the command every rank runs")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.start_timeout is None:
+        try:
+            args.start_timeout = float(os.environ.get("TTF_START_TIMEOUT", 300))
+        except ValueError:
+            parser.error(f"TTF_START_TIMEOUT must be a number of seconds, got {os.environ['TTF_START_TIMEOUT']!r}")
     if not command:
         parser.error("give the command each rank runs after --")
     try:
@@ -108,13 +114,19 @@ def main(argv=None):
 
     server = None
     if args.host_index == 0:
-        server = RendezvousHTTPServer(("0.0.0.0", int(rv_port)), RendezvousHandler, 0)
+        try:  # listen on the rendezvous address alone: it serves anyone who reaches it
+            rv_address = socket.gethostbyname(rv_host)
+            server = RendezvousHTTPServer((rv_address, int(rv_port)), RendezvousHandler, 0)
+        except OSError as err:
+            parser.error(f"cannot serve the rendezvous on {rv_host}:{rv_port} here ({err}); "
+                         "--rendezvous must name an address of host 0")
         server.init(plan)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        print(f"[hvdrun] Gloo rendezvous for {size} rank(s) on {rv_host}:{rv_port}", flush=True)
+        print(f"[hvdrun] Gloo rendezvous for {size} rank(s) listening on {rv_address}:{rv_port} "
+              f"(HTTP, no authentication); Gloo listens on {iface} ({my_address})", flush=True)
     elif not wait_for_port(rv_host, int(rv_port), args.start_timeout):
         print(f"[hvdrun] error: host 0's rendezvous server {rv_host}:{rv_port} did not answer within "
-              f"{args.start_timeout:.0f}s; start host 0 first or check --rendezvous", file=sys.stderr, flush=True)
+              f"{args.start_timeout:.0f}s (--start-timeout, TTF_START_TIMEOUT); start host 0 first or check --rendezvous", file=sys.stderr, flush=True)
         return 1
     try:  # (after the wait: another container's name resolves once it runs)
         rv_host = socket.gethostbyname(rv_host)  # Horovod's rendezvous client wants an address

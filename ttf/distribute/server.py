@@ -4,7 +4,8 @@
         --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222,10.0.0.3:2222 --chief-host 10.0.0.4:2222
 
 ttf's op library is loaded before the server starts, so the table kernels are registered in
-this process. Prints one "ready" line once it listens.
+this process. Prints one "ready" line once it listens, naming where: TensorFlow binds every
+server to 0.0.0.0:<port> (every address), unauthenticated; see README "Security".
 """
 import argparse
 import importlib
@@ -44,7 +45,10 @@ def main(argv=None):
     server = tf.distribute.Server(config.cluster_spec(), job_name=args.job, task_index=args.index,
                                   protocol="grpc", start=True)
     loaded = ", ".join(["ttf ops"] + args.imports)
-    print(f"[{args.job}:{args.index}] ready at {tasks[args.index]} ({loaded} loaded)", flush=True)
+    port = tasks[args.index].rpartition(":")[2]
+    # TensorFlow binds every server to 0.0.0.0: say so, the address in the cluster is only a name.
+    print(f"[{args.job}:{args.index}] ready at {tasks[args.index]} ({loaded} loaded); listening on 0.0.0.0:{port} "
+          "(every address of this network namespace; TensorFlow gRPC, no authentication)", flush=True)
     server.join()
     return 0
 
