@@ -70,7 +70,6 @@ pick_engine no quiet
 [ "$ENGINE" = podman ] && check_engine "$IMAGE"
 
 network=$job-net port=2222
-start_timeout=${TTF_START_TIMEOUT:-300}  # seconds for a server container to listen (a loaded host is slow)
 names=() roles=()
 join_hosts() { local IFS=,; echo "$*"; }
 hosts() { local prefix=$1 n=$2 list=(); for ((i = 0; i < n; i++)); do list+=("$job-$prefix$i:$port"); done; join_hosts "${list[@]}"; }
@@ -117,17 +116,23 @@ running() { [ "$(engine inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = tru
 # never count as ready.
 listening() { engine logs "$1" 2>&1 | grep -F "ready at" >/dev/null; }
 exit_code() { engine inspect -f '{{.State.ExitCode}}' "$1" 2>/dev/null || echo "?"; }
-report_stop() {  # name, role: why the container stopped and its last lines
-  local code why
-  code=$(exit_code "$1")
-  why="exit code $code"
-  [[ $code =~ ^[0-9]+$ ]] && [ "$code" -gt 128 ] && why="killed by signal $((code - 128))"
-  echo "[cluster] $2 (container $1) stopped: $why; its last lines:" >&2
-  engine logs --tail 5 "$1" 2>&1 | sed 's/^/    /' >&2
-}
+
+# The hooks of scripts/job_watch.sh (the wait for servers and the watchdog start_all.sh uses too),
+# for containers: task i is container names[i].
+JOB_PREFIX=cluster NUM_PS=$num_ps TASK_NAMES=("${roles[@]}") TASK_WHERE=()
+JOB_RESUME_HINT="run the job again with the same --volume to resume from its last checkpoint"
+for name in "${names[@]}"; do TASK_WHERE+=("container $name"); done
+task_running() { running "${names[$1]}"; }
+task_listening() { listening "${names[$1]}"; }
+task_exit_code() { TASK_EXIT_CODE=$(exit_code "${names[$1]}"); }
+task_last_lines() { engine logs --tail "$2" "${names[$1]}" 2>&1; }
+chief_running() { running "$job-chief"; }
+source "$REPO_ROOT/scripts/job_watch.sh"
 
 if [ "$hvd" = 1 ]; then
   echo "[cluster] Horovod job $job: $num_workers rank(s), one per container, on network $network, checkpoints in $volume"
+  echo "[cluster] listening: $job-rank0 port 29500 (Gloo rendezvous, HTTP) and every rank's Gloo ports (TCP), on" \
+       "network $network only (no host port published), no authentication; see README \"Security\""
   for ((i = 0; i < num_workers; i++)); do start_task "${names[i]}" --hvd-host-index "$i"; done
   engine logs -f "${names[0]}" 2>&1 | grep --line-buffered -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+: [IWE] ' &
   follower=$!
@@ -139,7 +144,7 @@ if [ "$hvd" = 1 ]; then
     for ((i = 0; i < num_workers; i++)); do
       [ "${alive[i]}" = 1 ] && ! running "${names[i]}" || continue
       alive[i]=0 left=$((left - 1))
-      [ "$(exit_code "${names[i]}")" = 0 ] || { failed=1; report_stop "${names[i]}" "${roles[i]}"; }
+      [ "$(exit_code "${names[i]}")" = 0 ] || { failed=1; report_stop "$i"; }
     done
   done
   wait "$follower" 2>/dev/null || true
@@ -153,51 +158,20 @@ if [ "$hvd" = 1 ]; then
 fi
 
 echo "[cluster] job $job: $num_ps ps + $num_workers worker(s) + chief on network $network, checkpoints in $volume"
+echo "[cluster] listening: port $port of every container on network $network only (no host port published;" \
+     "TensorFlow gRPC, no authentication); see README \"Security\""
 for ((i = 0; i < ${#names[@]}; i++)); do
   read -r role index <<<"${roles[i]}"
   start_task "${names[i]}" --role "$role" --index "$index"
 done
-for ((i = 0; i < ${#names[@]}; i++)); do  # wait until every server listens
-  for ((t = 0; t < start_timeout; t++)); do
-    listening "${names[i]}" && break
-    running "${names[i]}" || { report_stop "${names[i]}" "${roles[i]}"; exit 1; }
-    sleep 1
-  done
-  listening "${names[i]}" ||
-    { echo "[cluster] ${roles[i]} did not start within ${start_timeout}s (TTF_START_TIMEOUT); its last lines:" >&2
-      engine logs --tail 10 "${names[i]}" 2>&1 | sed 's/^/    /' >&2; exit 1; }
-done
+wait_until_listening || exit 1
 echo "[cluster] servers ready; starting the chief ($job-chief)"
 start_task "$job-chief" --role chief
 # The chief's output, less TensorFlow's start-up chatter on stderr (as start_all.sh keeps it out).
 engine logs -f "$job-chief" 2>&1 | grep --line-buffered -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+: [IWE] ' &
 follower=$!
 
-alive=() ps_lost_at=""
-for ((i = 0; i < ${#names[@]}; i++)); do alive[i]=1; done
-while running "$job-chief"; do
-  for ((i = 0; i < ${#names[@]}; i++)); do
-    if [ "${alive[i]}" = 1 ] && ! running "${names[i]}"; then
-      alive[i]=0
-      report_stop "${names[i]}" "${roles[i]}"
-      if [ "$i" -lt "$num_ps" ]; then
-        echo "[cluster] parameter server lost: the chief stops with an error; run the job again with" \
-             "the same --volume to resume from its last checkpoint" >&2
-        ps_lost_at=$SECONDS
-      else
-        echo "[cluster] the chief goes on with the remaining workers" >&2
-      fi
-    fi
-  done
-  if [ -n "$ps_lost_at" ] && [ $((SECONDS - ps_lost_at)) -gt 90 ]; then
-    echo "[cluster] the chief did not stop within 90s of losing a parameter server: stopping it" >&2
-    exit 1
-  fi
-  workers_alive=0
-  for ((i = num_ps; i < ${#names[@]}; i++)); do workers_alive=$((workers_alive + alive[i])); done
-  if [ "$workers_alive" = 0 ]; then echo "[cluster] every worker is gone: stopping the job" >&2; exit 1; fi
-  sleep 2
-done
+watch_job 2 || exit 1
 wait "$follower" 2>/dev/null || true
 follower=""
 rc=$(exit_code "$job-chief")
