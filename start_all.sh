@@ -212,7 +212,13 @@ if [ "$hvd" = 1 ]; then
   "$venv/bin/horovodrun" --gloo -np "$num_workers" -H "localhost:$num_workers" \
     "$PY" models/train.py "${train_args[@]}" > >(tee "$logdir/horovodrun.log") 2>&1 &
   hvdrun=$!
-  trap 'kill "$hvdrun" 2>/dev/null || true; wait 2>/dev/null || true' EXIT  # horovodrun stops its ranks
+  stop_horovodrun() {  # horovodrun stops its ranks; after a Ctrl-C during training it may then hang: 10 s
+    kill "$hvdrun" 2>/dev/null || true
+    for ((t = 0; t < 20; t++)); do kill -0 "$hvdrun" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$hvdrun" 2>/dev/null || true
+    wait 2>/dev/null || true
+  }
+  trap stop_horovodrun EXIT
   trap 'echo "[start_all] interrupted: stopping every rank"; exit 130' INT TERM
   rc=0
   wait "$hvdrun" || rc=$?

@@ -1,0 +1,211 @@
+"""Local jobs listen on nothing outside the machine: ttf/distribute/private_network.py (a private
+user + network namespace, loopback only) and start_all.sh's local jobs run in it, checked from
+outside through /proc (this test process stays in the host's network namespace)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HELPER = os.path.join(ROOT, "ttf", "distribute", "private_network.py")
+START = os.path.join(ROOT, "start_all.sh")
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
+
+
+def isolated(*command, **kwargs):
+    return subprocess.run([sys.executable, HELPER, "--", *command], capture_output=True, text=True, timeout=60,
+                          **kwargs)
+
+
+@pytest.fixture(scope="module")
+def namespaces_allowed():
+    out = isolated("sh", "-c", 'echo "$TTF_NETWORK"').stdout.strip()
+    if out != "private":
+        pytest.skip(f"this kernel refuses a private network namespace ({out}); start_all.sh warns instead")
+
+
+def tcp_table(pid="self"):
+    """{socket inode: (address hex, port)} of the TCP sockets listening in pid's network namespace."""
+    table = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = open(f"/proc/{pid}/net/{name}").read().splitlines()[1:]
+        except FileNotFoundError:  # no IPv6
+            continue
+        for line in lines:
+            fields = line.split()
+            address, port = fields[1].split(":")
+            if fields[3] == LISTEN:
+                table[int(fields[9])] = (address, int(port, 16))
+    return table
+
+
+def is_loopback(address_hex):
+    if len(address_hex) == 8:  # IPv4, little-endian: 127.x.x.x ends in 7F
+        return address_hex.endswith("7F")
+    return address_hex == "00000000000000000000000001000000"  # ::1
+
+
+def socket_inodes(pid):
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except OSError:  # the process ended meanwhile
+        pass
+    return inodes
+
+
+def descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
+def job_listeners(pid):
+    """(sockets the job's processes listen on in their own namespace, those visible from here)."""
+    own, outside, here = {}, {}, tcp_table()
+    for p in descendants(pid):
+        inodes = socket_inodes(p)
+        try:
+            theirs = tcp_table(p)
+        except OSError:
+            continue
+        own.update({i: theirs[i] for i in inodes if i in theirs})
+        outside.update({i: here[i] for i in inodes if i in here})
+    return own, outside
+
+
+# Quick: the helper itself.
+
+def test_command_runs_with_loopback_only_and_listens_on_nothing_outside(namespaces_allowed, tmp_path):
+    script = (
+        "import os, socket, sys\n"
+        "print(os.environ['TTF_NETWORK'], os.getuid(), os.getgid())\n"
+        "print(','.join(l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]))\n"
+        "s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen()\n"
+        "socket.create_connection(('127.0.0.1', s.getsockname()[1]), timeout=5).close()\n"
+        "print(os.fstat(s.fileno()).st_ino)\n"
+        "open(sys.argv[1], 'w').write('x')\n"
+        "sys.exit(7)\n")
+    out = isolated(sys.executable, "-c", script, str(tmp_path / "written"))
+    assert out.returncode == 7, out.stderr  # the command's exit code, through exec
+    network, interfaces, inode = out.stdout.split("\n")[:3]
+    assert network == f"private {os.getuid()} {os.getgid()}"
+    assert interfaces == "lo"
+    assert int(inode) not in tcp_table()  # its listening socket was not in this namespace
+    written = os.stat(tmp_path / "written")
+    assert (written.st_uid, written.st_gid) == (os.getuid(), os.getgid())
+
+
+def test_a_socket_on_all_addresses_is_unreachable_from_outside(namespaces_allowed):
+    proc = subprocess.Popen([sys.executable, HELPER, "--", sys.executable, "-c",
+                             "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen();"
+                             "print(s.getsockname()[1], flush=True); time.sleep(30)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        own, outside = job_listeners(proc.pid)
+        assert [p for _, p in own.values()] == [port] and not outside
+        with pytest.raises(ConnectionRefusedError):
+            __import__("socket").create_connection(("127.0.0.1", port), timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_refused_namespace_runs_the_command_saying_why(namespaces_allowed):
+    # A user namespace with no uid mapping may not create another one: a real refusal by the kernel.
+    out = subprocess.run(["unshare", "--user", "--", sys.executable, HELPER, "--", "sh", "-c",
+                          'echo "$TTF_NETWORK"'], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0 and "unshare" in out.stderr:
+        pytest.skip(f"unshare --user is not available here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "refused: unshare(user + network namespace): Operation not permitted"
+
+
+def test_usage_error_without_a_command():
+    out = subprocess.run([sys.executable, HELPER], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "usage:" in out.stderr
+
+
+# Slow: start_all.sh's local jobs, watched from outside until their servers listen, then Ctrl-C.
+
+def run_and_watch(args, expected_listeners, timeout=240):
+    """Starts start_all.sh, waits until its processes listen on `expected_listeners` sockets,
+    interrupts it; returns (listeners in its namespace, listeners visible here, output, exit code)."""
+    proc = subprocess.Popen([START, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    own, outside, deadline = {}, {}, time.time() + timeout
+    try:
+        while time.time() < deadline and proc.poll() is None and len(own) < expected_listeners:
+            time.sleep(0.5)
+            now_own, now_outside = job_listeners(proc.pid)
+            own.update(now_own)
+            outside.update(now_outside)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
+        out, _ = proc.communicate(timeout=60)
+        for _ in range(10):  # processes still alive in the job's session (zombies being reaped do not count)
+            left = [line for line in subprocess.run(["ps", "-o", "stat=,pid=,args=", "-s", str(proc.pid)],
+                                                    capture_output=True, text=True).stdout.splitlines()
+                    if not line.startswith("Z")]
+            if not left:
+                break
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)])  # this test's own session only
+    assert len(own) >= expected_listeners, f"saw {own} listening; output:\n{out[-3000:]}"
+    assert not left, f"processes left after Ctrl-C: {left}"
+    return own, outside, out, proc.returncode
+
+
+CLUSTER = ["--tiacc", "--fm", "--data", "sample", "--batch-size", "16", "--steps", "100000"]
+
+
+@pytest.mark.slow
+def test_local_cluster_listens_on_nothing_outside_its_namespace(namespaces_allowed):
+    own, outside, out, code = run_and_watch(CLUSTER, expected_listeners=4)  # 1 ps, 2 workers, the chief
+    assert not outside, f"listening in the host's network: {outside}"
+    assert "[start_all] listening: ps 0 port" in out and "private network namespace" in out, out[-3000:]
+    assert "warning: not isolated" not in out
+    assert code == 130 and "interrupted: stopping every process" in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_no_isolation_listens_on_every_address_and_says_so_in_one_line():
+    # The control for the test above: the same check sees the servers when they are in this network.
+    own, outside, out, code = run_and_watch([*CLUSTER, "--no-isolation"], expected_listeners=4)
+    assert len(outside) >= 4 and any(not is_loopback(a) for a, _ in outside.values()), outside
+    warning = [line for line in out.splitlines() if "warning: not isolated (--no-isolation)" in line]
+    assert len(warning) == 1 and all(f"port {p}" in warning[0] for _, p in own.values()), out[-3000:]
+    assert code == 130
+
+
+@pytest.mark.slow
+def test_local_horovod_job_listens_on_nothing_outside_its_namespace(namespaces_allowed):
+    pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed (./scripts/setup_horovod.sh)")
+    # horovodrun's rendezvous server and at least one rank's Gloo socket.
+    own, outside, out, code = run_and_watch(["--hvd", *CLUSTER], expected_listeners=2)
+    assert not outside, f"listening in the host's network: {outside}"
+    assert "private network namespace" in out, out[-3000:]
+    assert code == 130
