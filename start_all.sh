@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 start_all_args=("$@")  # kept to run again inside the private network namespace
+# TTF_NETWORK counts only when private_network.py set it for this very process (the same pid).
+[ "${TTF_NETWORK_PID:-}" = "$$" ] || unset TTF_NETWORK
 
 usage() {
   cat <<'EOF'
@@ -160,7 +162,7 @@ fi
 # with no authentication: the whole job runs again, same pid, in a private network namespace
 # whose only interface is loopback (TTF_NETWORK=private there, or "refused: why").
 if [ -z "$role" ] && [ "$single" = 0 ] && [ -z "$hvd_hosts" ] && [ "$isolation" = 1 ] && [ -z "${TTF_NETWORK:-}" ]; then
-  exec "$PY" ttf/distribute/private_network.py -- "$BASH" "$PWD/start_all.sh" ${start_all_args[@]+"${start_all_args[@]}"}
+  TTF_NETWORK_PID=$$ exec "$PY" ttf/distribute/private_network.py -- "$BASH" "$PWD/start_all.sh" ${start_all_args[@]+"${start_all_args[@]}"}
 fi
 network_line() {  # PORTS PROTOCOLS: one line saying where the local job's servers listen, and who can reach them
   case "${TTF_NETWORK:-}" in
