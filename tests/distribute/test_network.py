@@ -142,6 +142,23 @@ def test_a_refused_namespace_runs_the_command_saying_why(namespaces_allowed):
     assert out.stdout.strip() == "refused: unshare(user + network namespace): Operation not permitted"
 
 
+def test_the_host_names_address_is_reachable_inside(namespaces_allowed):
+    # Gloo binds to the address the host's name resolves to: enter() puts it on loopback.
+    script = (
+        "import socket, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(HELPER)!r})\n"
+        "import private_network as pn\n"
+        "pn.enter()\n"
+        "pn.add_loopback_address('10.231.99.7')\n"
+        "s = socket.socket(); s.bind(('10.231.99.7', 0)); s.listen()\n"
+        "socket.create_connection(s.getsockname(), timeout=5).close()\n"
+        "own = pn.host_address()\n"
+        "if own: socket.socket().bind((own, 0))\n"
+        "print('ok', own)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr
+
+
 def test_usage_error_without_a_command():
     out = subprocess.run([sys.executable, HELPER], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "usage:" in out.stderr

@@ -8,7 +8,7 @@ TensorFlow's gRPC servers listen on 0.0.0.0 with no authentication, and inside t
 
 The process enters a new user + network namespace (no privileges needed where the kernel allows
 unprivileged user namespaces), keeps its own uid and gid (files it writes belong to the caller,
-as before), brings loopback up, then execs COMMAND, which keeps this process's pid, signals
+as before), brings loopback up (with the host name's address on it too), then execs COMMAND, which keeps this process's pid, signals
 and exit code. It sets TTF_NETWORK for COMMAND: "private", or, where the kernel refuses
 (user namespaces disabled, a container's seccomp profile), "refused: <why>" and COMMAND runs
 in the caller's network as it is (the caller decides what to say).
@@ -27,6 +27,8 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
+SIOCSIFADDR = 0x8916
+SIOCSIFNETMASK = 0x891C
 IFF_UP = 0x1
 
 
@@ -47,14 +49,35 @@ class Refused(OSError):
     """The kernel refused the namespaces; this process is still where it was."""
 
 
+def _sockaddr_in(address):
+    return struct.pack("HH4s8x", socket.AF_INET, 0, socket.inet_aton(address))
+
+
+def add_loopback_address(address):
+    """Gives loopback the extra IPv4 `address` (an alias, lo:1, /32)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, SIOCSIFADDR, struct.pack("16s16s8x", b"lo:1", _sockaddr_in(address)))
+        fcntl.ioctl(s, SIOCSIFNETMASK, struct.pack("16s16s8x", b"lo:1", _sockaddr_in("255.255.255.255")))
+
+
+def host_address():
+    """The IPv4 address this host's name resolves to, when it is not a loopback one (else None)."""
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
 def enter():
     """Moves this single-threaded process into a new user + network namespace with loopback up.
 
-    The caller's uid and gid map to themselves. Raises Refused when the kernel refuses the
+    The caller's uid and gid map to themselves. The address this host's name resolves to is
+    added to loopback: Gloo (Horovod) binds to it, and it would be missing inside. Raises Refused when the kernel refuses the
     namespaces (nothing changed), OSError when a later step fails (the process is then inside a
     namespace it cannot use and must stop).
     """
-    uid, gid = os.getuid(), os.getgid()
+    uid, gid, own_address = os.getuid(), os.getgid(), host_address()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
@@ -66,6 +89,8 @@ def enter():
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
     loopback_up()
+    if own_address is not None:
+        add_loopback_address(own_address)
 
 
 def main(argv=None):
