@@ -30,7 +30,7 @@ Every other flag goes to start_all.sh in each container: model, path, --steps, -
 Like start_all.sh it reports a worker that stops and lets the chief finish on the others, and
 stops the job when a parameter server is lost (run it again to resume from the checkpoint).
 Env: TTF_ENGINE, TTF_IMAGE (docker/build.sh -h), TTF_BUILD_FLAGS (extra build.sh flags),
-TTF_START_TIMEOUT (seconds a server container may take to listen, default 300).
+TTF_START_TIMEOUT (seconds the server containers together may take to listen, default 300).
 
 Examples:
   docker/cluster.sh --tiacc --fm                       # 1 ps + 2 workers + chief, DeepFM with ttf
