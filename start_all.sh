@@ -69,7 +69,7 @@ Examples:
   ./start_all.sh --role ps --index 0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222 \
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
 It prints global steps/sec and AUC at the end. Logs of a local cluster go to runs/<time>/.
-Env: TTF_VENV (virtual environment, default ./.venv), PYTHON (its interpreter).
+Env: TTF_VENV (virtual environment, default ./.venv; ./.venv-tf$TTF_TF with TTF_TF=2.16), TTF_TF, PYTHON (its interpreter).
 EOF
 }
 
@@ -140,7 +140,7 @@ elif [ -n "$hvd_compression$hvd_hosts$hvd_host_index$hvd_rendezvous$hvd_iface" ]
   die "--hvd-compression, --hvd-hosts, --hvd-host-index, --hvd-rendezvous and --hvd-iface need --hvd"
 fi
 
-venv=${TTF_VENV:-$PWD/.venv}
+venv=${TTF_VENV:-$PWD/.venv${TTF_TF:+-tf$TTF_TF}}
 echo "[start_all] set-up: checking $venv and the op build"
 ./scripts/setup_env.sh
 [ "$hvd" = 1 ] && ./scripts/setup_horovod.sh

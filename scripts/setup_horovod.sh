@@ -7,10 +7,10 @@
 # (a new venv, a re-run) take seconds. Idempotent: returns at once when horovod is there.
 # --deps-only: on top of `setup_env.sh --deps-only` (docker/Dockerfile's cached layer: the
 # venv with the pinned packages, before ttf itself is there).
-# Env: TTF_VENV (default ./.venv).
+# Env: TTF_VENV (default ./.venv, or ./.venv-tf$TTF_TF when TTF_TF is set: see setup_env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${TTF_VENV:-$PWD/.venv}
+VENV=${TTF_VENV:-$PWD/.venv${TTF_TF:+-tf$TTF_TF}}
 log=build-horovod.log
 deps_only=0
 [ "${1:-}" = --deps-only ] && deps_only=1
