@@ -17,14 +17,14 @@ deps_only=0
 [ "${1:-}" = --deps-only ] && deps_only=1
 
 if [ "$deps_only" = 1 ]; then ./scripts/setup_env.sh --deps-only; else ./scripts/setup_env.sh; fi
-# horovod 0.28.1, its last release, builds only against the TensorFlow minors listed here
-# (checked by building); elsewhere this says why in one line, leaves the reason in the venv
-# for the Horovod tests to skip with, and exits 3.
+# horovod 0.28.1, its last release, is built only against the TensorFlow minors listed here
+# (the ones a build was checked on; add one after checking it); elsewhere this says why in
+# one line, leaves the reason in the venv for the Horovod tests to skip with, and exits 3.
 HOROVOD_TF_MINORS="2.16"
 tf_version=$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('tensorflow'))")
 unsupported=$VENV/.ttf-horovod-unsupported
 if ! printf '%s\n' $HOROVOD_TF_MINORS | grep -qx "$(echo "$tf_version" | cut -d. -f1,2)"; then
-  echo "Horovod needs TensorFlow $HOROVOD_TF_MINORS: horovod 0.28.1 (its last release) does not build against TensorFlow $tf_version; set up with TTF_TF=2.16" | tee "$unsupported" >&2
+  echo "Horovod needs TensorFlow $HOROVOD_TF_MINORS: horovod 0.28.1 (its last release) is not known to build against TensorFlow $tf_version (upstream support for TF 2.20 is an open horovod pull request); set up with TTF_TF=2.16" | tee "$unsupported" >&2
   exit 3
 fi
 rm -f "$unsupported"
