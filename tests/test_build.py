@@ -4,6 +4,7 @@ import glob
 import os
 import re
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -53,3 +54,18 @@ def test_setup_names_the_choices_for_an_unknown_tensorflow_version():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "TTF_TF=9.9: no requirements-tf9.9.txt; choose one of: 2.16" in proc.stderr
+
+
+def test_a_library_built_for_another_tensorflow_raises_naming_the_rebuild(tmp_path):
+    """The real mismatch: another TF minor's build (if this checkout has one), loaded under this TF's name."""
+    others = [p for p in glob.glob(os.path.join(os.path.dirname(_ops.LIBRARY_PATH), "_ttf_ops.tf*.so"))
+              if p != _ops.LIBRARY_PATH]
+    if not others:
+        pytest.skip("no op library of another TensorFlow minor in this checkout (TTF_TF=2.16 ./scripts/setup_env.sh builds one)")
+    code = ("import tensorflow as tf, ttf._ops as o\n"
+            f"o.LIBRARY_PATH = {others[0]!r}\n"
+            "try:\n    o.ops()\nexcept ImportError as err:\n    print('ImportError:', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]  # an exception, not a crash
+    assert "ImportError: ttf:" in proc.stdout and f"Rebuild it for TensorFlow {tf.__version__}" in proc.stdout, proc.stdout
