@@ -177,3 +177,11 @@ def test_readme_api_example_runs_unchanged_on_keras_3(tmp_path):
     proc = run_fresh(example + "import keras\nassert tf.keras.Model is keras.Model\n", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(re.search(r"ids in the table: (\d+)", proc.stdout).group(1)) > 0
+
+
+def test_low_precision_on_keras_3_says_it_is_not_supported_and_how_to_run_it():
+    model, _ = toy()
+    model(data(8)[0])
+    with pytest.raises(NotImplementedError, match="TF_USE_LEGACY_KERAS=1"):
+        with ttf.precision.low_precision(model):
+            pass

@@ -81,6 +81,10 @@ def low_precision(model, dtype=tf.bfloat16):
       >>> y.dtype.name, model(tf.ones((2, 3))).dtype.name
       ('bfloat16', 'float32')
     """
+    if not tf.keras.Model.__module__.startswith("tf_keras."):
+        raise NotImplementedError(
+            "ttf.precision's low-precision steps cast through tf_keras' AutoCastVariable and do not support Keras 3 "
+            "models yet: set TF_USE_LEGACY_KERAS=1 before anything imports TensorFlow, or train in float32")
     dtype = tf.as_dtype(dtype)
     if dtype not in _MIXED_POLICY:
         raise ValueError(f"dtype must be bfloat16 or float16, got {dtype.name}")
