@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from ttf._keras import KERAS3
 from ttf._ops import ops
 from ttf.embedding import DynamicEmbedding, RowInitializer
 from ttf.optimizers import from_keras
@@ -144,7 +145,7 @@ def accelerate(model, keep=()):
       >>> [type(layer).__name__ for layer in fast.layers][:2]
       ['InputLayer', 'FusedLookup']
     """
-    if not tf.keras.Model.__module__.startswith("tf_keras."):
+    if KERAS3:
         raise NotImplementedError(
             "ttf.accelerate rewrites tf_keras' functional graph and does not support Keras 3 models yet; run it on "
             "Keras 2: set TF_USE_LEGACY_KERAS=1 before anything imports TensorFlow (pip install tf-keras), or build "

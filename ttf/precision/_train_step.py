@@ -20,6 +20,8 @@ import contextlib
 import tensorflow as tf
 from tf_keras.src.mixed_precision import autocast_variable
 
+from ttf._keras import KERAS3
+
 # Keras layers whose weights Keras itself never autocasts (their variables are created
 # with experimental_autocast=False): they read float32 weights under a mixed policy.
 _NO_AUTOCAST_LAYERS = (
@@ -81,7 +83,7 @@ def low_precision(model, dtype=tf.bfloat16):
       >>> y.dtype.name, model(tf.ones((2, 3))).dtype.name
       ('bfloat16', 'float32')
     """
-    if not tf.keras.Model.__module__.startswith("tf_keras."):
+    if KERAS3:
         raise NotImplementedError(
             "ttf.precision's low-precision steps cast through tf_keras' AutoCastVariable and do not support Keras 3 "
             "models yet: set TF_USE_LEGACY_KERAS=1 before anything imports TensorFlow, or train in float32")
