@@ -24,7 +24,7 @@ MODULE_ATTRS = [
 ]
 # Private members of a functional tf.keras model: (attribute, the ttf modules that use it)
 MODEL_ATTRS = [
-    ("_flatten_layers", "ttf/_keras.py, ttf/_accelerate.py, ttf/distribute/horovod.py, ttf/precision/_train_step.py"),
+    ("_flatten_layers", "ttf/_keras.py (tables_in, used by ttf/serving), ttf/_accelerate.py, ttf/distribute/horovod.py, ttf/precision/_train_step.py"),
     ("_nodes_by_depth", "ttf/_accelerate.py, ttf/distribute/horovod.py"),
     ("_run_internal_graph", "ttf/distribute/horovod.py"),
 ]

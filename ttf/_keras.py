@@ -18,9 +18,9 @@ import sys
 import tensorflow as tf
 
 from ttf.embedding import DynamicEmbedding, embedding_of
+from ttf.optimizers import _TableUpdates, from_keras
 
 KERAS3 = not tf.keras.Model.__module__.startswith("tf_keras.")  # which Keras tf.keras resolved to
-from ttf.optimizers import _TableUpdates, from_keras
 
 
 def tables_in(model):

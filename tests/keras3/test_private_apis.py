@@ -20,7 +20,7 @@ def test_keras3_hdf5_writer_is_still_there(module, attr):
 
 def test_keras3_layer_flatten_layers_is_still_there():
     assert hasattr(keras.layers.Layer, "_flatten_layers"), (
-        f"private Keras internal Layer._flatten_layers (ttf/_keras.py tables_in, ttf/serving/_export.py) is gone "
+        f"private Keras internal Layer._flatten_layers (ttf/_keras.py tables_in, used by ttf/serving) is gone "
         f"in Keras {keras.__version__}")
 
 

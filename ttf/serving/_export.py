@@ -4,7 +4,7 @@ import os
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from ttf.embedding import DynamicEmbedding
+from ttf._keras import tables_in
 
 
 class FrozenTable(tf.Module):
@@ -95,7 +95,7 @@ def export_for_serving(model, path, input_signature=None, output_name="probabili
       >>> _ = model(tf.constant([[1, 2]], tf.int64))
       >>> ttf.export_for_serving(model, os.path.join(tempfile.mkdtemp(), "serving"))
     """
-    layers = [m for m in model._flatten_layers(include_self=True) if isinstance(m, DynamicEmbedding)]  # tf_keras and Keras 3
+    layers = tables_in(model)
     frozen = [FrozenTable(layer) for layer in layers]
     structure, specs = _input_specs(model, input_signature)
 
