@@ -1,13 +1,18 @@
-"""Builds every C++ source in ops/ into one TensorFlow op library, ttf/_ttf_ops.so.
+"""Builds every C++ source in ops/ into one TensorFlow op library, ttf/_ttf_ops.tf<X.Y>.so.
 
 The compiler is the system g++ with the flags TensorFlow reports through tf.sysconfig, so
-the library matches the installed TensorFlow's ABI. Objects are compiled in parallel and
+the library matches the installed TensorFlow's ABI. A library loads only in the TensorFlow
+minor it was built for (TF 2.16 .. 2.21 are supported), so its name carries that minor and
+builds for two versions coexist in one checkout (ttf/_ops.py loads the running one's). Objects are compiled in parallel and
 only when their source (or any header in ops/) changed, so a rebuild after a one-file edit
 takes one compile and a link:
 
     python setup.py build_ext --inplace      # what scripts/setup_env.sh runs after edits
     pip install --no-build-isolation -e .    # editable install (also builds)
-    pip install .                            # regular install (builds in an isolated env)
+    pip install --no-build-isolation .       # into an env that has TensorFlow: builds against it
+
+Plain `pip install .` builds in an isolated env with the newest supported TensorFlow, so its
+library fits only that TensorFlow; --no-build-isolation builds against the one installed.
 """
 import concurrent.futures
 import glob
@@ -23,13 +28,17 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB_NAME = "ttf._ttf_ops"
 
 
+def _tf_minor(version):
+    return ".".join(version.split(".")[:2])
+
+
 def _tf_flags():
     try:
         import tensorflow as tf
     except ImportError as err:
         sys.exit(
             "ttf: building the ops needs TensorFlow's headers, but TensorFlow is not importable "
-            f"({err}). Install it first: pip install -r requirements.txt"
+            f"({err}). Install it first (TensorFlow 2.16 .. 2.21): pip install -r requirements.txt"
         )
     return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
 
@@ -38,8 +47,8 @@ class BuildOps(build_ext):
     """Compiles ops/**/*.cc with g++ and links them into one shared library."""
 
     def get_ext_filename(self, ext_name):
-        # A plain name (ttf/_ttf_ops.so): tf.load_op_library needs no Python ABI tag.
-        return os.path.join(*ext_name.split(".")) + ".so"
+        # ttf/_ttf_ops.tf2.21.so: no Python ABI tag (tf.load_op_library needs none), the TF minor.
+        return os.path.join(*ext_name.split(".")) + f".tf{_tf_minor(_tf_flags()[0])}.so"
 
     def build_extension(self, ext):
         cxx = os.environ.get("CXX", "g++")
@@ -47,8 +56,9 @@ class BuildOps(build_ext):
             sys.exit(f"ttf: the C++ compiler '{cxx}' was not found. Install g++ (Debian: apt-get install g++).")
         tf_version, compile_flags, link_flags = _tf_flags()
         # Portable code: no -march=native, so the library runs on any x86-64 the TF wheel runs on.
-        cflags = ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-unused-function"] + compile_flags
-        obj_dir = os.path.join(ROOT, "build", "ops_obj")
+        cflags = ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-unused-function",
+                  f'-DTTF_TF_VERSION="{tf_version}"'] + compile_flags
+        obj_dir = os.path.join(ROOT, "build", "ops_obj", "tf" + tf_version)  # one set per TF release
         os.makedirs(obj_dir, exist_ok=True)
         headers = glob.glob(os.path.join(ROOT, "ops", "**", "*.h"), recursive=True)
         newest_header = max((os.path.getmtime(h) for h in headers), default=0.0)

@@ -76,8 +76,9 @@ Examples:
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
 It prints the ports each task listens on at start-up, global steps/sec and AUC at the end. Logs of a
 local cluster go to runs/<time>/.
-Env: TTF_VENV (virtual environment, default ./.venv), PYTHON (its interpreter), TTF_START_TIMEOUT
-(seconds the local cluster's servers may take to listen, default 300).
+Env: TTF_TF (TensorFlow to run on: unset = the newest, 2.16 = TensorFlow 2.16 with TFRA), TTF_VENV
+(virtual environment, default ./.venv; ./.venv-tf$TTF_TF with TTF_TF), PYTHON (its interpreter),
+TTF_START_TIMEOUT (seconds the local cluster's servers may take to listen, default 300).
 EOF
 }
 
@@ -149,7 +150,7 @@ elif [ -n "$hvd_compression$hvd_hosts$hvd_host_index$hvd_rendezvous$hvd_iface" ]
   die "--hvd-compression, --hvd-hosts, --hvd-host-index, --hvd-rendezvous and --hvd-iface need --hvd"
 fi
 
-venv=${TTF_VENV:-$PWD/.venv}
+venv=${TTF_VENV:-$PWD/.venv${TTF_TF:+-tf$TTF_TF}}
 PY=$venv/bin/python
 if [ -z "${TTF_NETWORK:-}" ]; then  # (set inside the private network namespace: set up already)
   echo "[start_all] set-up: checking $venv and the op build"

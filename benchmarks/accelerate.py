@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # measured on tf_keras (ttf runs on Keras 3 too)
 import ttf  # noqa: E402  (before deepctr: tf.keras must resolve to tf_keras)
 import tensorflow as tf  # noqa: E402
 

@@ -29,6 +29,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # measured on tf_keras (ttf runs on Keras 3 too)
 import ttf  # noqa: E402  (before deepctr: it imports tf.keras, which must resolve to tf_keras)
 import tensorflow as tf  # noqa: E402
 import horovod  # noqa: E402

@@ -31,6 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # measured on tf_keras (ttf runs on Keras 3 too)
 import ttf  # noqa: E402  (Keras 2 first)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

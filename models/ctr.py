@@ -81,6 +81,18 @@ class NativeSparse(tf.keras.layers.Layer):
         return self.embedding(self.hashing(ids) + self.offsets)
 
 
+def tfra_missing():
+    """Why the TFRA path cannot run here, in one line, or None when it can."""
+    if not tf.__version__.startswith("2.16."):
+        return (f"--tfra needs TensorFlow 2.16 (TFRA 0.8.1, its last release, exists for no later TF), but "
+                f"TensorFlow {tf.__version__} is installed: set up with TTF_TF=2.16 ./scripts/setup_env.sh")
+    try:
+        from tensorflow_recommenders_addons import dynamic_embedding  # noqa: F401
+    except Exception as err:  # ImportError, or its ops not loading (NotFoundError)
+        return f"--tfra needs tensorflow-recommenders-addons 0.8.1, which does not import here ({err}); pip install -r requirements-tf2.16.txt"
+    return None
+
+
 class TfraSparse(tf.keras.layers.Layer):
     """TFRA's dynamic embedding over the flattened ids."""
 
@@ -236,6 +248,8 @@ def _mlp(layers, x, compute_dtype):
 
 def build(spec, path, seed=0, shard_devices=None):
     """The model of `spec` in form `path` (native | tfra | ttf)."""
+    if path == "tfra" and tfra_missing():
+        raise RuntimeError(tfra_missing())
     bags = [bag_layer(spec, path, seed, i, shard_devices) for i in range(len(spec.multi_hot))]
     return CTRModel(spec, sparse_layer(spec, path, seed, shard_devices), seed=seed, bags=bags,
                     name=f"{spec.model}_{path}")

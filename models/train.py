@@ -30,9 +30,21 @@ sys.path.insert(0, ROOT)
 VERBOSE = "--verbose" in sys.argv[1:]
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if VERBOSE else "3"
 
-import ttf  # noqa: E402  (Keras 2 before TensorFlow is used)
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # models/ are tf_keras models (TFRA needs Keras 2)
+# TF 2.21's C++ logs INFO lines while it loads (absl, before TF_CPP_MIN_LOG_LEVEL applies):
+# without --verbose, the C-level stderr is closed for the import (Python's errors still show).
+_stderr = None if VERBOSE else os.dup(2)
+if _stderr is not None:
+    with open(os.devnull, "w") as _null:
+        os.dup2(_null.fileno(), 2)
+try:
+    import ttf  # noqa: E402
+    import numpy as np  # noqa: E402
+    import tensorflow as tf  # noqa: E402
+finally:
+    if _stderr is not None:
+        os.dup2(_stderr, 2)
+        os.close(_stderr)
 
 from models import ctr  # noqa: E402
 
@@ -116,6 +128,8 @@ def parse_args(argv):
     if args.horovod and (args.ps_hosts or args.tfra):
         p.error("--horovod runs the native or ttf (--tiacc) path without parameter servers; "
                 "drop --ps-hosts/--worker-hosts/--chief-host and --tfra")
+    if args.tfra and ctr.tfra_missing():
+        p.error(ctr.tfra_missing())
     if args.hvd_compression != "none" and not args.horovod:
         p.error("--hvd-compression needs --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:

@@ -1,8 +1,26 @@
 import os
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# Two test sets, one Keras each (a process's tf.keras is one or the other): by default the
+# tf_keras set (everything but tests/keras3, TF_USE_LEGACY_KERAS=1); with TTF_TEST_KERAS=3,
+# tests/keras3 alone, on Keras 3 (TF_USE_LEGACY_KERAS unset). ./test.sh runs both.
+KERAS3 = os.environ.get("TTF_TEST_KERAS") == "3"
+if KERAS3:
+    if os.environ.get("TF_USE_LEGACY_KERAS"):
+        raise RuntimeError("TTF_TEST_KERAS=3 runs the Keras 3 tests: unset TF_USE_LEGACY_KERAS")
+else:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # models/ as a package
+
+KERAS3_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras3")
+
+
+def pytest_ignore_collect(collection_path, config):
+    path = str(collection_path)
+    inside = path == KERAS3_DIR or path.startswith(KERAS3_DIR + os.sep)
+    if KERAS3:  # tests/keras3 and the folders above it only
+        return None if inside or KERAS3_DIR.startswith(path + os.sep) else True
+    return True if inside else None

@@ -1,28 +1,14 @@
 """ttf: fast TensorFlow recommender training.
 
-Importing ttf selects Keras 2 (tf_keras) for tf.keras by setting TF_USE_LEGACY_KERAS=1,
-which must happen before tf.keras is first used; ttf's layers and optimizers are tf_keras
-classes. If tf.keras already resolved to Keras 3 (something imported it first without
-that variable), `import ttf` raises, naming the fix. It also loads ttf's op library, so a
-SavedModel holding ttf layers loads in a fresh process after `import ttf`.
+ttf works with whichever Keras tf.keras resolves to and never switches it: Keras 3 (the
+default of TF 2.16+, `import keras`) or Keras 2 (tf_keras, with TF_USE_LEGACY_KERAS=1 set
+before anything uses tf.keras). Its layers and optimizers subclass that Keras' classes;
+the tables, ops and fused updates are the same under both. `import ttf` also loads ttf's
+op library, so a SavedModel holding ttf layers loads in a fresh process after it.
 """
 import os
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-if os.environ["TF_USE_LEGACY_KERAS"] not in ("1", "true", "True"):
-    raise ImportError(
-        "ttf needs Keras 2 (tf_keras): unset TF_USE_LEGACY_KERAS or set it to 1 before importing ttf."
-    )
-
 import tensorflow as _tf  # noqa: E402
-
-if not _tf.keras.Model.__module__.startswith("tf_keras."):
-    raise ImportError(
-        f"ttf needs tf.keras to be Keras 2 (tf_keras), but tf.keras already resolved to "
-        f"{_tf.keras.Model.__module__.split('.')[0]} (Keras 3): something used tf.keras before `import ttf` (deepctr does) "
-        "while TF_USE_LEGACY_KERAS was unset. Fix: `import ttf` before that module, or set "
-        "TF_USE_LEGACY_KERAS=1 in the environment before anything imports TensorFlow."
-    )
 
 __version__ = "0.1.0"
 

@@ -6,8 +6,8 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
-from tf_keras.src.engine.keras_tensor import KerasTensor
 
+from ttf._keras import KERAS3
 from ttf._ops import ops
 from ttf.embedding import DynamicEmbedding, RowInitializer
 from ttf.optimizers import from_keras
@@ -102,7 +102,7 @@ class TableLookup(DynamicEmbedding):
 @dataclasses.dataclass
 class _Source:
     """Where an Embedding call's ids come from once its lookup layer is gone."""
-    tensor: KerasTensor  # in the original model
+    tensor: object  # a tf_keras KerasTensor, in the original model
     key_kind: str  # "int" or "string"
     vocabulary: object = None  # the lookup layer whose vocabulary maps raw ids to rows, if any
     skipped: object = None  # the lookup node replaced by the key transform
@@ -145,6 +145,11 @@ def accelerate(model, keep=()):
       >>> [type(layer).__name__ for layer in fast.layers][:2]
       ['InputLayer', 'FusedLookup']
     """
+    if KERAS3:
+        raise NotImplementedError(
+            "ttf.accelerate rewrites tf_keras' functional graph and does not support Keras 3 models yet; run it on "
+            "Keras 2: set TF_USE_LEGACY_KERAS=1 before anything imports TensorFlow (pip install tf-keras), or build "
+            "the model with ttf.FusedEmbedding / ttf.DynamicEmbedding directly")
     if not getattr(model, "_is_graph_network", False):
         raise ValueError(f"ttf.accelerate takes a functional or Sequential tf.keras model with known inputs; "
                          f"{model.name} is a subclassed model (build it from tf.keras.Input, or swap its "

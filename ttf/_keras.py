@@ -1,5 +1,8 @@
 """Where tf.keras meets ttf tables outside ttf's own classes; installed by `import ttf`.
 
+Works with either Keras tf.keras resolves to (tf_keras or Keras 3); the private internals
+of each are in one place: tf_keras' in this module (install), Keras 3's in ttf/_keras3.py.
+
 - Model.compile with a stock Keras optimizer (object or name) on a model holding ttf
   tables converts it to its ttf twin (ttf.optimizers.from_keras) with a one-line notice,
   or raises naming ttf.optimizers when there is no twin.
@@ -13,10 +16,11 @@ import functools
 import sys
 
 import tensorflow as tf
-from tf_keras.src.saving.legacy import hdf5_format
 
 from ttf.embedding import DynamicEmbedding, embedding_of
 from ttf.optimizers import _TableUpdates, from_keras
+
+KERAS3 = not tf.keras.Model.__module__.startswith("tf_keras.")  # which Keras tf.keras resolved to
 
 
 def tables_in(model):
@@ -75,8 +79,17 @@ def install():
     if getattr(tf.keras.Model.compile, "_ttf_hook", False):
         return
     tf.keras.Model.compile = _compile(tf.keras.Model.compile)
-    for base in (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer):
+    legacy = () if KERAS3 else (tf.keras.optimizers.legacy.Optimizer,)  # tf_keras' OptimizerV2 (gone in Keras 3)
+    for base in (tf.keras.optimizers.Optimizer,) + legacy:
         base.apply_gradients = _apply_gradients(base.apply_gradients)
-    hdf5_format.save_model_to_hdf5 = _refuse_h5(hdf5_format.save_model_to_hdf5)
-    hdf5_format.save_weights_to_hdf5_group = _refuse_h5(hdf5_format.save_weights_to_hdf5_group)
+    if KERAS3:
+        from ttf import _keras3
+
+        _keras3.install_h5_refusal(_refuse_h5)
+        _keras3.install_export_tables(tables_in)
+    else:
+        from tf_keras.src.saving.legacy import hdf5_format
+
+        hdf5_format.save_model_to_hdf5 = _refuse_h5(hdf5_format.save_model_to_hdf5)
+        hdf5_format.save_weights_to_hdf5_group = _refuse_h5(hdf5_format.save_weights_to_hdf5_group)
     tf.keras.Model.compile._ttf_hook = True

@@ -1,23 +1,35 @@
-"""Loads ttf's op library (ttf/_ttf_ops.so) once, on first use.
+"""Loads ttf's op library (ttf/_ttf_ops.tf<X.Y>.so, built for TensorFlow X.Y) once, on first use.
 
-Every module that needs an op calls `ops()`; nothing else loads the library. The error
-says how to rebuild when the library is missing or was built for another TensorFlow.
+Every module that needs an op calls `ops()`; nothing else loads the library. A library
+loads only in the TensorFlow minor it was built for (another one's absl symbols differ), so
+its name carries that minor and the running TensorFlow's is the one loaded. The error says
+how to rebuild when it is missing or was built for another TensorFlow.
 """
 import functools
+import glob
 import os
 
 import tensorflow as tf
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
-LIBRARY_PATH = os.path.join(_DIR, "_ttf_ops.so")
-_REBUILD = "Rebuild it from the ttf checkout with ./scripts/setup_env.sh (or: python setup.py build_ext --inplace)."
+TF_MINOR = ".".join(tf.__version__.split(".")[:2])
+LIBRARY_PATH = os.path.join(_DIR, f"_ttf_ops.tf{TF_MINOR}.so")
+_REBUILD = (
+    f"Rebuild it for TensorFlow {tf.__version__}: from the ttf checkout, ./scripts/setup_env.sh (or: python setup.py "
+    "build_ext --inplace); in your own env, pip install --no-build-isolation <ttf checkout>."
+)
+
+
+def _other_builds():
+    found = sorted(os.path.basename(p)[len("_ttf_ops.tf"):-len(".so")] for p in glob.glob(os.path.join(_DIR, "_ttf_ops.tf*.so")))
+    return f" (this install has builds for TensorFlow {', '.join(found)} only)" if found else ""
 
 
 @functools.lru_cache(maxsize=None)
 def ops():
     """Returns the loaded op module (generated Python wrappers of every ttf op)."""
     if not os.path.exists(LIBRARY_PATH):
-        raise ImportError(f"ttf: the op library {LIBRARY_PATH} is missing. {_REBUILD}")
+        raise ImportError(f"ttf: the op library {LIBRARY_PATH} for TensorFlow {TF_MINOR} is missing{_other_builds()}. {_REBUILD}")
     try:
         module = tf.load_op_library(LIBRARY_PATH)
     except tf.errors.NotFoundError as err:  # undefined symbols: built against another TF

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 
@@ -106,6 +107,9 @@ def test_killing_the_ps_container_and_restarting_from_the_volume_loses_no_keys(j
 
 
 def test_horovod_job_with_one_rank_per_container(job):
+    unsupported = os.path.join(sys.prefix, ".ttf-horovod-unsupported")  # the image has this venv's TensorFlow
+    if os.path.exists(unsupported):
+        pytest.skip(open(unsupported).read().strip())
     proc = start(job, "--hvd", "--workers", "2", "--steps", "60", "--metrics-out", "/ckpt/m.json")
     out = finish(proc)
     assert proc.returncode == 0, out[-5000:]

@@ -168,11 +168,17 @@ def test_models_without_tables_keep_stock_optimizers():
 
 # ---------------------------------------------------------------- import order, fresh process
 
-def test_import_ttf_after_keras3_resolved_raises_naming_cause_and_fix(tmp_path):
-    proc = run_python("import tensorflow as tf\ntf.keras.layers.Dense\nimport ttf\n", tmp_path)
-    assert proc.returncode != 0
-    assert "already resolved to keras (Keras 3)" in proc.stderr
-    assert "import ttf` before" in proc.stderr and "TF_USE_LEGACY_KERAS=1" in proc.stderr
+def test_import_ttf_never_switches_the_processs_keras(tmp_path):
+    """ttf takes whichever Keras tf.keras resolved to and leaves TF_USE_LEGACY_KERAS alone."""
+    check = ("import os, tensorflow as tf\ntf.keras.layers.Dense\nimport ttf\n"
+             "print(tf.keras.Model.__module__.split('.')[0], os.environ.get('TF_USE_LEGACY_KERAS'),"
+             " ttf.DynamicEmbedding.__mro__[1].__module__.split('.')[0])\n")
+    proc = run_python(check, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["keras", "None", "keras"]  # Keras 3 before and after, ttf's layer on it
+    proc = run_python(check, tmp_path, {"TF_USE_LEGACY_KERAS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["tf_keras", "1", "tf_keras"]
 
 
 @pytest.mark.slow  # three fresh TensorFlow processes

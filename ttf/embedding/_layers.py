@@ -246,7 +246,10 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     def save_own_variables(self, store):
         super().save_own_variables(store)
         for field, value in self.export_table().items():
-            store[f"table_{field}"] = value.numpy()
+            value = value.numpy()
+            if field == "optimizer":  # its UTF-8 bytes: Keras 3's weights store refuses string arrays
+                value = np.frombuffer(value, np.uint8)
+            store[f"table_{field}"] = value
 
     def load_own_variables(self, store):
         names = list(store.keys())
@@ -349,6 +352,10 @@ def _exported_from_store(store, prefix):
     missing = set(EXPORT_FIELDS) - set(exported)
     if missing:
         raise ValueError(f"the .keras file's table entry {prefix}* lacks {sorted(missing)}: not written by ttf?")
-    optimizer = exported["optimizer"].item()
-    exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
+    optimizer = exported["optimizer"]
+    if optimizer.dtype == np.uint8:  # UTF-8 bytes (ttf writes these since Keras 3 support)
+        exported["optimizer"] = optimizer.tobytes().decode()
+    else:  # a string scalar (.keras files of earlier tf_keras versions of ttf)
+        optimizer = optimizer.item()
+        exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
     return exported

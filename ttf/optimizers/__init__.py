@@ -26,12 +26,12 @@ from ttf.embedding import embedding_of
 class _TableUpdates:
     """Mixin: routes table gradients to the fused op, the rest to the Keras optimizer."""
 
-    def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         table_pairs = [(g, v) for g, v in grads_and_vars if embedding_of(v) is not None]
         dense_pairs = [(g, v) for g, v in grads_and_vars if embedding_of(v) is None]
         if not table_pairs:
-            return super().apply_gradients(dense_pairs, name, skip_gradients_aggregation, **kwargs)
+            return super().apply_gradients(dense_pairs, *args, **kwargs)
         self._check_table_support()
         step = tf.cast(self.iterations, tf.int64) + 1  # Keras' 1-based local step
         lr = tf.cast(self._learning_rate_now(), tf.float32)
@@ -49,7 +49,7 @@ class _TableUpdates:
                 grad, lambda table, keys, rows: self._apply_table(table, keys, rows, lr, step))
         with tf.control_dependencies(updates):
             if any(g is not None for g, _ in dense_pairs):
-                return super().apply_gradients(dense_pairs, name, skip_gradients_aggregation, **kwargs)
+                return super().apply_gradients(dense_pairs, *args, **kwargs)
             return self.iterations.assign_add(1)
 
     def build(self, var_list):
@@ -62,7 +62,8 @@ class _TableUpdates:
         schedule is evaluated at the current iterations, not read from last step's cache)."""
         learning_rate = getattr(self, "_learning_rate", None)
         if isinstance(learning_rate, tf.keras.optimizers.schedules.LearningRateSchedule):
-            self._compute_current_learning_rate()  # keeps opt.learning_rate up to date on table-only models
+            if hasattr(self, "_compute_current_learning_rate"):  # tf_keras: keeps opt.learning_rate current
+                self._compute_current_learning_rate()
             return learning_rate(self.iterations)
         return self.learning_rate
 

@@ -54,7 +54,8 @@ def from_keras(optimizer):
 
 def _twin_class(optimizer):
     for name in _TWINS:
-        stock = (getattr(tf.keras.optimizers, name), getattr(tf.keras.optimizers.legacy, name))
+        legacy = getattr(tf.keras.optimizers, "legacy", None)  # tf_keras' OptimizerV2 (Keras 3: only stubs)
+        stock = (getattr(tf.keras.optimizers, name), getattr(legacy, name, None))
         if type(optimizer) in stock:
             return getattr(ttf_optimizers, name)
     raise ValueError(
@@ -70,7 +71,7 @@ def _learning_rate(optimizer, config):
     else:
         rate = optimizer._learning_rate
     if not isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule):
-        rate = float(tf.keras.backend.get_value(rate) if not callable(rate) else rate())
+        rate = float(tf.convert_to_tensor(rate if not callable(rate) else rate()))
     decay = float(config.get("decay", 0.0) or 0.0)
     if decay:
         if not isinstance(rate, float):

@@ -20,6 +20,8 @@ import contextlib
 import tensorflow as tf
 from tf_keras.src.mixed_precision import autocast_variable
 
+from ttf._keras import KERAS3
+
 # Keras layers whose weights Keras itself never autocasts (their variables are created
 # with experimental_autocast=False): they read float32 weights under a mixed policy.
 _NO_AUTOCAST_LAYERS = (
@@ -81,6 +83,10 @@ def low_precision(model, dtype=tf.bfloat16):
       >>> y.dtype.name, model(tf.ones((2, 3))).dtype.name
       ('bfloat16', 'float32')
     """
+    if KERAS3:
+        raise NotImplementedError(
+            "ttf.precision's low-precision steps cast through tf_keras' AutoCastVariable and do not support Keras 3 "
+            "models yet: set TF_USE_LEGACY_KERAS=1 before anything imports TensorFlow, or train in float32")
     dtype = tf.as_dtype(dtype)
     if dtype not in _MIXED_POLICY:
         raise ValueError(f"dtype must be bfloat16 or float16, got {dtype.name}")

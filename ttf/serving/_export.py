@@ -4,7 +4,7 @@ import os
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from ttf.embedding import DynamicEmbedding
+from ttf._keras import tables_in
 
 
 class FrozenTable(tf.Module):
@@ -41,7 +41,12 @@ class FrozenTable(tf.Module):
 
 def _input_specs(model, input_signature):
     """-> (structure of the model's input, list of named TensorSpecs in flat order)."""
-    if input_signature is None:
+    if input_signature is None and not hasattr(model, "save_spec"):  # Keras 3: a functional model's inputs
+        if not getattr(model, "inputs", None):
+            raise ValueError("export_for_serving: this Keras 3 model has no declared inputs (a subclassed model); "
+                             "pass input_signature={name: tf.TensorSpec(...)}")
+        structure = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.name), model.input)
+    elif input_signature is None:
         saved = model.save_spec(dynamic_batch=True)
         if saved is None:
             raise ValueError("export_for_serving: the model was never called, so its inputs are unknown; call it "
@@ -90,7 +95,7 @@ def export_for_serving(model, path, input_signature=None, output_name="probabili
       >>> _ = model(tf.constant([[1, 2]], tf.int64))
       >>> ttf.export_for_serving(model, os.path.join(tempfile.mkdtemp(), "serving"))
     """
-    layers = [m for m in model.submodules if isinstance(m, DynamicEmbedding)]
+    layers = tables_in(model)
     frozen = [FrozenTable(layer) for layer in layers]
     structure, specs = _input_specs(model, input_signature)
 

@@ -1,0 +1,71 @@
+"""The op build across TensorFlow versions: a library per TF minor, a clear error naming the
+rebuild when the running TensorFlow has none, and set-up files that agree on the versions."""
+import glob
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import tensorflow as tf
+
+from ttf import _ops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_loaded_library_is_named_for_and_built_against_the_running_tensorflow():
+    minor = ".".join(tf.__version__.split(".")[:2])
+    assert os.path.basename(_ops.LIBRARY_PATH) == f"_ttf_ops.tf{minor}.so"
+    assert _ops.ops().ttf_build_info().numpy().decode() == tf.__version__
+
+
+def test_a_missing_library_names_the_versions_built_and_how_to_rebuild(monkeypatch):
+    monkeypatch.setattr(_ops, "LIBRARY_PATH", os.path.join(os.path.dirname(_ops.LIBRARY_PATH), "_ttf_ops.tf9.99.so"))
+    with pytest.raises(ImportError) as err:
+        _ops.ops.__wrapped__()  # the uncached loader: the real lookup, against a version not built
+    message = str(err.value)
+    assert "_ttf_ops.tf9.99.so" in message and "is missing" in message
+    assert f"builds for TensorFlow {_ops.TF_MINOR}" in message  # the one this checkout has
+    assert "./scripts/setup_env.sh" in message and "pip install --no-build-isolation" in message
+
+
+def test_every_requirements_file_pins_a_tensorflow_inside_the_declared_range():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)
+    declared = project["project"]["dependencies"] + project["build-system"]["requires"]
+    assert "tensorflow>=2.16,<2.22" in declared and not any(d.startswith("tensorflow==") for d in declared)
+    files = [os.path.join(ROOT, "requirements.txt")] + glob.glob(os.path.join(ROOT, "requirements-tf*.txt"))
+    assert len(files) >= 2
+    for path in files:
+        text = open(path).read()
+        tf_pin = re.search(r"^tensorflow==(2\.(\d+)\.\d+)$", text, re.M)
+        keras_pin = re.search(r"^tf-keras==(2\.(\d+))\.\d+$", text, re.M)
+        assert tf_pin and keras_pin, path
+        assert 16 <= int(tf_pin.group(2)) <= 21 and keras_pin.group(2) == tf_pin.group(2), path  # tf-keras matches TF
+        name = os.path.basename(path)
+        if name != "requirements.txt":
+            assert name == f"requirements-tf2.{tf_pin.group(2)}.txt", path
+
+
+def test_setup_names_the_choices_for_an_unknown_tensorflow_version():
+    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup_env.sh")], env={**os.environ, "TTF_TF": "9.9"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "TTF_TF=9.9: no requirements-tf9.9.txt; choose one of: 2.16" in proc.stderr
+
+
+def test_a_library_built_for_another_tensorflow_raises_naming_the_rebuild(tmp_path):
+    """The real mismatch: another TF minor's build (if this checkout has one), loaded under this TF's name."""
+    others = [p for p in glob.glob(os.path.join(os.path.dirname(_ops.LIBRARY_PATH), "_ttf_ops.tf*.so"))
+              if p != _ops.LIBRARY_PATH]
+    if not others:
+        pytest.skip("no op library of another TensorFlow minor in this checkout (TTF_TF=2.16 ./scripts/setup_env.sh builds one)")
+    code = ("import tensorflow as tf, ttf._ops as o\n"
+            f"o.LIBRARY_PATH = {others[0]!r}\n"
+            "try:\n    o.ops()\nexcept ImportError as err:\n    print('ImportError:', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]  # an exception, not a crash
+    assert "ImportError: ttf:" in proc.stdout and f"Rebuild it for TensorFlow {tf.__version__}" in proc.stdout, proc.stdout
