@@ -30,6 +30,11 @@ class EmbeddingTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_min_count", &config_.admission_min_count));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_candidates", &config_.max_candidates));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
+    std::string evict_policy;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &config_.capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_policy", &evict_policy));
+    OP_REQUIRES_OK(ctx, ParseEvictPolicy(evict_policy, &config_.evict_policy));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &config_.ttl_steps));
     OP_REQUIRES(ctx, num_shards >= 1 && num_shards <= kMaxShards,
                 errors::InvalidArgument("num_shards must be in [1, ", kMaxShards, "], got ", num_shards));
     config_.num_shards = static_cast<int>(num_shards);
@@ -298,6 +303,7 @@ class TableStatsOp : public TableOpKernel {
     OutputScalar(ctx, 1, table->MemoryBytes());
     OutputScalar(ctx, 2, table->step());
     OutputScalar(ctx, 3, table->CandidatesDropped());
+    OutputScalar(ctx, 4, table->RowsEvicted());
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableStats").Device(DEVICE_CPU), TableStatsOp);

@@ -70,13 +70,25 @@ constexpr int64_t kMaxDim = 4096;
 constexpr int64_t kMaxShards = 4096;
 constexpr int64_t kMaxCandidates = int64_t{1} << 31;
 
+// Which rows go first when a table holds more than its capacity: least recently updated
+// (LRU, by last-seen step), least often updated (LFU, by count), or, for TTL, every row not
+// updated for ttl_steps steps (and LRU order above the capacity, if one is set).
+enum class EvictPolicy { kLru, kLfu, kTtl };
+Status ParseEvictPolicy(const std::string& name, EvictPolicy* policy);
+
 struct TableConfig {
   int64_t dim = 0;
   RowInitializer init;
   float default_value = 0.0f;         // the row a missing (or not yet admitted) key reads
-  int64_t admission_min_count = 0;    // a key gets a row once seen in this many lookups
+  int64_t admission_min_count = 0;    // a key gets a row once seen in this many updates
   int64_t max_candidates = int64_t{1} << 22;  // admission candidates kept (oldest dropped)
   int num_shards = 16;
+  // Bounded size: at most `capacity` rows (0: unbounded) after each update, plus that
+  // update's own new keys; rows beyond it go by `evict_policy` (ttl: also every row not
+  // updated for ttl_steps steps).
+  int64_t capacity = 0;
+  EvictPolicy evict_policy = EvictPolicy::kLru;
+  int64_t ttl_steps = 0;
   bool operator==(const TableConfig& o) const;
   std::string DebugString() const;
 };
@@ -153,6 +165,7 @@ class RowStore {
   RowMeta& meta(uint32_t id) { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
   const RowMeta& meta(uint32_t id) const { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
   int64_t ChunksNeeded(int64_t extra) const;
+  int64_t allocated_rows() const { return static_cast<int64_t>(chunks_.size()) * kChunkRows; }
   struct Chunk {
     std::unique_ptr<float[]> values;
     std::unique_ptr<RowMeta[]> meta;
@@ -197,6 +210,8 @@ struct TableShard {
   KeyedStore rows;
   KeyedStore candidates;
   int64_t candidates_dropped = 0;     // by the max_candidates bound
+  int64_t rows_evicted = 0;           // by the capacity and TTL (not by explicit Evict/Remove)
+  int64_t next_ttl_sweep = 0;         // the step at which TTL next scans this shard
   std::vector<int64_t> deleted_keys;  // removed rows and candidates, while the table tracks them
 };
 
@@ -289,6 +304,7 @@ class EmbeddingTable : public ResourceBase {
   int64_t Size() const;
   int64_t CandidateCount() const;
   int64_t CandidatesDropped() const;
+  int64_t RowsEvicted() const;  // by the capacity and TTL policy
   int64_t MemoryBytes() const;
   // Removes keys whose last-seen step is below min_last_seen or whose count is below
   // min_count; candidates go by last-seen only. Returns the number of rows removed.
@@ -311,6 +327,12 @@ class EmbeddingTable : public ResourceBase {
 
  private:
   void DropOldestCandidates(TableShard* sh);
+  // After an update at step `now` (shard lock held exclusively): TTL sweep, then eviction
+  // down to the shard's share of the capacity by policy, never touching rows updated at `now`.
+  void EnforceCapacity(TableShard* sh, int64_t now);
+  // Rebuilds a shard's stores densely when at most half their allocated rows are live, so
+  // the freed chunks (and a too-large index) go back to the system. Lock held exclusively.
+  void CompactIfSparse(TableShard* sh);
   void RecordDeleted(TableShard* sh, int64_t key) {
     if (track_deleted_.load(std::memory_order_relaxed)) sh->deleted_keys.push_back(key);
   }

@@ -131,11 +131,14 @@ class Case:
                    init_a=-0.1, init_b=0.1, seed=int(rng.integers(0, 100)),
                    admission_min_count=int(pick(rng, [0, 0, 1, 2, 3])), num_shards=int(pick(rng, [1, 2, 16, 64])),
                    max_candidates=int(pick(rng, [1, 8, 1000, 4194304])),
+                   capacity=int(pick(rng, [0, 0, 1, 7, 100])),
                    shared_name=f"fuzz_{self.index}_{rng.integers(1 << 30)}")
+        policy = pick(rng, ["lru", "lfu", "ttl"])
+        cfg.update(evict_policy=policy, ttl_steps=int(pick(rng, [1, 2, 50])) if policy == "ttl" else 0)
         cfg.update(attrs)
         if not valid:
             key = pick(rng, ["dim", "num_shards", "init_a", "init_b", "default_value", "max_candidates",
-                             "admission_min_count", "seed"])
+                             "admission_min_count", "seed", "capacity", "ttl_steps"])
             cfg[key] = pick(rng, [0, -1, 2**62, 2**31, 4097, 5000, float("nan"), float("inf"), -(2**63)])
         return ops().ttf_embedding_table(**cfg), cfg
 

@@ -50,6 +50,12 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         request per shard. None: one table on the layer's device. A checkpoint holds the
         logical table (every id of every shard), so it restores into any sharding.
       num_shards: lock shards inside each table (parallelism within one process).
+      capacity: rows each table shard (one process's: the layer's table, each parameter
+        server's or Horovod rank's shard) holds at most after each update, plus that
+        update's new ids; 0: unbounded. Rows beyond it are evicted by evict_policy.
+      evict_policy: "lru" (least recently updated first), "lfu" (fewest updates first) or
+        "ttl" (every id not updated in the last ttl_steps steps; LRU above a capacity).
+      ttl_steps: steps without an update after which evict_policy="ttl" evicts an id.
 
     Input: int64 (or int32) ids of shape [B], [B, F], ..., or a RaggedTensor [B, None]
     (needs a combiner). Output: float32 [..., dim] ([B, dim] for ragged ids).
@@ -69,7 +75,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     """
 
     def __init__(self, dim, initializer="uniform", combiner=None, name=None, seed=0, admission_min_count=0,
-                 default_value=0.0, shard_devices=None, num_shards=16, **kwargs):
+                 default_value=0.0, shard_devices=None, num_shards=16, capacity=0, evict_policy="lru", ttl_steps=0,
+                 **kwargs):
         kwargs.setdefault("dtype", "float32")  # rows are float32 whatever the model's precision
         super().__init__(name=name, **kwargs)
         if combiner not in (None, "sum", "mean"):
@@ -80,7 +87,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         self.combiner = combiner
         self.tables = [
             EmbeddingTable(dim, initializer, seed, default_value, admission_min_count, num_shards,
-                           name=f"{self.name}_shard{i}", device=device)
+                           name=f"{self.name}_shard{i}", device=device, capacity=capacity,
+                           evict_policy=evict_policy, ttl_steps=ttl_steps)
             for i, device in enumerate(shard_devices or [""])
         ]
         # None, or an object whose lookup(layer, keys, row_splits, training) replaces the
@@ -133,8 +141,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return tf.add_n([t.size() for t in self.tables])
 
     def evict(self, before_step=None, min_count=None):
-        """Removes ids last trained before step `before_step`, or seen in fewer than
-        `min_count` training batches. Returns the number of rows removed."""
+        """Removes ids last trained before step `before_step`, or updated in fewer than
+        `min_count` training steps. Returns the number of rows removed."""
         if before_step is None and min_count is None:
             raise ValueError("evict needs before_step and/or min_count")
         min_last_seen = -(1 << 63) if before_step is None else before_step
@@ -273,7 +281,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         config = super().get_config()
         config.update(dim=self.dim, combiner=self.combiner, seed=table.seed,
                       admission_min_count=table.admission_min_count, default_value=table.default_value,
-                      initializer=table.initializer.get_config(), num_shards=table.num_shards)
+                      initializer=table.initializer.get_config(), num_shards=table.num_shards,
+                      capacity=table.capacity, evict_policy=table.evict_policy, ttl_steps=table.ttl_steps)
         return config
 
 
