@@ -21,6 +21,10 @@ Model and path:
                        auto = loss on a CPU with native bf16, fp32 elsewhere)
   --optimizer O        adam | adagrad | ftrl | sgd (default adam)
   --lr LR              learning rate (default: train.py's, 0.001)
+  --table-capacity N   with --tiacc: rows each process's shard of each table keeps (LRU unless
+                       --evict-policy; 0 = unbounded, the default)
+  --evict-policy P     with --tiacc: lru | lfu | ttl (ttl needs --ttl-steps S)
+  --ttl-steps S        with --evict-policy ttl: steps without an update before an id is evicted
 Data:
   --schema S           criteo (default) | avazu | a JSON schema file: the data's columns
   --data D             synthetic (default): rows of a planted model of --schema, written to
@@ -84,6 +88,7 @@ EOF
 
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
+table_args=()
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
@@ -107,6 +112,7 @@ while [ $# -gt 0 ]; do
     --precision) need_value "$@"; precision=$2; shift ;;
     --optimizer) need_value "$@"; optimizer=$2; shift ;;
     --lr) need_value "$@"; lr=$2; shift ;;
+    --table-capacity|--evict-policy|--ttl-steps) need_value "$@"; table_args+=("$1" "$2"); shift ;;
     --steps) need_value "$@"; steps=$2; shift ;;
     --batch-size) need_value "$@"; batch=$2; shift ;;
     --data) need_value "$@"; data=$2; shift ;;
@@ -179,6 +185,7 @@ network_line() {  # PORTS PROTOCOLS: one line saying where the local job's serve
 train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
 [ -n "$precision" ] && train_args+=(--precision "$precision")
 [ -n "$lr" ] && train_args+=(--lr "$lr")
+train_args+=("${table_args[@]}")  # checked by train.py (one usage line, exit 2)
 [ -n "$path_flag" ] && train_args+=("$path_flag")
 [ -n "$data" ] && train_args+=(--data "$data")
 [ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")

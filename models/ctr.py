@@ -124,7 +124,7 @@ class NativeBagSparse(tf.keras.layers.Layer):
         return self.embedding(self.hashing(ids))
 
 
-def bag_layer(spec, path, seed, index, shard_devices=None):
+def bag_layer(spec, path, seed, index, shard_devices=None, table_options=None):
     """The table of multi-hot field `index`: flat ids [T] -> rows [T, dim + 1]."""
     if path == "native":
         return NativeBagSparse(spec, seed, name=f"native_bag_{index}", autocast=False)
@@ -133,11 +133,11 @@ def bag_layer(spec, path, seed, index, shard_devices=None):
     if path == "ttf":
         return ttf.DynamicEmbedding(spec.embedding_dim + 1, seed=seed,
                                     initializer=ttf.embedding.RowInitializer("uniform", -0.05, 0.05),
-                                    shard_devices=shard_devices, name=f"ttf_bag_{index}")
+                                    shard_devices=shard_devices, name=f"ttf_bag_{index}", **(table_options or {}))
     raise ValueError(f"path must be one of {PATHS}, got {path!r}")
 
 
-def sparse_layer(spec, path, seed, shard_devices=None):
+def sparse_layer(spec, path, seed, shard_devices=None, table_options=None):
     if spec.num_fields == 0:
         return None
     if path == "native":
@@ -147,7 +147,7 @@ def sparse_layer(spec, path, seed, shard_devices=None):
     if path == "ttf":
         return ttf.FusedEmbedding(spec.embedding_dim + 1, num_fields=spec.num_fields, seed=seed,
                                   initializer=ttf.embedding.RowInitializer("uniform", -0.05, 0.05),
-                                  shard_devices=shard_devices, name="ttf_sparse")
+                                  shard_devices=shard_devices, name="ttf_sparse", **(table_options or {}))
     raise ValueError(f"path must be one of {PATHS}, got {path!r}")
 
 
@@ -246,12 +246,15 @@ def _mlp(layers, x, compute_dtype):
     return x
 
 
-def build(spec, path, seed=0, shard_devices=None):
-    """The model of `spec` in form `path` (native | tfra | ttf)."""
+def build(spec, path, seed=0, shard_devices=None, table_options=None):
+    """The model of `spec` in form `path` (native | tfra | ttf). table_options (ttf only):
+    keyword arguments of every ttf.DynamicEmbedding, e.g. capacity and evict_policy."""
+    if table_options and path != "ttf":
+        raise ValueError(f"table_options {sorted(table_options)} are for the ttf path, not {path!r}")
     if path == "tfra" and tfra_missing():
         raise RuntimeError(tfra_missing())
-    bags = [bag_layer(spec, path, seed, i, shard_devices) for i in range(len(spec.multi_hot))]
-    return CTRModel(spec, sparse_layer(spec, path, seed, shard_devices), seed=seed, bags=bags,
+    bags = [bag_layer(spec, path, seed, i, shard_devices, table_options) for i in range(len(spec.multi_hot))]
+    return CTRModel(spec, sparse_layer(spec, path, seed, shard_devices, table_options), seed=seed, bags=bags,
                     name=f"{spec.model}_{path}")
 
 

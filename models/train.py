@@ -106,6 +106,16 @@ def parse_args(argv):
                                 "the worker hosts of a multi-host job, which read the same data/cache path")
     synthetic.add_argument("--synthetic-vocab", type=int, default=SYNTHETIC_VOCAB,
                            help=f"distinct values per field (default {SYNTHETIC_VOCAB:,})")
+    tables = p.add_argument_group("bounded ttf tables (--tiacc)")
+    tables.add_argument("--table-capacity", type=int, default=0,
+                        help="rows each process's shard of each ttf table keeps at most after an update, plus "
+                             "that update's new ids; rows beyond it are evicted by --evict-policy. 0: unbounded "
+                             "(default 0). Example: --table-capacity 1000000 --evict-policy lfu")
+    tables.add_argument("--evict-policy", choices=["lru", "lfu", "ttl"], default="lru",
+                        help="lru: least recently updated ids go first; lfu: fewest updates first; ttl: every id "
+                             "not updated in --ttl-steps steps (LRU above a --table-capacity) (default lru)")
+    tables.add_argument("--ttl-steps", type=int, default=0,
+                        help="steps without an update after which --evict-policy ttl evicts an id (needs ttl)")
     step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, one process)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
                       help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "
@@ -160,6 +170,14 @@ def parse_args(argv):
         p.error(f"--lr must be a finite number > 0, got {args.lr}")
     if args.max_non_finite_steps < 0:
         p.error(f"--max-non-finite-steps must be >= 0, got {args.max_non_finite_steps}")
+    if args.table_capacity < 0:
+        p.error(f"--table-capacity must be >= 0 (0: unbounded), got {args.table_capacity}")
+    if (args.evict_policy == "ttl") != (args.ttl_steps > 0):
+        p.error("--evict-policy ttl needs --ttl-steps S > 0, and --ttl-steps needs --evict-policy ttl")
+    if (args.table_capacity or args.evict_policy == "ttl") and not args.tiacc:
+        p.error("--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc")
+    args.table_options = (dict(capacity=args.table_capacity, evict_policy=args.evict_policy,
+                               ttl_steps=args.ttl_steps) if args.tiacc else None)
     if args.steps is None and args.epochs is None:
         args.steps = 200
     if args.precision is None:
@@ -347,7 +365,8 @@ class Trainer:
         scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
         with scope:
             shard_devices = self.cluster.ps_devices() if self.cluster else None
-            self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices)
+            self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices,
+                                   table_options=getattr(args, "table_options", None))
             self.optimizer = ctr.make_optimizer(self.path, args.optimizer, args.lr)
             if self.horovod:
                 self.optimizer = self.horovod.distribute(self.model, self.optimizer)
@@ -392,6 +411,17 @@ class Trainer:
     def skipped_steps(self):
         """Steps skipped as non-finite (one process; a parameter-server job does not skip)."""
         return int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
+
+    def table_progress(self):
+        """', table rows R (E evicted)' for bounded ttf tables (this process's shards), else ''."""
+        options = getattr(self.args, "table_options", None)
+        if not options or not (options["capacity"] or options["evict_policy"] == "ttl"):
+            return ""
+        layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
+        tables = [t for layer in layers for t in layer.tables]
+        rows = sum(int(t.size()) for t in tables)
+        evicted = sum(int(t.stats().rows_evicted) for t in tables)
+        return f", table rows {rows} ({evicted} evicted)"
 
     def table_summary(self):
         """ttf path: (ids stored, float64 sum of every stored value and slot) over all shards,
@@ -484,7 +514,7 @@ class Trainer:
                 skipped = int(self.train_step.skipped_steps.numpy())
                 ranks = f" ({self.horovod.size} ranks)" if self.horovod else ""
                 log(f"[train] step {step}: loss {loss:.4f}, {(step - last_log_step) / (now - last_log):.1f} steps/s"
-                    + (f", {skipped} skipped as non-finite" if skipped else "") + ranks)
+                    + (f", {skipped} skipped as non-finite" if skipped else "") + self.table_progress() + ranks)
                 last_log, last_log_step = now, step
             self._maybe_checkpoint(step, every_chunk=per_call > 1)
             if ran < calls:  # the data ran out

@@ -40,6 +40,9 @@ REGISTER_OP("TtfEmbeddingTable")
     .Attr("admission_min_count: int >= 0 = 0")
     .Attr("max_candidates: int >= 1 = 4194304")
     .Attr("num_shards: int >= 1 = 16")
+    .Attr("capacity: int >= 0 = 0")
+    .Attr("evict_policy: {'lru', 'lfu', 'ttl'} = 'lru'")
+    .Attr("ttl_steps: int >= 0 = 0")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .SetIsStateful()
@@ -51,9 +54,17 @@ A new key's row is a pure function of (seed, key): normal(mean=init_a, stddev=in
 truncated_normal (within 2 stddev), uniform(minval=init_a, maxval=init_b), zeros, or
 constant(init_a). Missing and not-yet-admitted keys read `default_value` in every element.
 With admission_min_count > 0 a key gets a row only once it was seen in that many
-training lookups; until then it is an admission candidate. At most max_candidates
+training updates (apply ops); until then it is an admission candidate. At most max_candidates
 candidates are kept: when full, the least recently seen eighth of a shard's candidates
 (fewest sightings first) is dropped and counted (TtfTableStats.candidates_dropped).
+capacity > 0 bounds the rows: after each update the table holds at most capacity rows
+(each lock shard its share, capacity / num_shards rounded up) plus that update's new keys;
+when over, it evicts down to 15/16 of the capacity by evict_policy: 'lru' (least recently
+updated first), 'lfu' (fewest updates first), ties by the other, then by key. Rows updated
+by the current update are never evicted. evict_policy 'ttl' (with ttl_steps > 0, and only
+then) also evicts every row and candidate not updated in the last ttl_steps steps (swept
+every ttl_steps/16 steps per shard). Evictions are counted (TtfTableStats.rows_evicted)
+and recorded as deleted keys for delta checkpoints.
 dim must be in [1, 4096] and num_shards in [1, 4096]; init_a, init_b and default_value
 must be finite. Reopening an existing shared_name with any other attr value fails.
 )doc");
@@ -81,8 +92,10 @@ REGISTER_OP("TtfEmbeddingLookup")
     .Doc(R"doc(
 Fused lookup of ids of any shape ([B], [B, F], ...) in one call: de-duplicates the ids,
 probes the table once per unique key and returns embeddings of shape ids.shape + [dim].
-training=true inserts missing keys (or counts them toward admission); training=false never
-changes the table. unique_keys and inverse_index (embeddings = rows(unique_keys)[inverse_index])
+Neither mode changes the table: insertion, counts and admission happen in the apply ops,
+for the keys they update (so a step skipped before its update changes nothing). A missing
+key reads, with training=true, the row the update would insert (its initializer row, or the
+default row while it is not yet admitted); with training=false, the default row. unique_keys and inverse_index (embeddings = rows(unique_keys)[inverse_index])
 feed the gradient: segment-sum the embedding gradients by inverse_index.
 )doc");
 
@@ -138,15 +151,19 @@ REGISTER_OP("TtfTableFindOrInsert")
     .Output("rows: float")
     .Attr("dim: int >= 1")
     .SetShapeFn(KeysToRowsShape)
-    .Doc("Training lookup of keys [N] -> rows [N, dim]; inserts missing keys (subject to admission).");
+    .Doc("Inserts missing keys [N] (subject to admission), counting a sighting of each, and returns their rows "
+         "[N, dim] (the default row for a key not yet admitted): fills a table outside training. Training lookups "
+         "never insert; the apply ops do.");
 
 REGISTER_OP("TtfTableFind")
     .Input("table: resource")
     .Input("keys: int64")
     .Output("rows: float")
     .Attr("dim: int >= 1")
+    .Attr("training: bool = false")
     .SetShapeFn(KeysToRowsShape)
-    .Doc("Inference lookup of keys [N] -> rows [N, dim]; never inserts; missing keys read the default row.");
+    .Doc("Lookup of keys [N] -> rows [N, dim]; never inserts or counts. A missing key reads the default row, or "
+         "with training=true the row this step's update would insert (its initializer row, once admitted).");
 
 REGISTER_OP("TtfTableSize")
     .Input("table: resource")
@@ -160,13 +177,15 @@ REGISTER_OP("TtfTableStats")
     .Output("memory_bytes: int64")
     .Output("step: int64")
     .Output("candidates_dropped: int64")
+    .Output("rows_evicted: int64")
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < 4; ++i) c->set_output(i, c->Scalar());
+      for (int i = 0; i < 5; ++i) c->set_output(i, c->Scalar());
       return OkStatus();
     })
     .Doc(R"doc(
 Keys counted toward admission but without a row yet; bytes allocated; the table's step;
-candidates dropped so far by the max_candidates bound.
+candidates dropped so far by the max_candidates bound; rows evicted so far by the capacity
+and TTL policy (not counting TtfTableEvict and TtfTableRemove).
 )doc");
 
 REGISTER_OP("TtfTableEvict")
@@ -182,8 +201,9 @@ REGISTER_OP("TtfTableEvict")
     })
     .Doc(R"doc(
 Removes every key whose last-seen step is below min_last_seen or that was seen in fewer
-than min_count training lookups (admission candidates go by last-seen step only). Returns
-the number of rows removed.
+than min_count training updates (admission candidates go by last-seen step only). Returns
+the number of rows removed. A shard left at most half full is rebuilt densely and the freed
+memory handed back to the system, so the process RSS falls.
 )doc");
 
 namespace {

@@ -11,6 +11,16 @@
 
 namespace tensorflow {
 namespace ttf {
+namespace {
+// Hands memory freed by the allocator back to the system. glibc keeps freed pages in the
+// arena of the thread that allocated them; without this, RSS would not fall after an
+// eviction or a restore frees rows.
+void ReleaseFreedMemory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+}  // namespace
 
 Status ParseInitKind(const std::string& name, InitKind* kind) {
   if (name == "normal") *kind = InitKind::kNormal;
@@ -24,19 +34,30 @@ Status ParseInitKind(const std::string& name, InitKind* kind) {
   return OkStatus();
 }
 
+Status ParseEvictPolicy(const std::string& name, EvictPolicy* policy) {
+  if (name == "lru") *policy = EvictPolicy::kLru;
+  else if (name == "lfu") *policy = EvictPolicy::kLfu;
+  else if (name == "ttl") *policy = EvictPolicy::kTtl;
+  else return errors::InvalidArgument("evict_policy must be one of lru, lfu, ttl; got '", name, "'");
+  return OkStatus();
+}
+
 bool TableConfig::operator==(const TableConfig& o) const {
   return dim == o.dim && init.kind == o.init.kind && init.a == o.init.a && init.b == o.init.b &&
          init.seed == o.init.seed && default_value == o.default_value &&
          admission_min_count == o.admission_min_count && max_candidates == o.max_candidates &&
-         num_shards == o.num_shards;
+         num_shards == o.num_shards && capacity == o.capacity && evict_policy == o.evict_policy &&
+         ttl_steps == o.ttl_steps;
 }
 
 std::string TableConfig::DebugString() const {
   static const char* kKinds[] = {"normal", "truncated_normal", "uniform", "zeros", "constant"};
+  static const char* kPolicies[] = {"lru", "lfu", "ttl"};
   return strings::StrCat("dim=", dim, ", initializer=", kKinds[static_cast<int>(init.kind)], ", init_a=", init.a,
                          ", init_b=", init.b, ", seed=", init.seed, ", default_value=", default_value,
                          ", admission_min_count=", admission_min_count, ", max_candidates=", max_candidates,
-                         ", num_shards=", num_shards);
+                         ", num_shards=", num_shards, ", capacity=", capacity, ", evict_policy=",
+                         kPolicies[static_cast<int>(evict_policy)], ", ttl_steps=", ttl_steps);
 }
 
 Status ValidateConfig(const TableConfig& c) {
@@ -48,6 +69,10 @@ Status ValidateConfig(const TableConfig& c) {
     return errors::InvalidArgument("admission_min_count must be >= 0, got ", c.admission_min_count);
   if (c.max_candidates < 1 || c.max_candidates > kMaxCandidates)
     return errors::InvalidArgument("max_candidates must be in [1, ", kMaxCandidates, "], got ", c.max_candidates);
+  if (c.capacity < 0) return errors::InvalidArgument("capacity must be >= 0 (0: unbounded), got ", c.capacity);
+  if (c.ttl_steps < 0) return errors::InvalidArgument("ttl_steps must be >= 0, got ", c.ttl_steps);
+  if ((c.evict_policy == EvictPolicy::kTtl) != (c.ttl_steps > 0))
+    return errors::InvalidArgument("ttl_steps (", c.ttl_steps, ") must be > 0 exactly when evict_policy is 'ttl'");
   if (!std::isfinite(c.init.a) || !std::isfinite(c.init.b))
     return errors::InvalidArgument("init_a and init_b must be finite, got ", c.init.a, " and ", c.init.b);
   if (!std::isfinite(c.default_value))
@@ -237,19 +262,16 @@ void EmbeddingTable::ReserveRoom(std::unique_lock<std::shared_mutex>& lock, Keye
   }
 }
 
-void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) {
+void EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys,
+                               const uint64_t* hashes, int64_t n, int64_t now, uint32_t* ids) {
   TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
   const int64_t candidates_per_shard = std::max<int64_t>(1, config_.max_candidates / num_shards());
-  const int64_t now = step();
-  std::unique_lock<std::shared_mutex> lock(sh.mu);
-  std::vector<uint32_t>& ids = ScratchIds(n);
-  int64_t missing = 0;
   while (true) {
     // Probe every key once, remembering its row id. Repeated after a ReserveRoom, which
     // releases the lock (other threads may insert or evict meanwhile).
-    missing = ProbeAll(sh.rows, keys, hashes, n, ids.data());
+    const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
     if (missing == 0) break;
     if (min_count > 0 && !sh.candidates.HasRoom(missing)) {
       ReserveRoom(lock, &sh.candidates, missing);
@@ -262,16 +284,13 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
     break;
   }
   // Room is reserved for every missing key: from here on nothing allocates.
+  const int64_t stride = sh.rows.store.stride();
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 4]));
-    float* dst = out + i * dim;
-    uint32_t id = ids[i];
-    if (id == KeyIndex::kNone) id = sh.rows.index.Find(keys[i], hashes[i]);  // a repeat of an inserted key
-    if (id != KeyIndex::kNone) {
-      RowMeta& m = sh.rows.store.meta(id);
+    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
+    if (ids[i] != KeyIndex::kNone) {
+      RowMeta& m = sh.rows.store.meta(ids[i]);
       ++m.count;
       m.last_seen = now;
-      std::memcpy(dst, sh.rows.store.row(id), dim * sizeof(float));
       continue;
     }
     int64_t count = 1;
@@ -285,18 +304,117 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
       RowMeta& cm = sh.candidates.store.meta(cid);
       count = ++cm.count;
       cm.last_seen = now;
-      if (count < min_count) {
-        FillDefault(dst);
-        continue;
-      }
+      if (count < min_count) continue;  // ids[i] stays kNone: not admitted yet
       sh.candidates.Remove(keys[i], hashes[i]);
     }
-    id = sh.rows.Add(keys[i], hashes[i]);
+    const uint32_t id = sh.rows.Add(keys[i], hashes[i]);
     float* row = sh.rows.store.row(id);
     config_.init.Fill(keys[i], row, dim);
-    for (size_t j = 0; j < slot_init_.size(); ++j) std::fill(row + (j + 1) * dim, row + (j + 2) * dim, slot_init_[j]);
+    for (int64_t f = dim; f < stride; ++f) row[f] = slot_init_[f / dim - 1];
     sh.rows.store.meta(id) = RowMeta{count, now};
-    std::memcpy(dst, row, dim * sizeof(float));
+    ids[i] = id;
+  }
+  if (config_.capacity > 0 || config_.evict_policy == EvictPolicy::kTtl) EnforceCapacity(&sh, now);
+}
+
+void EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
+  std::vector<int64_t> doomed;
+  if (config_.evict_policy == EvictPolicy::kTtl && now >= sh->next_ttl_sweep) {
+    // Expired: not updated in the last ttl_steps steps. The sweep reads every row's metadata,
+    // so it runs every ttl_steps/16 steps: a row lives at most ttl_steps + ttl_steps/16 steps.
+    const int64_t expired_before = now - config_.ttl_steps + 1;
+    sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
+      if (sh->rows.store.meta(id).last_seen < expired_before) doomed.push_back(key);
+    });
+    for (int64_t key : doomed) {
+      sh->rows.Remove(key, HashKey(key));
+      RecordDeleted(sh, key);
+    }
+    sh->rows_evicted += doomed.size();
+    doomed.clear();
+    sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
+      if (sh->candidates.store.meta(id).last_seen < expired_before) doomed.push_back(key);
+    });
+    for (int64_t key : doomed) {
+      sh->candidates.Remove(key, HashKey(key));
+      RecordDeleted(sh, key);
+    }
+    doomed.clear();
+    sh->next_ttl_sweep = now + std::max<int64_t>(1, config_.ttl_steps / 16);
+  }
+  if (config_.capacity == 0) return;
+  const int64_t shard_capacity = (config_.capacity + num_shards() - 1) / num_shards();
+  const int64_t size = sh->rows.index.size();
+  if (size <= shard_capacity) return;
+  // Over the capacity: evict down to 15/16 of it at once, so the scan below is paid once per
+  // capacity/16 new rows, not at every update. Rows updated at `now` (this update's keys) stay.
+  const int64_t target = shard_capacity - shard_capacity / 16;
+  struct Victim {
+    int64_t first, second, key;  // policy order: smallest first
+    bool operator<(const Victim& o) const {
+      if (first != o.first) return first < o.first;
+      if (second != o.second) return second < o.second;
+      return key < o.key;
+    }
+  };
+  const bool lfu = config_.evict_policy == EvictPolicy::kLfu;
+  std::vector<Victim> victims;
+  victims.reserve(size);
+  sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
+    const RowMeta& m = sh->rows.store.meta(id);
+    if (m.last_seen >= now) return;
+    victims.push_back(lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key});
+  });
+  const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
+  if (drop == 0) return;
+  std::nth_element(victims.begin(), victims.begin() + (drop - 1), victims.end());
+  for (size_t i = 0; i < drop; ++i) {
+    sh->rows.Remove(victims[i].key, HashKey(victims[i].key));
+    RecordDeleted(sh, victims[i].key);
+  }
+  sh->rows_evicted += drop;
+}
+
+namespace {
+// Rebuilds `ks` densely when at most half of its allocated rows are live: rows move to
+// fresh, contiguous ids, the index shrinks to fit, and the old chunks are freed.
+void CompactStore(KeyedStore* ks) {
+  const int64_t live = ks->index.size(), allocated = ks->store.allocated_rows();
+  const bool index_oversized = ks->index.capacity() > 4 * KeyIndex::CapacityFor(live);
+  if (!index_oversized && (allocated <= RowStore::kChunkRows || live * 2 > allocated)) return;
+  const int64_t stride = ks->store.stride();
+  KeyedStore dense(stride);
+  dense.index = KeyIndex(KeyIndex::CapacityFor(live));
+  for (int64_t c = dense.store.ChunksNeeded(live); c > 0; --c) dense.store.AddChunk(RowStore::NewChunk(stride));
+  dense.store.TakeFirst(live);
+  uint32_t next = 0;
+  ks->index.ForEach([&](int64_t key, uint32_t id) {
+    dense.index.Insert(key, HashKey(key), next);
+    if (stride > 0) std::memcpy(dense.store.row(next), ks->store.row(id), stride * sizeof(float));
+    dense.store.meta(next) = ks->store.meta(id);
+    ++next;
+  });
+  *ks = std::move(dense);
+}
+}  // namespace
+
+void EmbeddingTable::CompactIfSparse(TableShard* sh) {
+  CompactStore(&sh->rows);
+  CompactStore(&sh->candidates);
+}
+
+void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) {
+  TableShard& sh = *shards_[s];
+  const int64_t dim = config_.dim;
+  std::unique_lock<std::shared_mutex> lock(sh.mu);
+  std::vector<uint32_t>& ids = ScratchIds(n);
+  TouchKeys(s, lock, keys, hashes, n, step(), ids.data());
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] == KeyIndex::kNone) {
+      FillDefault(out + i * dim);
+    } else {
+      std::memcpy(out + i * dim, sh.rows.store.row(ids[i]), dim * sizeof(float));
+    }
   }
 }
 
@@ -316,19 +434,32 @@ std::vector<uint32_t>& ScratchIds(int64_t n) {
   return ids;
 }
 
-void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) const {
+void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training,
+                          float* out) const {
   const TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
+  const int64_t min_count = config_.admission_min_count;
   std::shared_lock<std::shared_mutex> lock(sh.mu);
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
   for (int64_t i = 0; i < n; ++i) {
     if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 4]));
     const uint32_t id = ids[i];
-    if (id == KeyIndex::kNone) {
-      FillDefault(out + i * dim);
+    float* dst = out + i * dim;
+    if (id != KeyIndex::kNone) {
+      std::memcpy(dst, sh.rows.store.row(id), dim * sizeof(float));
+      continue;
+    }
+    bool admitted_now = training;
+    if (training && min_count > 0) {  // admitted by this step's update if this sighting reaches min_count
+      const uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
+      const int64_t seen = cid == KeyIndex::kNone ? 0 : sh.candidates.store.meta(cid).count;
+      admitted_now = seen + 1 >= min_count;
+    }
+    if (admitted_now) {
+      config_.init.Fill(keys[i], dst, dim);
     } else {
-      std::memcpy(out + i * dim, sh.rows.store.row(id), dim * sizeof(float));
+      FillDefault(dst);
     }
   }
 }
@@ -403,6 +534,15 @@ int64_t EmbeddingTable::CandidatesDropped() const {
   return total;
 }
 
+int64_t EmbeddingTable::RowsEvicted() const {
+  int64_t total = 0;
+  for (const auto& sh : shards_) {
+    std::shared_lock<std::shared_mutex> lock(sh->mu);
+    total += sh->rows_evicted;
+  }
+  return total;
+}
+
 int64_t EmbeddingTable::MemoryBytes() const {
   int64_t total = sizeof(*this);
   for (const auto& sh : shards_) {
@@ -436,7 +576,9 @@ int64_t EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count) {
       sh->candidates.Remove(key, HashKey(key));
       RecordDeleted(sh.get(), key);
     }
+    CompactIfSparse(sh.get());
   }
+  ReleaseFreedMemory();  // RSS falls: the freed chunks go back to the system
   return evicted;
 }
 
@@ -575,16 +717,6 @@ Status IndexShard(const int64_t* keys, const ShardOrder& so, int s, const char* 
     index->Insert(key, h, static_cast<uint32_t>(j));
   }
   return OkStatus();
-}
-
-// Hands memory freed by the allocator back to the system. An import frees each old shard
-// before filling the next; without this, glibc keeps the freed pages in the arena of the
-// thread that allocated them, and the importing thread (another arena) takes fresh ones:
-// a restore would hold two tables' worth of memory.
-void ReleaseFreedMemory() {
-#ifdef __GLIBC__
-  malloc_trim(0);
-#endif
 }
 
 // Makes room in `ks` for `extra` more keys (the caller holds the shard lock exclusively).

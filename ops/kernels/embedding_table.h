@@ -14,8 +14,9 @@
 // against 200 raw bytes (8-byte key + 3 * 16 floats).
 //
 // Concurrency. A shard's lock guards its index, its stores, its rows and its record of
-// deleted keys. Lookups that only read take it shared; inserts, optimizer updates and
-// eviction take it exclusive. An operation holds one shard lock at a time, except the
+// deleted keys. Lookups (training and inference: neither changes the table) take it shared;
+// optimizer updates (which insert, count, admit and evict by capacity) and explicit
+// evictions take it exclusive. An operation holds one shard lock at a time, except the
 // whole-table operations, which take all of them in shard order (so they cannot deadlock
 // with each other): slot re-layout and Import take them exclusive (the slot layout and the
 // content change for every shard at once: no reader ever sees two layouts), Export takes
@@ -70,13 +71,25 @@ constexpr int64_t kMaxDim = 4096;
 constexpr int64_t kMaxShards = 4096;
 constexpr int64_t kMaxCandidates = int64_t{1} << 31;
 
+// Which rows go first when a table holds more than its capacity: least recently updated
+// (LRU, by last-seen step), least often updated (LFU, by count), or, for TTL, every row not
+// updated for ttl_steps steps (and LRU order above the capacity, if one is set).
+enum class EvictPolicy { kLru, kLfu, kTtl };
+Status ParseEvictPolicy(const std::string& name, EvictPolicy* policy);
+
 struct TableConfig {
   int64_t dim = 0;
   RowInitializer init;
   float default_value = 0.0f;         // the row a missing (or not yet admitted) key reads
-  int64_t admission_min_count = 0;    // a key gets a row once seen in this many lookups
+  int64_t admission_min_count = 0;    // a key gets a row once seen in this many updates
   int64_t max_candidates = int64_t{1} << 22;  // admission candidates kept (oldest dropped)
   int num_shards = 16;
+  // Bounded size: at most `capacity` rows (0: unbounded) after each update, plus that
+  // update's own new keys; rows beyond it go by `evict_policy` (ttl: also every row not
+  // updated for ttl_steps steps).
+  int64_t capacity = 0;
+  EvictPolicy evict_policy = EvictPolicy::kLru;
+  int64_t ttl_steps = 0;
   bool operator==(const TableConfig& o) const;
   std::string DebugString() const;
 };
@@ -88,8 +101,8 @@ Status ValidateConfig(const TableConfig& config);
 bool SlotsOfOptimizer(const std::string& optimizer, int64_t* num_slots);
 
 struct RowMeta {
-  int64_t count;      // training lookups that saw the key
-  int64_t last_seen;  // table step at its latest lookup or update
+  int64_t count;      // training updates (or explicit inserts) that touched the key
+  int64_t last_seen;  // step of its latest update (table step for an explicit insert)
 };
 
 // key -> uint32 id, open addressing with linear probing (cache friendly; deletion by backward
@@ -153,6 +166,7 @@ class RowStore {
   RowMeta& meta(uint32_t id) { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
   const RowMeta& meta(uint32_t id) const { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
   int64_t ChunksNeeded(int64_t extra) const;
+  int64_t allocated_rows() const { return static_cast<int64_t>(chunks_.size()) * kChunkRows; }
   struct Chunk {
     std::unique_ptr<float[]> values;
     std::unique_ptr<RowMeta[]> meta;
@@ -197,6 +211,8 @@ struct TableShard {
   KeyedStore rows;
   KeyedStore candidates;
   int64_t candidates_dropped = 0;     // by the max_candidates bound
+  int64_t rows_evicted = 0;           // by the capacity and TTL (not by explicit Evict/Remove)
+  int64_t next_ttl_sweep = 0;         // the step at which TTL next scans this shard
   std::vector<int64_t> deleted_keys;  // removed rows and candidates, while the table tracks them
 };
 
@@ -262,12 +278,24 @@ class EmbeddingTable : public ResourceBase {
   int64_t step() const { return step_.load(std::memory_order_relaxed); }
   void AdvanceStep(int64_t step);
 
-  // Training lookup of distinct keys (all in shard `s`): copies each key's value into
-  // `out` (rows of dim), inserting missing keys, or counting them toward admission and
-  // giving them the default row. Counts and last-seen steps are updated.
+  // Lookup of distinct keys (all in shard `s`), read-only (shared lock): copies each key's
+  // value into `out` (rows of dim). A missing key reads the row it would get if this step's
+  // update inserted it: with `training`, the initializer's row when the key would be admitted
+  // at this sighting (always without admission), else the default row; without `training`
+  // (inference), always the default row. Nothing is inserted or counted: a step that never
+  // reaches its update (a skipped, non-finite step) leaves the table as it was.
+  void Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
+  // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
+  // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a
+  // row gets count + 1 and last_seen = now; a missing key gets a row (initializer, then the
+  // slots' initial values) or, under admission, counts as a candidate until admitted. ids[i]
+  // is the key's row id, KeyIndex::kNone for a key not (yet) admitted. The optimizer apply
+  // ops call it for the keys they update, so insertion happens at apply, never in forward.
+  void TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys, const uint64_t* hashes,
+                 int64_t n, int64_t now, uint32_t* ids);
+  // TouchKeys at the table step, then copies each key's value into `out` (the default row for
+  // a key not yet admitted): fills a table outside training (TtfTableFindOrInsert).
   void FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
-  // Inference lookup: never inserts, never counts; missing keys read the default row.
-  void Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) const;
 
   // Makes rows hold `slot_init.size()` optimizer slots for `optimizer`, widening every row
   // (slot j filled with slot_init[j]) the first time. Fails if another optimizer's slots
@@ -277,6 +305,7 @@ class EmbeddingTable : public ResourceBase {
   int64_t Size() const;
   int64_t CandidateCount() const;
   int64_t CandidatesDropped() const;
+  int64_t RowsEvicted() const;  // by the capacity and TTL policy
   int64_t MemoryBytes() const;
   // Removes keys whose last-seen step is below min_last_seen or whose count is below
   // min_count; candidates go by last-seen only. Returns the number of rows removed.
@@ -299,6 +328,12 @@ class EmbeddingTable : public ResourceBase {
 
  private:
   void DropOldestCandidates(TableShard* sh);
+  // After an update at step `now` (shard lock held exclusively): TTL sweep, then eviction
+  // down to the shard's share of the capacity by policy, never touching rows updated at `now`.
+  void EnforceCapacity(TableShard* sh, int64_t now);
+  // Rebuilds a shard's stores densely when at most half their allocated rows are live, so
+  // the freed chunks (and a too-large index) go back to the system. Lock held exclusively.
+  void CompactIfSparse(TableShard* sh);
   void RecordDeleted(TableShard* sh, int64_t key) {
     if (track_deleted_.load(std::memory_order_relaxed)) sh->deleted_keys.push_back(key);
   }

@@ -131,11 +131,14 @@ class Case:
                    init_a=-0.1, init_b=0.1, seed=int(rng.integers(0, 100)),
                    admission_min_count=int(pick(rng, [0, 0, 1, 2, 3])), num_shards=int(pick(rng, [1, 2, 16, 64])),
                    max_candidates=int(pick(rng, [1, 8, 1000, 4194304])),
+                   capacity=int(pick(rng, [0, 0, 1, 7, 100])),
                    shared_name=f"fuzz_{self.index}_{rng.integers(1 << 30)}")
+        policy = pick(rng, ["lru", "lfu", "ttl"])
+        cfg.update(evict_policy=policy, ttl_steps=int(pick(rng, [1, 2, 50])) if policy == "ttl" else 0)
         cfg.update(attrs)
         if not valid:
             key = pick(rng, ["dim", "num_shards", "init_a", "init_b", "default_value", "max_candidates",
-                             "admission_min_count", "seed"])
+                             "admission_min_count", "seed", "capacity", "ttl_steps"])
             cfg[key] = pick(rng, [0, -1, 2**62, 2**31, 4097, 5000, float("nan"), float("inf"), -(2**63)])
         return ops().ttf_embedding_table(**cfg), cfg
 
@@ -242,8 +245,11 @@ class Case:
             self.call("ragged", ops().ttf_embedding_lookup_ragged, h, values, maybe_wrong(rng, splits),
                       dim=wrong_dim, training=bool(rng.random() < 0.7), combiner=pick(rng, ["sum", "mean"]))
         elif group == "find":
-            op = ops().ttf_table_find_or_insert if rng.random() < 0.5 else ops().ttf_table_find
-            self.call("find", op, h, maybe_wrong(rng, rand_ints(rng, rand_shape(rng, max_dim=300))), dim=wrong_dim)
+            keys = maybe_wrong(rng, rand_ints(rng, rand_shape(rng, max_dim=300)))
+            if rng.random() < 0.5:
+                self.call("find_or_insert", ops().ttf_table_find_or_insert, h, keys, dim=wrong_dim)
+            else:
+                self.call("find", ops().ttf_table_find, h, keys, dim=wrong_dim, training=bool(rng.random() < 0.5))
         elif group == "small_ops":
             self.call("size", ops().ttf_table_size, h)
             self.call("stats", ops().ttf_table_stats, h)

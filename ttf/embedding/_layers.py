@@ -21,13 +21,16 @@ def embedding_of(variable):
 class DynamicEmbedding(tf.keras.layers.Layer):
     """An embedding layer over a dynamic hash table: any int64 id gets its own row.
 
-    The table grows on demand during training (no vocabulary, no hash collisions); at
+    The table grows on demand during training (no vocabulary, no hash collisions): a new id
+    reads its initial row in forward and the ttf optimizer's update stores it (a lookup never
+    changes the table, so a skipped step changes nothing); at
     inference (training=False, model.predict, model.evaluate, a SavedModel) unseen ids read
     the default row and never grow it. Train it with a ttf optimizer (ttf.optimizers.Adam,
     ...), which updates only the touched rows and their slots in one fused op per step.
 
     training=None (a plain `model(x)`) follows a Keras Embedding: inside a recording
-    tf.GradientTape the lookup trains (inserts new ids, passes the row gradient), outside
+    tf.GradientTape the lookup trains (new ids read their initial rows, the row gradient
+    reaches the optimizer), outside
     one it is find-only. A frozen layer (trainable=False) is always find-only. A table
     that gets no gradient in a step makes the ttf optimizer warn, naming the table.
 
@@ -39,14 +42,20 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       combiner: None, or "sum" / "mean" to combine ragged (multi-hot) ids per row.
       name: layer name.
       seed: row initialisation seed.
-      admission_min_count: an id gets its own row only after it was seen in this many
-        training batches; until then it reads the default row and its gradient is dropped.
+      admission_min_count: an id gets its own row only at its this-many-th training update;
+        until then it reads the default row and its gradient is dropped.
       default_value: the value of every element of the default row.
       shard_devices: devices to shard the table over by id (a parameter-server cluster:
         ["/job:ps/replica:0/task:0", ...]); each step then makes one lookup and one update
         request per shard. None: one table on the layer's device. A checkpoint holds the
         logical table (every id of every shard), so it restores into any sharding.
       num_shards: lock shards inside each table (parallelism within one process).
+      capacity: rows each table shard (one process's: the layer's table, each parameter
+        server's or Horovod rank's shard) holds at most after each update, plus that
+        update's new ids; 0: unbounded. Rows beyond it are evicted by evict_policy.
+      evict_policy: "lru" (least recently updated first), "lfu" (fewest updates first) or
+        "ttl" (every id not updated in the last ttl_steps steps; LRU above a capacity).
+      ttl_steps: steps without an update after which evict_policy="ttl" evicts an id.
 
     Input: int64 (or int32) ids of shape [B], [B, F], ..., or a RaggedTensor [B, None]
     (needs a combiner). Output: float32 [..., dim] ([B, dim] for ragged ids).
@@ -54,14 +63,20 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     Example:
       >>> import ttf, tensorflow as tf
       >>> layer = ttf.DynamicEmbedding(8)
-      >>> layer(tf.constant([[3, 1 << 40], [3, -7]], tf.int64), training=True).shape
-      TensorShape([2, 2, 8])
-      >>> int(layer.size())
+      >>> ids = tf.constant([[3, 1 << 40], [3, -7]], tf.int64)
+      >>> with tf.GradientTape() as tape:
+      ...     loss = tf.reduce_sum(layer(ids, training=True))
+      >>> int(layer.size())  # a lookup inserts nothing
+      0
+      >>> grads = tape.gradient(loss, layer.trainable_variables)
+      >>> _ = ttf.optimizers.Adam(0.01).apply_gradients(zip(grads, layer.trainable_variables))
+      >>> int(layer.size())  # the update stored the three ids' rows
       3
     """
 
     def __init__(self, dim, initializer="uniform", combiner=None, name=None, seed=0, admission_min_count=0,
-                 default_value=0.0, shard_devices=None, num_shards=16, **kwargs):
+                 default_value=0.0, shard_devices=None, num_shards=16, capacity=0, evict_policy="lru", ttl_steps=0,
+                 **kwargs):
         kwargs.setdefault("dtype", "float32")  # rows are float32 whatever the model's precision
         super().__init__(name=name, **kwargs)
         if combiner not in (None, "sum", "mean"):
@@ -72,7 +87,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         self.combiner = combiner
         self.tables = [
             EmbeddingTable(dim, initializer, seed, default_value, admission_min_count, num_shards,
-                           name=f"{self.name}_shard{i}", device=device)
+                           name=f"{self.name}_shard{i}", device=device, capacity=capacity,
+                           evict_policy=evict_policy, ttl_steps=ttl_steps)
             for i, device in enumerate(shard_devices or [""])
         ]
         # None, or an object whose lookup(layer, keys, row_splits, training) replaces the
@@ -96,8 +112,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return self._lookup(keys, row_splits, self.trains(training))
 
     def trains(self, training):
-        """Whether a call with this `training` argument trains the table (inserts new ids and
-        passes the row gradient): training=None as a Keras Embedding does, inside a
+        """Whether a call with this `training` argument trains the table (new ids read their
+        initial rows and the row gradient reaches the optimizer, whose update inserts them): training=None as a Keras Embedding does, inside a
         recording tape; never for a frozen layer (trainable=False)."""
         return _static_bool(training) and self.trainable
 
@@ -125,8 +141,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return tf.add_n([t.size() for t in self.tables])
 
     def evict(self, before_step=None, min_count=None):
-        """Removes ids last trained before step `before_step`, or seen in fewer than
-        `min_count` training batches. Returns the number of rows removed."""
+        """Removes ids last trained before step `before_step`, or updated in fewer than
+        `min_count` training steps. Returns the number of rows removed."""
         if before_step is None and min_count is None:
             raise ValueError("evict needs before_step and/or min_count")
         min_last_seen = -(1 << 63) if before_step is None else before_step
@@ -268,7 +284,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         config = super().get_config()
         config.update(dim=self.dim, combiner=self.combiner, seed=table.seed,
                       admission_min_count=table.admission_min_count, default_value=table.default_value,
-                      initializer=table.initializer.get_config(), num_shards=table.num_shards)
+                      initializer=table.initializer.get_config(), num_shards=table.num_shards,
+                      capacity=table.capacity, evict_policy=table.evict_policy, ttl_steps=table.ttl_steps)
         return config
 
 
@@ -286,8 +303,11 @@ class FusedEmbedding(DynamicEmbedding):
     tag_fields. Example:
       >>> import ttf, tensorflow as tf
       >>> layer = ttf.FusedEmbedding(16, num_fields=3, tag_fields=True)
-      >>> layer(tf.constant([[1, 1, 1], [2, 1, 5]], tf.int64), training=True).shape
-      TensorShape([2, 3, 16])
+      >>> ids = tf.constant([[1, 1, 1], [2, 1, 5]], tf.int64)
+      >>> with tf.GradientTape() as tape:
+      ...     loss = tf.reduce_sum(layer(ids, training=True))
+      >>> grads = tape.gradient(loss, layer.trainable_variables)
+      >>> _ = ttf.optimizers.SGD(0.1).apply_gradients(zip(grads, layer.trainable_variables))
       >>> int(layer.size())  # id 1 in three fields is three keys
       5
     """

@@ -2,6 +2,7 @@
 import dataclasses
 import uuid
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import struct_pb2
 from tensorflow.python.saved_model import nested_structure_coder, registration
@@ -74,6 +75,22 @@ class RowInitializer:
         return dataclasses.asdict(self)
 
 
+EVICT_POLICIES = ("lru", "lfu", "ttl")
+
+
+def check_eviction(capacity, evict_policy, ttl_steps):
+    """ValueError naming the argument unless (capacity, evict_policy, ttl_steps) is valid."""
+    if not isinstance(capacity, (int, np.integer)) or capacity < 0:
+        raise ValueError(f"capacity must be an int >= 0 (0: unbounded), got {capacity!r}")
+    if evict_policy not in EVICT_POLICIES:
+        raise ValueError(f"evict_policy must be one of {EVICT_POLICIES}, got {evict_policy!r}")
+    if not isinstance(ttl_steps, (int, np.integer)) or ttl_steps < 0:
+        raise ValueError(f"ttl_steps must be an int >= 0, got {ttl_steps!r}")
+    if (evict_policy == "ttl") != (ttl_steps > 0):
+        raise ValueError(f"ttl_steps ({ttl_steps}) must be > 0 exactly when evict_policy is 'ttl' "
+                         f"(got evict_policy={evict_policy!r})")
+
+
 @registration.register_serializable(package="ttf", name="EmbeddingTable")
 class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
     """One dynamic hash table of float32 rows keyed by int64, living on `device`.
@@ -91,20 +108,30 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
       seed: with the key, determines a new row.
       default_value: what missing (and not yet admitted) keys read, in every element.
       admission_min_count: a key gets its own row once seen in this many training
-        lookups (0: at once). Until then it reads the default row and gets no update.
+        updates (0: at its first). Until then it reads the default row and gets no update.
       num_shards: lock shards inside the table (parallelism of lookups and updates).
+      capacity: at most this many rows after each update (0: unbounded), plus that update's
+        own new keys; when over, the table evicts down to 15/16 of it by evict_policy.
+      evict_policy: "lru" (least recently updated rows first), "lfu" (fewest updates
+        first), or "ttl": every row not updated in the last ttl_steps steps goes (and LRU
+        above a capacity, if one is set).
+      ttl_steps: for evict_policy="ttl" (and only then), > 0.
       name: a readable name (made unique).
       device: where the table lives, e.g. "/job:ps/replica:0/task:0".
     """
 
     def __init__(self, dim, initializer="uniform", seed=0, default_value=0.0, admission_min_count=0,
-                 num_shards=16, name="embedding_table", device=""):
+                 num_shards=16, name="embedding_table", device="", capacity=0, evict_policy="lru", ttl_steps=0):
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if admission_min_count < 0:
             raise ValueError(f"admission_min_count must be >= 0, got {admission_min_count}")
         if not 1 <= num_shards <= 4096:
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
+        check_eviction(capacity, evict_policy, ttl_steps)
+        self.capacity = int(capacity)
+        self.evict_policy = evict_policy
+        self.ttl_steps = int(ttl_steps)
         self.dim = dim
         self.initializer = RowInitializer.of(initializer)
         self.seed = int(seed)
@@ -124,22 +151,28 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             dim=self.dim, initializer=self.initializer.kind, init_a=self.initializer.a,
             init_b=self.initializer.b, seed=self.seed, default_value=self.default_value,
             admission_min_count=self.admission_min_count, num_shards=self.num_shards,
+            capacity=self.capacity, evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
             shared_name=self._shared_name)
 
     def _destroy_resource(self):
         ops().ttf_table_destroy(self.resource_handle)
 
     def lookup(self, keys, training):
-        """keys int64 [N] -> rows [N, dim]; training inserts missing keys, inference never does."""
-        op = ops().ttf_table_find_or_insert if training else ops().ttf_table_find
-        return op(self.resource_handle, keys, dim=self.dim)
+        """keys int64 [N] -> rows [N, dim]. Never changes the table: a missing key reads,
+        in training, the row the optimizer's apply will insert for it (its initializer row,
+        or the default row while not yet admitted), at inference the default row. Rows are
+        inserted, counted and admitted by the apply ops (ttf.optimizers), for the keys they
+        update, so a step skipped before its update changes nothing."""
+        return ops().ttf_table_find(self.resource_handle, keys, dim=self.dim, training=bool(training))
 
     def size(self):
         """The number of keys holding a row (int64 scalar tensor)."""
         return ops().ttf_table_size(self.resource_handle)
 
     def stats(self):
-        """(candidates, memory_bytes, step): admission candidates, bytes allocated, table step."""
+        """(candidates, memory_bytes, step, candidates_dropped, rows_evicted): admission
+        candidates, bytes allocated, table step, candidates dropped by max_candidates, rows
+        evicted by the capacity and TTL policy."""
         return ops().ttf_table_stats(self.resource_handle)
 
     def evict(self, min_last_seen, min_count):
@@ -190,7 +223,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
     def _serialize_to_proto(self, object_proto=None, **kwargs):
         config = dict(dim=self.dim, initializer=self.initializer.get_config(), seed=self.seed,
                       default_value=self.default_value, admission_min_count=self.admission_min_count,
-                      num_shards=self.num_shards, name=self.name)
+                      num_shards=self.num_shards, name=self.name, capacity=self.capacity,
+                      evict_policy=self.evict_policy, ttl_steps=self.ttl_steps)
         return nested_structure_coder.encode_structure(config)
 
     @classmethod
