@@ -60,9 +60,10 @@ def _sources(logical):
 def _save_table(name, logical, tmp):
     sources = _sources(logical)
     delta = "deleted_keys" in sources[0][1]
-    prefixes = []
+    prefixes, strides = [], []
     for i, (device, export) in enumerate(sources):
-        with tf.device(device):
+        with tf.device(device):  # every op touching the shard's rows runs where they are
+            strides.append(tf.shape(export["values"])[1])
             base = f"{name}/ttf/src-{i}"
             parts, num_parts = _save_parts(tf.strings.join([tmp, f"-s{i}"]), base, export)
             names = [f"{base}/num_parts"] + ([f"{base}/deleted_keys"] if delta else [])
@@ -70,7 +71,7 @@ def _save_table(name, logical, tmp):
             header = tf.strings.join([tmp, f"-s{i}-header"])
             prefixes += [parts, [_save_v2(header, names, values)]]
     exports = [export for _, export in sources]
-    strides = tf.stack([tf.shape(e["values"])[1] for e in exports])
+    strides = tf.stack(strides)
     widest = tf.argmax(strides)  # a shard holding the optimizer's slots, if any does
     dim = logical.layer.dim
     layout = {"kind": tf.constant("delta" if delta else "full"), "num_sources": tf.constant(len(sources), tf.int64),

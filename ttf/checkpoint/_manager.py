@@ -97,6 +97,9 @@ class CheckpointManager:
         delta holds everything since the last save that completed."""
         step = int(step)
         tables = self._tables()
+        # A save traced in a tf.function (one spanning several tasks) cannot note the step it
+        # exported: the table step before it is a safe start for the next delta (it may repeat rows).
+        steps_before = {id(t): max(int(shard.stats()[2]) for shard in t.layer.tables) for t in tables}
         for table in tables:
             table.pending_step = None
         if self.delta_plan() is not None:
@@ -114,8 +117,7 @@ class CheckpointManager:
         self._write_chain(chain)
         # The save is durable: from here on it counts.
         for table in tables:
-            if table.pending_step is not None:
-                table.saved_step = table.pending_step
+            table.saved_step = table.pending_step if table.pending_step is not None else steps_before[id(table)]
         for table in tables:  # deletions from here on belong to the next delta
             table.layer.reset_deleted()
         for name in old:
@@ -196,14 +198,14 @@ class CheckpointManager:
         return chain
 
     def _chain_entry(self, path, entry):
-        """The file name a chain entry gives, refusing one outside this folder. Chains of
-        earlier ttf versions hold absolute paths: one naming a file of this very folder is
-        taken by its name."""
-        if isinstance(entry, str) and os.path.isabs(entry) and _same_dir(os.path.dirname(entry), self.directory):
+        """The file name a chain entry gives, refusing one that leaves this folder. Chains of
+        earlier ttf versions hold absolute paths: such an entry is read by its file name in
+        this folder (so a moved folder restores), never at the path it names."""
+        if isinstance(entry, str) and os.path.isabs(entry) and _CHAIN_ENTRY.match(os.path.basename(entry)):
             entry = os.path.basename(entry)
         if not isinstance(entry, str) or not _CHAIN_ENTRY.match(entry):
             raise ValueError(f"{path} holds the entry {entry!r}, which is not the name of a checkpoint in this "
-                             "folder (absolute paths and '..' are refused: a checkpoint folder never makes ttf "
+                             "folder ('..' and paths elsewhere are refused: a checkpoint folder never makes ttf "
                              "read outside it); fix or remove the chain file")
         return entry
 
@@ -225,10 +227,6 @@ def _restore(checkpoint, path):
     except (tf.errors.OpError, ValueError) as error:
         message = error.message if isinstance(error, tf.errors.OpError) else str(error)
         raise ValueError(f"checkpoint {path} cannot be restored (a file is missing or corrupt): {message}") from None
-
-
-def _same_dir(a, b):
-    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _is_local(path):
