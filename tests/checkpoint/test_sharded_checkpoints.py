@@ -198,3 +198,44 @@ def test_a_failed_save_changes_nothing_and_the_next_delta_holds_everything(tmp_p
     assert manager_of(restored, tmp_path, full_every=10).restore_latest() == 4
     assert sorted(restored.export_table()["keys"].numpy().tolist()) == [1, 3, 5]
     assert_same_table(restored.export_table(), layer.export_table())
+
+
+def _mix64(x):
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def reference_summary(export):
+    """TtfTableSummary's contract in plain Python: size, wrapping sum of per-entry hashes, float sum."""
+    mask, checksum = (1 << 64) - 1, 0
+    for salt, keys, rows, meta in ((0x5851F42D4C957F2D, export["keys"], export["values"], export["meta"]),
+                                   (0x14057B7EF767814F, export["candidate_keys"], None, export["candidate_meta"])):
+        for i, key in enumerate(np.asarray(keys).tolist()):
+            h = _mix64(salt ^ (key & mask))
+            for bits in ([] if rows is None else np.asarray(rows)[i].view(np.uint32).tolist()):
+                h = _mix64(h ^ bits)
+            h = _mix64(h ^ (int(meta[i][0]) & mask))
+            checksum = (checksum + _mix64(h ^ (int(meta[i][1]) & mask))) & mask
+    checksum = checksum - (1 << 64) if checksum >= 1 << 63 else checksum
+    return len(export["keys"]), checksum, float(np.sum(np.asarray(export["values"], np.float64)))
+
+
+def test_table_summary_matches_its_reference_and_every_sharding():
+    layer, optimizer = layer_and_optimizer(num_shards=2)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        train(layer, optimizer, rng.integers(-50, 200, size=(64, 2)))
+    export = {name: t.numpy() for name, t in layer.export_table().items()}
+    size, checksum, value_sum = ttf.embedding.table_summary(layer)
+    want = reference_summary(export)
+    assert (size, checksum) == want[:2] and len(export["candidate_keys"]) > 0
+    assert value_sum == pytest.approx(want[2], rel=1e-9)  # float64 sums in another order
+    for num_shards in (1, 3):
+        other, _ = layer_and_optimizer(num_shards)
+        other.import_table(layer.export_table())
+        assert ttf.embedding.table_summary(other)[:2] == (size, checksum)
+    train(layer, optimizer, [[7, 7]])  # one more lookup changes a count: another checksum
+    assert ttf.embedding.table_summary(layer)[1] != checksum

@@ -75,7 +75,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(horovod, synthetic, tmp
     assert two["cluster"] == {"horovod_ranks": 2, "compression": "none"} and two["ranks"] == 2
     assert two["eval_rows"] == one["eval_rows"] == 3000
     assert two["table_size"] == one["table_size"] > 1000
-    assert two["table_checksum"] == pytest.approx(one["table_checksum"], rel=1e-4, abs=1e-2)
+    assert two["table_value_sum"] == pytest.approx(one["table_value_sum"], rel=1e-4, abs=1e-2)  # training differs in rounding
     assert abs(two["auc"] - one["auc"]) < 5e-4 and abs(two["logloss"] - one["logloss"]) < 5e-4, (one, two)
     assert one["auc"] > 0.6  # it learned something: the comparison means something
     assert two["wire_bytes_per_step"] > 0

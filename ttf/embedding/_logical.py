@@ -61,6 +61,40 @@ def shard_of(keys, num_shards):
     return tf.cast(tf.math.floormod(low, tf.cast(num_shards, tf.int64)), tf.int32)
 
 
+def table_summary(*summaries_or_layers):
+    """(size, checksum, value_sum) of the tables of the given layers (their shards in this
+    process), each shard's numbers computed on its own device by TtfTableSummary, so only
+    numbers travel; or the sum of such triples (e.g. gathered from Horovod ranks). size:
+    keys holding a row; checksum: int, an order-independent hash of every key, row, slot,
+    count, last-seen step and candidate, equal for tables holding the same rows bit for
+    bit whatever their sharding; value_sum: float64 sum of every stored float (approximate:
+    its rounding depends on the order). Eager only.
+
+    Example:
+      >>> import ttf, tensorflow as tf
+      >>> layer = ttf.DynamicEmbedding(4, shard_devices=["/cpu:0"] * 2)
+      >>> _ = layer(tf.constant([1, 2, 3], tf.int64), training=True)
+      >>> ttf.embedding.table_summary(layer)[0]
+      3
+    """
+    from ttf._ops import ops  # pylint: disable=import-outside-toplevel  (the op library loads lazily)
+
+    size, checksum, value_sum = 0, 0, 0.0
+    for item in summaries_or_layers:
+        if isinstance(item, tuple):
+            triples = [item]
+        else:
+            triples = []
+            for table in item.tables:
+                with tf.device(table._resource_device):  # pylint: disable=protected-access
+                    triples.append(tuple(t.numpy() for t in ops().ttf_table_summary(table.resource_handle)))
+        for shard_size, shard_checksum, shard_sum in triples:
+            size += int(shard_size)
+            checksum = (checksum + int(shard_checksum)) % (1 << 64)  # the shards' wrapping sum
+            value_sum += float(shard_sum)
+    return size, checksum - (1 << 64) if checksum >= 1 << 63 else checksum, value_sum
+
+
 def merge_exports(exports, dim):
     """One logical export (dict of EXPORT_FIELDS) from the exports of a layer's shards.
 
