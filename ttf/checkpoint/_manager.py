@@ -5,6 +5,7 @@ import os
 import re
 
 import tensorflow as tf
+from google.protobuf import message as message_lib
 
 from ttf.embedding._logical import LogicalTable
 
@@ -224,7 +225,8 @@ def _restore(checkpoint, path):
     """Restores `path`, turning a missing or corrupt file into one error naming the checkpoint."""
     try:
         checkpoint.restore(path)
-    except (tf.errors.OpError, ValueError) as error:
+    # IndexError: TensorFlow's checkpoint reader on a truncated file ("Read less bytes than requested").
+    except (tf.errors.OpError, ValueError, IndexError, message_lib.DecodeError) as error:
         message = error.message if isinstance(error, tf.errors.OpError) else str(error)
         raise ValueError(f"checkpoint {path} cannot be restored (a file is missing or corrupt): {message}") from None
 
