@@ -112,7 +112,9 @@ def main():
     source, optimizer = layer_on(ps[:2]), ttf.optimizers.Adam(0.05)
     train(source, optimizer, batches[:2])
     directory = tempfile.mkdtemp()
-    manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=source), directory, full_every=3)
+    with tf.device(ps[2]):  # a variable on another task: TensorFlow then traces the save and restore
+        dense = tf.Variable(1.5)
+    manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=source, dense=dense), directory, full_every=3)
     findings = {"save_misplaced": misplaced_save_ops(source.logical_table)}
     full = manager.save(1)
     findings["pieces"] = sum("/part-" in n and n.endswith("/keys") for n, _ in tf.train.list_variables(full))
@@ -128,8 +130,12 @@ def main():
         target = layer_on(devices)
         target(tf.constant([[0, 0, 0, 0]], tf.int64))  # built: its tables exist
         findings[f"{name}_restore_misplaced"] = misplaced_restore_ops(target.logical_table) if len(devices) > 1 else []
-        restored = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=target), directory, full_every=3)
+        with tf.device(ps[2]):
+            dense = tf.Variable(0.0)
+        restored = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=target, dense=dense), directory,
+                                                    full_every=3)
         findings[f"{name}_step"] = restored.restore_latest()
+        findings[f"{name}_dense"] = float(dense.numpy())
         findings[f"{name}_differences"] = differences(by_key(target), want)
         findings[f"{name}_shard_sizes"] = [int(t.size()) for t in target.tables]
     print(json.dumps(findings))

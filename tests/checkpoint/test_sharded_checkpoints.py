@@ -75,6 +75,7 @@ def test_ps_cluster_save_and_restore_keep_each_shards_rows_on_its_ps():
     assert found["delta"] == "delta-2" and found["keys"] > 100
     for target in ("three_ps", "chief"):
         assert found[f"{target}_step"] == 2 and found[f"{target}_differences"] == [], found
+        assert found[f"{target}_dense"] == 1.5
         assert sum(found[f"{target}_shard_sizes"]) == found["keys"]
     assert min(found["three_ps_shard_sizes"]) > 0  # ids all multiples of 3 still reach every PS
     assert "ttf: restoring emb from 2 shards into 3" in proc.stderr

@@ -88,7 +88,7 @@ def _save_table(name, logical, tmp):
 
 def _save_v2(prefix, names, tensors):
     """SaveV2 of `tensors` under `names` into the bundle `prefix`; returns prefix once written."""
-    saved = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+    saved = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(tensors), tensors=tensors)
     with tf.control_dependencies([saved]):
         return tf.identity(prefix)
 
@@ -182,7 +182,9 @@ def _restore_table(name, logical, prefix):
                     num_parts = _read(prefix, [tf.strings.join([base, "/num_parts"])], (tf.int64,))[0]
                     if delta:  # the keys deleted since the last save: others' are ignored
                         deleted = _read(prefix, [tf.strings.join([base, "/deleted_keys"])], (tf.int64,))[0]
-                        done = ops().ttf_table_remove(handle, deleted)
+                        removed = ops().ttf_table_remove(handle, deleted)
+                        with tf.control_dependencies([removed]):
+                            done = tf.identity(done)
 
                 def restore_part(k, done):
                     names = [tf.strings.join([base, "/part-", tf.strings.as_string(k), f"/{f}"]) for f in PART_FIELDS]
