@@ -191,8 +191,12 @@ def _restore_table(name, logical, prefix):
                     with tf.control_dependencies([done]):
                         keys, values, meta, candidate_keys, candidate_meta = _read(prefix, tf.stack(names), _PART_DTYPES)
                         missing = tf.size(slot_row) + dim - tf.shape(values)[1]  # 0, or all the slots
-                        values = tf.concat([values, tf.tile(slot_row[None, tf.size(slot_row) - missing:],
-                                                            [tf.shape(values)[0], 1])], 1)
+                        values = tf.cond(  # no copy of the piece unless it lacks the slots
+                            missing > 0,
+                            lambda values=values, missing=missing: tf.concat(
+                                [values, tf.tile(slot_row[None, tf.size(slot_row) - missing:],
+                                                 [tf.shape(values)[0], 1])], 1),
+                            lambda values=values: values)
                         imported = ops().ttf_table_import(handle, keys, values, meta, candidate_keys, candidate_meta,
                                                           optimizer, slot_init, step, merge=True, **partitioned)
                     with tf.control_dependencies([imported]):
