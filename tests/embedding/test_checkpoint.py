@@ -178,3 +178,15 @@ def test_shard_of_balances_structured_ids(n):
     for keys in (multiples, tagged):
         sizes = np.bincount(shard_of(keys, n).numpy(), minlength=n)
         assert sizes.max() / sizes.mean() <= 1.05, sizes
+
+
+def test_a_partitions_keys_spread_over_the_tables_lock_shards():
+    """The C++ table picks a key's lock shard from bits 40..63 of the same SplitMix64 hash
+    (EmbeddingTable::ShardOf): the keys of one partition must still spread over all 16."""
+    from ttf.embedding._logical import mix64
+    keys = tf.range(0, 400_000 * 4, 4, dtype=tf.int64)
+    mine = tf.boolean_mask(keys, shard_of(keys, 4) == 0)
+    lock_shard = tf.math.floormod(tf.bitcast(tf.bitwise.right_shift(mix64(mine), tf.constant(40, tf.uint64)),
+                                             tf.int64), 16)
+    sizes = np.bincount(lock_shard.numpy(), minlength=16)
+    assert sizes.max() / sizes.mean() <= 1.05, sizes

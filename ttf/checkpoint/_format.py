@@ -40,7 +40,8 @@ def _save(trackables, file_prefix):
     """save_fn of the registered saver: writes every table, returns the merged prefix."""
     prefixes = []
     for j, (name, logical) in enumerate(sorted(trackables.items())):
-        prefixes.extend(tf.reshape(p, [-1]) for p in _save_table(name, logical, tf.strings.join([file_prefix, f"_temp/t{j}"])))
+        tmp = tf.strings.join([file_prefix, f"_temp/t{j}"])  # removed by the merge below
+        prefixes.extend(tf.reshape(p, [-1]) for p in _save_table(name, logical, tmp))
     with tf.device("CPU:0"):
         merged = tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=tf.concat(prefixes, 0),
                                                destination_prefix=file_prefix, delete_old_dirs=True)
