@@ -116,7 +116,7 @@ def test_delta_checkpoints_of_two_ranks_restore_into_one_process(horovod, synthe
               "--checkpoint-every", "20", "--full-every", "3"]
     train(*common, "--metrics-out", str(tmp_path / "two.json"), "--checkpoint-dir", str(tmp_path / "two"), ranks=2)
     chain = json.loads((tmp_path / "two" / "ttf_chain.json").read_text())
-    assert chain["full"].endswith("ckpt-20") and [p.rsplit("/", 1)[1] for p in chain["deltas"]] == [
+    assert chain["full"].endswith("ckpt-20") and [p.rsplit("/", 1)[-1] for p in chain["deltas"]] == [
         "delta-40", "delta-60"], chain
     two = json.loads((tmp_path / "two.json").read_text())
     out = train(*common, "--metrics-out", str(tmp_path / "one.json"), "--checkpoint-dir", str(tmp_path / "two"))
