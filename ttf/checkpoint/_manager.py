@@ -2,40 +2,25 @@
 import contextlib
 import json
 import os
+import re
 
 import tensorflow as tf
+from google.protobuf import message as message_lib
 
-from ttf.embedding._logical import EXPORT_FIELDS, LogicalTable
+from ttf.embedding._logical import LogicalTable
 
 _CHAIN_FILE = "ttf_chain.json"
-_DELTA_FIELDS = EXPORT_FIELDS + ("deleted_keys",)
-_DELTA_DTYPES = {"keys": tf.int64, "values": tf.float32, "meta": tf.int64, "candidate_keys": tf.int64,
-                 "candidate_meta": tf.int64, "optimizer": tf.string, "slot_init": tf.float32, "step": tf.int64,
-                 "deleted_keys": tf.int64}
+_CHAIN_ENTRY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9]+$")  # a file prefix in the folder: ckpt-3, delta-7
 
 
-class _FullSave:
-    """A full save that also starts each table's record of deleted ids (the chain's base)."""
+class _Mode:
+    """What the LogicalTables of a checkpoint write or read (ttf/checkpoint/_format.py)."""
 
-    def serialize(self, logical):
-        return logical.layer.export_table(reset_deleted=True)
-
-
-class _DeltaSave:
-    def serialize(self, logical):
-        # Since the last save's step: see CheckpointManager.delta_plan.
-        delta = logical.layer.export_table(since_step=logical.saved_step, reset_deleted=True)
-        return {f"delta_{name}": tensor for name, tensor in delta.items()}
+    def __init__(self, delta):
+        self.delta = delta
 
 
-class _DeltaRestore:
-    def serialize(self, logical):
-        # Only the names and dtypes matter: the restore reads the tensors from the file.
-        return {f"delta_{name}": tf.zeros([0], dtype) if name not in ("optimizer", "step") else tf.zeros([], dtype)
-                for name, dtype in _DELTA_DTYPES.items()}
-
-    def restore(self, logical, restored_tensors):
-        return logical.layer.import_table({name: restored_tensors[f"delta_{name}"] for name in _DELTA_FIELDS})
+_FULL, _DELTA = _Mode(delta=False), _Mode(delta=True)
 
 
 class CheckpointManager:
@@ -82,10 +67,13 @@ class CheckpointManager:
 
     @property
     def latest(self):
-        """The newest file of the chain (full or delta), or None."""
+        """The path of the newest file of the chain (full or delta), or None."""
         if not self._chain:
             return None
-        return (self._chain["deltas"] or [self._chain["full"]])[-1]
+        return self._path((self._chain["deltas"] or [self._chain["full"]])[-1])
+
+    def _path(self, name):
+        return os.path.join(self.directory, name)
 
     def delta_plan(self):
         """What the next save() writes: None for a full checkpoint, else {layer name: table
@@ -102,23 +90,53 @@ class CheckpointManager:
         return {t.layer.name: t.saved_step for t in self._tables()}
 
     def save(self, step):
-        """Writes a full or a delta checkpoint for global step `step`; returns its path."""
+        """Writes a full or a delta checkpoint for global step `step`; returns its path.
+
+        Atomic and durable: the files are written and fsynced, then the chain file is
+        replaced (a temporary file, fsynced, renamed), and only then does the save count
+        (the step deltas start after, each table's record of deleted ids). A save that
+        raises changes nothing: the previous checkpoint stays restorable and the next
+        delta holds everything since the last save that completed."""
         step = int(step)
+        tables = self._tables()
+        # A save traced in a tf.function (one spanning several tasks) cannot note the step it
+        # exported: the table step before it is a safe start for the next delta (it may repeat rows).
+        steps_before = {id(t): max(int(shard.stats()[2]) for shard in t.layer.tables) for t in tables}
+        for table in tables:
+            table.pending_step = None
         if self.delta_plan() is not None:
             path = os.path.join(self.directory, f"delta-{step}")
-            with self._mode(_DeltaSave()):
+            with self._mode(_DELTA), self._failed_save(path):
                 self.checkpoint.write(path)
-            self._write_chain({"full": self._chain["full"], "deltas": self._chain["deltas"] + [path]})
+            chain = {"full": self._chain["full"], "deltas": self._chain["deltas"] + [os.path.basename(path)]}
+            old = []
         else:
-            with self._mode(_FullSave()):
+            with self._mode(_FULL), self._failed_save(os.path.join(self.directory, f"ckpt-{step}")):
                 path = self._full.save(checkpoint_number=step)
+            chain = {"full": os.path.basename(path), "deltas": []}
             old = self._chain["deltas"] if self._chain else []
-            self._write_chain({"full": path, "deltas": []})
-            for prefix in old:
-                for name in tf.io.gfile.glob(prefix + ".*"):
-                    tf.io.gfile.remove(name)
+        _sync(path)
+        self._write_chain(chain)
+        # The save is durable: from here on it counts.
+        for table in tables:
+            table.saved_step = table.pending_step if table.pending_step is not None else steps_before[id(table)]
+        for table in tables:  # deletions from here on belong to the next delta
+            table.layer.reset_deleted()
+        for name in old:
+            for file in tf.io.gfile.glob(os.path.join(self.directory, name) + ".*"):
+                tf.io.gfile.remove(file)
         self._last_step = step
         return path
+
+    @contextlib.contextmanager
+    def _failed_save(self, path):
+        try:
+            yield
+        except tf.errors.OpError as error:
+            kept = self.latest or "none yet"
+            raise type(error)(error.node_def, error.op,
+                              f"ttf: the save of {path} failed (nothing recorded; the last complete checkpoint, "
+                              f"{kept}, is intact): {error.message}") from error
 
     def restore_latest(self):
         """Restores the chain's full checkpoint and then each delta; returns the restored
@@ -132,11 +150,12 @@ class CheckpointManager:
         tables = self._tables()
         for table in tables:
             table.restored = False
-        self.checkpoint.restore(self._chain["full"])
-        _check_every_table_restored(tables, self._chain["full"])
-        with self._mode(_DeltaRestore()):
-            for path in self._chain["deltas"]:
-                self.checkpoint.restore(path)
+        full = self._path(self._chain["full"])
+        _restore(self.checkpoint, full)
+        _check_every_table_restored(tables, full)
+        with self._mode(_DELTA):
+            for name in self._chain["deltas"]:
+                _restore(self.checkpoint, self._path(name))
         for table in self._tables():  # deletions from here on belong to the next delta
             table.layer.reset_deleted()
         self._last_step = int(self.latest.rsplit("-", 1)[1])
@@ -159,22 +178,85 @@ class CheckpointManager:
                 table.mode = None
 
     def _read_chain(self):
+        """The chain file, checked as untrusted input: its entries are names of files in
+        this folder (refused, naming the entry, when absolute elsewhere or escaping it)."""
         path = os.path.join(self.directory, _CHAIN_FILE)
         if not tf.io.gfile.exists(path):
             return None
-        with tf.io.gfile.GFile(path) as f:
-            chain = json.load(f)
-        if not tf.io.gfile.exists(chain["full"] + ".index"):
+        try:
+            with tf.io.gfile.GFile(path) as f:
+                chain = json.load(f)
+            entries = [chain["full"], *chain["deltas"]]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path} is not a ttf chain file (corrupt or truncated: {error}); restore from "
+                             "another directory, or remove it to restore the latest full checkpoint") from None
+        if not isinstance(chain["deltas"], list):
+            raise ValueError(f"{path} is not a ttf chain file: 'deltas' must be a list")
+        chain = {"full": self._chain_entry(path, chain["full"]),
+                 "deltas": [self._chain_entry(path, entry) for entry in entries[1:]]}
+        if not tf.io.gfile.exists(self._path(chain["full"]) + ".index"):
             raise FileNotFoundError(f"{path} names the full checkpoint {chain['full']}, which is missing; "
                                     "restore from another directory or remove the chain file")
         return chain
 
+    def _chain_entry(self, path, entry):
+        """The file name a chain entry gives, refusing one that leaves this folder. Chains of
+        earlier ttf versions hold absolute paths: such an entry is read by its file name in
+        this folder (so a moved folder restores), never at the path it names."""
+        if isinstance(entry, str) and os.path.isabs(entry) and _CHAIN_ENTRY.match(os.path.basename(entry)):
+            entry = os.path.basename(entry)
+        if not isinstance(entry, str) or not _CHAIN_ENTRY.match(entry):
+            raise ValueError(f"{path} holds the entry {entry!r}, which is not the name of a checkpoint in this "
+                             "folder ('..' and paths elsewhere are refused: a checkpoint folder never makes ttf "
+                             "read outside it); fix or remove the chain file")
+        return entry
+
     def _write_chain(self, chain):
+        """Replaces the chain file atomically and durably (temporary file, fsync, rename, fsync dir)."""
         path = os.path.join(self.directory, _CHAIN_FILE)
         with tf.io.gfile.GFile(path + ".tmp", "w") as f:
             json.dump(chain, f)
+        _sync(path + ".tmp", glob=False)
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+        _sync_dir(self.directory)
         self._chain = chain
+
+
+def _restore(checkpoint, path):
+    """Restores `path`, turning a missing or corrupt file into one error naming the checkpoint."""
+    try:
+        checkpoint.restore(path)
+    # IndexError: TensorFlow's checkpoint reader on a truncated file ("Read less bytes than requested").
+    except (tf.errors.OpError, ValueError, IndexError, message_lib.DecodeError) as error:
+        message = error.message if isinstance(error, tf.errors.OpError) else str(error)
+        raise ValueError(f"checkpoint {path} cannot be restored (a file is missing or corrupt): {message}") from None
+
+
+def _is_local(path):
+    return "://" not in path
+
+
+def _sync(path, glob=True):
+    """fsyncs `path` (with glob, every file of the checkpoint prefix `path`) and its folder.
+    Remote filesystems (gs://, s3://) make a file durable when it is closed."""
+    if not _is_local(path):
+        return
+    for name in tf.io.gfile.glob(path + ".*") if glob else [path]:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _sync_dir(os.path.dirname(path) or ".")
+
+
+def _sync_dir(directory):
+    if _is_local(directory):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _check_every_table_restored(tables, path):

@@ -24,18 +24,75 @@ import tensorflow as tf
 EXPORT_FIELDS = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
 
 
+# SplitMix64's finaliser (Steele et al., 2014), the same as C++ Mix64 in embedding_table.h.
+_MIX_ADD, _MIX_MUL1, _MIX_MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def mix64(keys):
+    """SplitMix64's finaliser of int64 keys, as uint64 (stock TF ops, wrapping arithmetic)."""
+    bits = tf.bitwise
+
+    def xor_shift(x, n):
+        return bits.bitwise_xor(x, bits.right_shift(x, tf.constant(n, tf.uint64)))
+
+    x = tf.bitcast(tf.convert_to_tensor(keys, tf.int64), tf.uint64) + tf.constant(_MIX_ADD, tf.uint64)
+    x = xor_shift(x, 30) * tf.constant(_MIX_MUL1, tf.uint64)
+    x = xor_shift(x, 27) * tf.constant(_MIX_MUL2, tf.uint64)
+    return xor_shift(x, 31)
+
+
 def shard_of(keys, num_shards):
-    """The shard of each key: int32 floormod(key, num_shards), in [0, num_shards).
+    """The shard of each key: int32 in [0, num_shards), the low 32 bits of the key's
+    SplitMix64 hash mod num_shards.
 
     The one routing rule of ttf: parameter-server sharding, Horovod ownership and
-    checkpoint restore all use it, so a key is always found where it was put.
+    checkpoint restore (the C++ import's PartitionOf) all use it, so a key is always found
+    where it was put. A mixing hash spreads any id distribution evenly (ids that are all
+    multiples of num_shards, field-tagged ids). Routing is never stored in a checkpoint:
+    one written with another rule (the plain floormod of earlier versions) restores.
+    The C++ table's internal lock shard uses bits 40..63 of the same hash: no correlation.
 
     Example:
       >>> import ttf, tensorflow as tf
       >>> ttf.embedding.shard_of(tf.constant([0, 5, -1, 1 << 40], tf.int64), 3).numpy()
-      array([0, 2, 2, 1], dtype=int32)
+      array([1, 0, 0, 0], dtype=int32)
     """
-    return tf.cast(tf.math.floormod(keys, tf.cast(num_shards, tf.int64)), tf.int32)
+    low = tf.bitcast(tf.bitwise.bitwise_and(mix64(keys), tf.constant(0xFFFFFFFF, tf.uint64)), tf.int64)
+    return tf.cast(tf.math.floormod(low, tf.cast(num_shards, tf.int64)), tf.int32)
+
+
+def table_summary(*summaries_or_layers):
+    """(size, checksum, value_sum) of the tables of the given layers (their shards in this
+    process), each shard's numbers computed on its own device by TtfTableSummary, so only
+    numbers travel; or the sum of such triples (e.g. gathered from Horovod ranks). size:
+    keys holding a row; checksum: int, an order-independent hash of every key, row, slot,
+    count, last-seen step and candidate, equal for tables holding the same rows bit for
+    bit whatever their sharding; value_sum: float64 sum of every stored float (approximate:
+    its rounding depends on the order). Eager only.
+
+    Example:
+      >>> import ttf, tensorflow as tf
+      >>> layer = ttf.DynamicEmbedding(4, shard_devices=["/cpu:0"] * 2)
+      >>> _ = layer(tf.constant([1, 2, 3], tf.int64), training=True)
+      >>> ttf.embedding.table_summary(layer)[0]
+      3
+    """
+    from ttf._ops import ops  # pylint: disable=import-outside-toplevel  (the op library loads lazily)
+
+    size, checksum, value_sum = 0, 0, 0.0
+    for item in summaries_or_layers:
+        if isinstance(item, tuple):
+            triples = [item]
+        else:
+            triples = []
+            for table in item.tables:
+                with tf.device(table._resource_device):  # pylint: disable=protected-access
+                    triples.append(tuple(t.numpy() for t in ops().ttf_table_summary(table.resource_handle)))
+        for shard_size, shard_checksum, shard_sum in triples:
+            size += int(shard_size)
+            checksum = (checksum + int(shard_checksum)) % (1 << 64)  # the shards' wrapping sum
+            value_sum += float(shard_sum)
+    return size, checksum - (1 << 64) if checksum >= 1 << 63 else checksum, value_sum
 
 
 def merge_exports(exports, dim):
@@ -71,45 +128,49 @@ def merge_exports(exports, dim):
 
 
 class LogicalTable(tf.__internal__.tracking.Trackable):
-    """The checkpoint entry of a DynamicEmbedding: its logical table (every key of every
-    shard, under `.../logical_table/.ATTRIBUTES/<field>`). Saving calls the layer's
-    export_table(), restoring its import_table(). `mode` (set by ttf.checkpoint while it
-    writes or reads a delta checkpoint) replaces both. `saved_step` is the table step of
-    the last eager save or restore (where the next delta starts)."""
+    """The checkpoint entry of a DynamicEmbedding: its logical table, written shard by shard.
+
+    A registered checkpoint saver (below) writes it: each table shard's rows are exported
+    and written by the process holding them, in pieces of at most PIECE_BYTES, under
+    `<object>/ttf/src-<i>/part-<k>/<field>` (see the format in docs/checkpoints.md). A
+    restore streams the pieces into each new shard, which keeps the keys shard_of routes to
+    it: no process ever holds another's rows, and any topology restores any other's
+    checkpoint. A checkpoint of the earlier format (`.../logical_table/.ATTRIBUTES/<field>`,
+    the whole table in one entry) still restores.
+
+    `mode` (set by ttf.checkpoint while it writes or reads a delta checkpoint) chooses a
+    delta. `pending_step` is the table step of the last eager save (None in a traced one);
+    ttf.checkpoint moves it to `saved_step` (where the next delta starts) only once that
+    save is durable."""
 
     def __init__(self, layer):
         self._layer = weakref.ref(layer)  # the layer tracks this object, not the reverse
         self.mode = None
         self.saved_step = None
+        self.pending_step = None
         self.restored = False  # set when a checkpoint restore reaches this entry
+        self.saved_model_save = False  # inside tf.saved_model.save: the whole-table entry, once
 
     @property
     def layer(self):
         return self._layer()
 
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        # tf.saved_model.save writes the checkpoint from a graph holding copies of the tables,
+        # and its variables/ checkpoint holds the whole-table entry: the loaded model restores
+        # it with _SavedModelLogicalTable's traced restore function, without ttf's Python.
+        object_map[self] = _SavedModelLogicalTable(self._layer(), object_map)
+        self.saved_model_save = True
+        return []
+
     def _serialize_to_tensors(self):
-        tensors = self.mode.serialize(self) if self.mode is not None else self.layer.export_table()
-        self._note_step(tensors)
-        return tensors
+        # Only tf.saved_model.save's checkpoint comes here (see ttf/checkpoint/_format.py).
+        self.saved_model_save = False
+        return self.layer.export_table()
 
     def _restore_from_tensors(self, restored_tensors):
-        if self.mode is not None:
-            restored = self.mode.restore(self, restored_tensors)
-        else:
-            restored = self.layer.import_table(restored_tensors)
         self.restored = True
-        self._note_step(restored_tensors)
-        return restored
-
-    def _note_step(self, tensors):
-        step = tensors.get("step", tensors.get("delta_step"))
-        if isinstance(step, tf.Tensor) and hasattr(step, "numpy"):  # eager: a checkpoint, not a trace
-            self.saved_step = int(step.numpy())
-
-    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
-        # tf.saved_model.save writes the checkpoint from a graph holding copies of the tables.
-        object_map[self] = _SavedModelLogicalTable(self._layer(), object_map)
-        return []
+        return self.layer.import_table(restored_tensors)
 
 
 class _SavedModelLogicalTable(tf.__internal__.tracking.Trackable):

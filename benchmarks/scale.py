@@ -1,0 +1,202 @@
+"""Save and restore of a large table on a local parameter-server cluster: peak memory of
+the chief and of each PS, save throughput against the disk, and checksums after restore.
+
+Starts --ps parameter-server processes (3 by default; the table lives on the first 2)
+and acts as the chief. Fills a table of --keys keys (dim --dim, Adagrad slots) sharded
+over 2 PS, then:
+  1. saves it (tf.train.Checkpoint.write; a variable on a PS makes TensorFlow trace the
+     save, as in a training job) and times it;
+  2. writes as many bytes with `dd ... conv=fdatasync` into the same folder (the disk's
+     sequential write speed, measured in the same run);
+  3. restores it into 3 PS, then into the chief alone;
+and reports each process's peak extra RSS during save and restore (VmHWM after minus VmRSS
+before, VmHWM reset through /proc/<pid>/clear_refs), the table's memory per PS, and the
+table checksum (ttf.embedding.table_summary) of the source, the 3-PS and the one-process
+copies.
+
+    .venv/bin/python benchmarks/scale.py --keys 5000000            # what RESULTS.md shows here
+    .venv/bin/python benchmarks/scale.py --keys 100000000 --dim 8   # the issue's target size
+    .venv/bin/python benchmarks/scale.py --keys 200000 --json        # a quick run, one JSON line
+
+Flags: --keys N (default 5,000,000), --dim D (8), --ps N (3), --dir PATH (a temporary
+folder under the current one; removed at the end), --json (print one JSON line only).
+Exit codes: 0 done, 2 bad usage, 1 failure (a checksum differs, a process died).
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BATCH = 1_000_000
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def status_kib(pid, field):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/{pid}/status")
+
+
+class PeakWatch:
+    """Peak extra RSS of several processes over a block: VmHWM after minus VmRSS before."""
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def __enter__(self):
+        self.before = {}
+        for name, pid in self.pids.items():
+            self.before[name] = status_kib(pid, "VmRSS")
+            with open(f"/proc/{pid}/clear_refs", "w") as refs:
+                refs.write("5")  # resets VmHWM to the current RSS
+        self.start = time.monotonic()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.monotonic() - self.start
+        self.extra_mib = {name: (status_kib(pid, "VmHWM") - self.before[name]) / 1024 for name, pid in self.pids.items()}
+
+
+def ps_main(cluster_json, index):
+    import tensorflow as tf
+
+    import ttf  # noqa: F401  (loads the op library into this server)
+    server = tf.distribute.Server(tf.train.ClusterSpec(json.loads(cluster_json)), "ps", index, start=True)
+    print("ready", flush=True)
+    server.join()
+
+
+def du_bytes(path):
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def dd_mib_per_sec(directory, nbytes):
+    count = max(1, nbytes // (64 << 20))
+    target = os.path.join(directory, "dd.tmp")
+    start = time.monotonic()
+    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={count}", "conv=fdatasync"],
+                   check=True, capture_output=True)
+    seconds = time.monotonic() - start
+    os.remove(target)
+    return count * 64 / seconds
+
+
+def chief_main(args, cluster, procs):
+    import numpy as np
+    import tensorflow as tf
+
+    import ttf
+    from ttf._ops import ops
+
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec(cluster), job_name="chief", task_index=0)
+    ps = [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(args.ps)]
+    pids = {"chief": os.getpid(), **{f"ps{i}": p.pid for i, p in enumerate(procs)}}
+
+    def layer_on(devices):
+        layer = ttf.DynamicEmbedding(args.dim, seed=1, shard_devices=devices, name="emb")
+        layer(tf.constant([[0]], tf.int64))
+        return layer
+
+    def with_dense(layer, device):
+        with tf.device(device):  # a variable on a PS: TensorFlow traces the save, as in a training job
+            dense = tf.Variable(tf.zeros([4]))
+        return tf.train.Checkpoint(layer=layer, dense=dense)
+
+    source = layer_on(ps[:2])
+    for start in range(0, args.keys, BATCH):
+        keys = np.arange(start, min(start + BATCH, args.keys), dtype=np.int64) * 2654435761
+        owner = ttf.embedding.shard_of(keys, 2).numpy()
+        for i, table in enumerate(source.tables):
+            mine = keys[owner == i]
+            with tf.device(table._resource_device):  # pylint: disable=protected-access
+                ops().ttf_table_find_or_insert(table.resource_handle, mine, dim=args.dim)
+                ops().ttf_table_apply_adagrad(table.resource_handle, mine,
+                                              np.ones((len(mine), args.dim), np.float32), 0.1, 1e-7, 1)
+    shard_mib = [int(t.stats()[1]) / (1 << 20) for t in source.tables]
+    want = ttf.embedding.table_summary(source)
+
+    prefix = os.path.join(args.dir, "ckpt")
+    with PeakWatch(pids) as save:
+        with_dense(source, ps[2 % args.ps]).write(prefix)
+    ckpt_bytes = du_bytes(args.dir)
+    disk = dd_mib_per_sec(args.dir, ckpt_bytes)
+
+    three = layer_on(ps[:3])
+    with PeakWatch(pids) as restore3:
+        with_dense(three, ps[2 % args.ps]).read(prefix)
+    got3 = ttf.embedding.table_summary(three)
+    del three  # frees the 3-PS copy before the one-process one
+
+    one = layer_on(["/job:chief/replica:0/task:0/device:CPU:0"])
+    with PeakWatch(pids) as restore1:
+        with_dense(one, ps[2 % args.ps]).read(prefix)
+    got1 = ttf.embedding.table_summary(one)
+
+    save_mib_s = ckpt_bytes / (1 << 20) / save.seconds
+    return {
+        "keys": args.keys, "dim": args.dim, "optimizer": "adagrad", "table_mib_per_ps": shard_mib,
+        "checkpoint_mib": ckpt_bytes / (1 << 20), "save_seconds": save.seconds, "save_mib_per_sec": save_mib_s,
+        "dd_fdatasync_mib_per_sec": disk, "save_vs_disk": save_mib_s / disk,
+        "save_peak_extra_mib": save.extra_mib, "restore_3ps_seconds": restore3.seconds,
+        "restore_3ps_peak_extra_mib": restore3.extra_mib, "restore_1_seconds": restore1.seconds,
+        "restore_1_peak_extra_mib": restore1.extra_mib,
+        "summary_source": want, "summary_3ps": got3, "summary_1": got1,
+        "checksums_equal": want[:2] == got3[:2] == got1[:2],
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, default=5_000_000, help="keys in the table (default 5,000,000)")
+    parser.add_argument("--dim", type=int, default=8, help="row width (default 8)")
+    parser.add_argument("--ps", type=int, default=3, help="parameter servers started (>= 3; default 3)")
+    parser.add_argument("--dir", default=None, help="checkpoint folder (default: a temporary one here, removed)")
+    parser.add_argument("--json", action="store_true", help="print one JSON line only")
+    parser.add_argument("--role", default="chief", help=argparse.SUPPRESS)
+    parser.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role == "ps":
+        return ps_main(args.cluster, args.index)
+    if args.keys < 1 or args.dim < 1 or args.ps < 3:
+        parser.error("--keys and --dim must be >= 1 and --ps >= 3")
+    cleanup = args.dir is None
+    args.dir = args.dir or tempfile.mkdtemp(prefix="scale_ckpt_", dir=".")
+    cluster = {"chief": [f"localhost:{free_port()}"], "ps": [f"localhost:{free_port()}" for _ in range(args.ps)]}
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "ps", "--cluster", json.dumps(cluster),
+                               "--index", str(i)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for i in range(args.ps)]
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                print(f"scale.py: parameter server {proc.pid} did not start", file=sys.stderr)
+                return 1
+        result = chief_main(args, cluster, procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        if cleanup:
+            shutil.rmtree(args.dir, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for name, value in result.items():
+            print(f"{name}: {value}")
+    return 0 if result["checksums_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

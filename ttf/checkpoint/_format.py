@@ -1,0 +1,239 @@
+"""The sharded, streamed table format: a TF registered checkpoint saver for LogicalTable.
+
+Save: for each table, each shard (source i) is exported on its own device (a PS writes its
+part; in one process, one source per shard; on Horovod the gathered logical table is one
+source) and written there by SaveV2 in pieces of at most PIECE_BYTES, one small bundle per
+piece; the pieces are merged (MergeV2Checkpoints: index merge + renames, no row copy) into
+this saver's prefix, which TensorFlow merges into the checkpoint. Tensors, under the
+table's object name `<obj>`:
+
+  <obj>/ttf/kind                       "full" or "delta"
+  <obj>/ttf/num_sources                int64: shards written
+  <obj>/ttf/optimizer, slot_init, step the logical table's layout and step
+  <obj>/ttf/src-<i>/num_parts          int64
+  <obj>/ttf/src-<i>/deleted_keys       int64 [D] (delta only)
+  <obj>/ttf/src-<i>/part-<k>/keys, values, meta, candidate_keys, candidate_meta
+
+Restore: each new shard, on its device, reads the pieces one at a time (RestoreV2) and
+imports the keys it owns (the Import op's partition filter: shard_of), so a process holds
+its own rows plus one piece. Every op of this module runs in eager mode and in a
+tf.function (TensorFlow traces saves and restores that span several tasks).
+
+The private TensorFlow APIs this needs, `registration` and `save_context` (tensorflow/python/
+saved_model/, in TF 2.16 through 2.21), are imported here (and `registration` in _table.py).
+"""
+import sys
+
+import tensorflow as tf
+from tensorflow.python.saved_model import registration, save_context
+
+from ttf._ops import ops
+from ttf.embedding._logical import EXPORT_FIELDS, LogicalTable
+
+PIECE_BYTES = 64 << 20  # the most one piece of a shard holds (rows + meta + keys)
+PART_FIELDS = ("keys", "values", "meta", "candidate_keys", "candidate_meta")
+_PART_DTYPES = (tf.int64, tf.float32, tf.int64, tf.int64, tf.int64)
+_ATTRIBUTES = "/.ATTRIBUTES/"  # the earlier format: one entry per field of the whole table
+
+
+def _save(trackables, file_prefix):
+    """save_fn of the registered saver: writes every table, returns the merged prefix."""
+    prefixes = []
+    for j, (name, logical) in enumerate(sorted(trackables.items())):
+        tmp = tf.strings.join([file_prefix, f"_temp/t{j}"])  # removed by the merge below
+        prefixes.extend(tf.reshape(p, [-1]) for p in _save_table(name, logical, tmp))
+    with tf.device("CPU:0"):
+        merged = tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=tf.concat(prefixes, 0),
+                                               destination_prefix=file_prefix, delete_old_dirs=True)
+    with tf.control_dependencies([merged]):
+        return [tf.identity(file_prefix)]
+
+
+def _sources(logical):
+    """[(device, export)] of one save: each shard exported where it lives."""
+    layer, mode = logical.layer, logical.mode
+    since = None if mode is None or not mode.delta else logical.saved_step  # the plan of CheckpointManager.delta_plan
+    if layer.sharding is not None:  # Horovod: the logical table, gathered before the save
+        return [("", layer.export_table(since_step=since))]
+    return [(table._resource_device, table.export(since_step=since)) for table in layer.tables]  # pylint: disable=protected-access
+
+
+def _save_table(name, logical, tmp):
+    sources = _sources(logical)
+    delta = "deleted_keys" in sources[0][1]
+    prefixes, strides = [], []
+    for i, (device, export) in enumerate(sources):
+        with tf.device(device):  # every op touching the shard's rows runs where they are
+            strides.append(tf.shape(export["values"])[1])
+            base = f"{name}/ttf/src-{i}"
+            parts, num_parts = _save_parts(tf.strings.join([tmp, f"-s{i}"]), base, export)
+            names = [f"{base}/num_parts"] + ([f"{base}/deleted_keys"] if delta else [])
+            values = [num_parts] + ([export["deleted_keys"]] if delta else [])
+            header = tf.strings.join([tmp, f"-s{i}-header"])
+            prefixes += [parts, [_save_v2(header, names, values)]]
+    exports = [export for _, export in sources]
+    strides = tf.stack(strides)
+    widest = tf.argmax(strides)  # a shard holding the optimizer's slots, if any does
+    dim = logical.layer.dim
+    layout = {"kind": tf.constant("delta" if delta else "full"), "num_sources": tf.constant(len(sources), tf.int64),
+              "optimizer": tf.gather(tf.stack([e["optimizer"] for e in exports]), widest),
+              "slot_init": tf.concat([e["slot_init"] for e in exports], 0)[: tf.reduce_max(strides) // dim - 1],
+              "step": tf.reduce_max(tf.stack([e["step"] for e in exports]))}
+    with tf.device("CPU:0"):
+        header = tf.strings.join([tmp, "-layout"])
+        prefixes.append([_save_v2(header, [f"{name}/ttf/{k}" for k in layout], list(layout.values()))])
+    if tf.executing_eagerly():
+        logical.pending_step = int(layout["step"])
+    return prefixes
+
+
+def _save_v2(prefix, names, tensors):
+    """SaveV2 of `tensors` under `names` into the bundle `prefix`; returns prefix once written."""
+    saved = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(tensors), tensors=tensors)
+    with tf.control_dependencies([saved]):
+        return tf.identity(prefix)
+
+
+def _save_parts(prefix, base, export):
+    """Writes `export`'s rows and candidates in pieces of at most PIECE_BYTES; returns
+    (the pieces' prefixes [num_parts], num_parts)."""
+    rows, candidates = tf.shape(export["keys"], tf.int64)[0], tf.shape(export["candidate_keys"], tf.int64)[0]
+    row_bytes = 24 + 4 * tf.shape(export["values"], tf.int64)[1]  # key + meta + floats
+    rows_per_part = tf.maximum(tf.constant(1, tf.int64), PIECE_BYTES // row_bytes)
+    cands_per_part = tf.constant(max(1, PIECE_BYTES // 24), tf.int64)
+    num_parts = tf.maximum(tf.constant(1, tf.int64),
+                           tf.maximum(-(-rows // rows_per_part), -(-candidates // cands_per_part)))
+
+    def write_part(k, written):
+        r0, c0 = k * rows_per_part, k * cands_per_part
+        r1, c1 = tf.minimum(rows, r0 + rows_per_part), tf.minimum(candidates, c0 + cands_per_part)
+        r0, c0 = tf.minimum(r0, rows), tf.minimum(c0, candidates)
+        piece = [export["keys"][r0:r1], export["values"][r0:r1], export["meta"][r0:r1],
+                 export["candidate_keys"][c0:c1], export["candidate_meta"][c0:c1]]
+        part = tf.strings.as_string(k)
+        names = [tf.strings.join([f"{base}/part-", part, f"/{field}"]) for field in PART_FIELDS]
+        saved = _save_v2(tf.strings.join([prefix, "-p", part]), tf.stack(names), piece)
+        return k + 1, written.write(tf.cast(k, tf.int32), saved)
+
+    _, written = tf.while_loop(lambda k, _: k < num_parts, write_part,
+                               (tf.constant(0, tf.int64), tf.TensorArray(tf.string, size=tf.cast(num_parts, tf.int32))))
+    return written.stack(), num_parts
+
+
+# -- restore
+
+
+def _restore(trackables, merged_prefix):
+    """restore_fn of the registered saver (also given checkpoints of the earlier format)."""
+    for name, logical in sorted(trackables.items()):
+        if _ATTRIBUTES in name:
+            _restore_attributes(name.rsplit(_ATTRIBUTES, 1)[0], logical, merged_prefix)
+        else:
+            _restore_table(name, logical, merged_prefix)
+        logical.restored = True
+
+
+def _read(prefix, names, dtypes):
+    return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(dtypes),
+                                dtypes=list(dtypes))
+
+
+def _targets(layer):
+    """[(table, num_partitions, partition)]: the shards of `layer` in this process."""
+    if layer.sharding is not None:  # Horovod: this rank's shard
+        return [(layer.tables[0], layer.sharding.size, layer.sharding.rank)]
+    return [(table, len(layer.tables), i) for i, table in enumerate(layer.tables)]
+
+
+def _restore_table(name, logical, prefix):
+    layer, delta = logical.layer, logical.mode is not None and logical.mode.delta
+    with tf.device("CPU:0"):
+        kind, num_sources, optimizer, slot_init, step = _read(
+            prefix, [f"{name}/ttf/{k}" for k in ("kind", "num_sources", "optimizer", "slot_init", "step")],
+            (tf.string, tf.int64, tf.string, tf.float32, tf.int64))
+        want = "delta" if delta else "full"
+        message = (f"{name}: the checkpoint {{}} holds a table of another kind than a {want} one (a delta restores "
+                   "only through ttf.checkpoint.CheckpointManager, after its full checkpoint)")
+        if tf.executing_eagerly():
+            if kind.numpy().decode() != want:
+                raise ValueError(message.format(prefix.numpy().decode()))
+            checked = tf.no_op()
+        else:
+            checked = tf.debugging.Assert(tf.equal(kind, want), [tf.strings.format(message, prefix)])
+        targets = _targets(layer)
+        tf.cond(tf.not_equal(num_sources, len(targets)),
+                lambda: tf.print(f"ttf: restoring {layer.name} from", num_sources, f"shards into {len(targets)}",
+                                 output_stream=sys.stderr),
+                tf.no_op)
+    dim = layer.dim
+    slot_row = tf.repeat(slot_init, dim)  # what a row without slots gets, as the optimizer would give
+    for table, num_partitions, partition in targets:
+        handle = table.resource_handle
+        partitioned = dict(num_partitions=num_partitions, partition=partition)
+        with tf.device(table._resource_device), tf.control_dependencies([checked]):  # pylint: disable=protected-access
+            empty_rows = tf.zeros([0, dim * (1 + tf.size(slot_init))], tf.float32)
+            empty = [tf.zeros([0], tf.int64), empty_rows, tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64),
+                     tf.zeros([0, 2], tf.int64)]
+            # A full restore first empties the shard and sets the layout; a delta keeps the content.
+            started = ops().ttf_table_import(handle, *empty, optimizer, slot_init, step, merge=delta, **partitioned)
+
+            def restore_source(i, done, table=table, handle=handle, partitioned=partitioned):
+                base = tf.strings.join([f"{name}/ttf/src-", tf.strings.as_string(i)])
+                with tf.control_dependencies([done]):
+                    num_parts = _read(prefix, [tf.strings.join([base, "/num_parts"])], (tf.int64,))[0]
+                    if delta:  # the keys deleted since the last save: others' are ignored
+                        deleted = _read(prefix, [tf.strings.join([base, "/deleted_keys"])], (tf.int64,))[0]
+                        removed = ops().ttf_table_remove(handle, deleted)
+                        with tf.control_dependencies([removed]):
+                            done = tf.identity(done)
+
+                def restore_part(k, done):
+                    names = [tf.strings.join([base, "/part-", tf.strings.as_string(k), f"/{f}"]) for f in PART_FIELDS]
+                    with tf.control_dependencies([done]):
+                        keys, values, meta, candidate_keys, candidate_meta = _read(prefix, tf.stack(names), _PART_DTYPES)
+                        missing = tf.size(slot_row) + dim - tf.shape(values)[1]  # 0, or all the slots
+                        values = tf.cond(  # no copy of the piece unless it lacks the slots
+                            missing > 0,
+                            lambda values=values, missing=missing: tf.concat(
+                                [values, tf.tile(slot_row[None, tf.size(slot_row) - missing:],
+                                                 [tf.shape(values)[0], 1])], 1),
+                            lambda values=values: values)
+                        imported = ops().ttf_table_import(handle, keys, values, meta, candidate_keys, candidate_meta,
+                                                          optimizer, slot_init, step, merge=True, **partitioned)
+                    with tf.control_dependencies([imported]):
+                        return k + 1, tf.identity(done)
+
+                _, done = tf.while_loop(lambda k, _: k < num_parts, restore_part, (tf.constant(0, tf.int64), done))
+                return i + 1, done
+
+            done = tf.constant(True)
+            with tf.control_dependencies([started]):
+                done = tf.identity(done)
+            tf.while_loop(lambda i, _: i < num_sources, restore_source, (tf.constant(0, tf.int64), done))
+    if tf.executing_eagerly():
+        logical.saved_step = int(step)
+
+
+def _restore_attributes(base, logical, prefix):
+    """The earlier format: the whole logical table in one entry per field (read by each
+    process, since that is how it was written)."""
+    delta = logical.mode is not None and logical.mode.delta
+    fields = EXPORT_FIELDS + (("deleted_keys",) if delta else ())
+    dtypes = {"optimizer": tf.string, "slot_init": tf.float32, "values": tf.float32}
+    with tf.device("CPU:0"):
+        names = [f"{base}{_ATTRIBUTES}{'delta_' if delta else ''}{f}" for f in fields]
+        tensors = dict(zip(fields, _read(prefix, names, [dtypes.get(f, tf.int64) for f in fields])))
+    logical.layer.import_table(tensors)
+    if tf.executing_eagerly():
+        logical.saved_step = int(tensors["step"])
+
+
+def _uses_sharded_format(trackable):
+    # Not for tf.saved_model.save (its graph, then its variables/ checkpoint): a SavedModel keeps
+    # the whole-table entry, whose traced restore function a loaded model runs without ttf's Python.
+    return (isinstance(trackable, LogicalTable) and not save_context.in_save_context()
+            and not trackable.saved_model_save)
+
+
+registration.register_checkpoint_saver(package="ttf", name="LogicalTable", predicate=_uses_sharded_format,
+                                       save_fn=_save, restore_fn=_restore)
