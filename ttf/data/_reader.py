@@ -329,8 +329,9 @@ class Reader:
         layout = _shares.layout_id(plan)
         start = None
         if position is not None:
-            start = position.start_of(share, layout)
-            position.layout.assign(layout)
+            with tf.init_scope():  # eager even while a dataset function is traced (parameter-server workers)
+                start = position.start_of(share, layout)
+                position.layout.assign(layout)
         strict, bad_lines, schema, attrs = self.strict, self._bad_lines, self.schema, self._attrs
 
         def parse_window(path, numbers, text, permute_seed):

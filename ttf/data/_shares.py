@@ -280,8 +280,9 @@ class InputPosition(tf.Module):
                          tf.stack([position[1], position[2], position[3], position[4], position[5] + 1]))
         index = tf.reshape(share, [1, 1])
         update = self.state.scatter_nd_update(index, state[None])
-        counted = self.examples.scatter_nd_add(tf.reshape(share, [1]), [tf.cast(rows, tf.int64)])
-        return tf.group(update, counted)
+        counted = self.examples.scatter_nd_add(index, [tf.cast(rows, tf.int64)])
+        with tf.control_dependencies([update, counted]):
+            return tf.identity(share)  # a tensor (tf.function returns no ops) that runs both updates
 
     def start_of(self, share, layout):
         """The saved state of `share` for reading in `layout` (layout_id), or None: not started,
