@@ -280,7 +280,7 @@ class Reader:
         return rows.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
 
     def share_dataset(self, batch_size, share=0, num_shares=1, position=None, seed=0, num_epochs=1, split="all",
-                      holdout_every=5, window_lines=65_536):
+                      holdout_every=5, window_lines=65_536, shuffle=True):
         """Batches of one share of the input (split, not copied), with their place in it.
 
         The files are split into `num_shares` disjoint shares of about equal bytes (plain
@@ -303,6 +303,7 @@ class Reader:
             already trained are dropped); None: from the start.
           seed, num_epochs (None: forever), split, holdout_every: as dataset().
           window_lines: lines read, parsed and permuted together.
+          shuffle: permute each window's rows (False: file order).
 
         Returns:
           the tf.data.Dataset; an empty one when this share holds no data or (num_epochs)
@@ -339,7 +340,8 @@ class Reader:
                                                                               **attrs)
             deps = [bad_lines.assign_add(bad)] if not strict else []
             with tf.control_dependencies(deps):
-                return _permute_rows((_features(schema, ids, dense, values, lengths), labels), permute_seed)
+                element = (_features(schema, ids, dense, values, lengths), labels)
+                return _permute_rows(element, permute_seed) if shuffle else element
 
         keep_line = None if split == "all" else (lambda numbers: tf.equal(numbers % holdout_every == 0,
                                                                           split == "eval"))
