@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -168,7 +169,12 @@ def add_checkpoint_args(p):
                        help="after training, write a SavedModel for serving here that needs only stock TensorFlow "
                             "(ttf.export_for_serving: tables frozen into id->row lookups, unseen ids read the default "
                             "row); its serving_default signature takes ids int64 [B, 26] and dense float32 [B, 13] and "
-                            "returns probability [B]. Example: --export-dir /tmp/ctr_serving")
+                            "returns probability [B]. D is TF Serving's base path: each export is a new version "
+                            "D/<N>/ (N one more than the largest there), written to a temporary folder and renamed "
+                            "into place. Example: --export-dir /tmp/ctr_serving")
+    group.add_argument("--export-rows", choices=["fp32", "fp16"], default="fp32",
+                       help="precision of the embedding rows in the serving export (default fp32: predictions equal "
+                            "the trainer's; fp16 halves the rows' bytes)")
 
 
 _LOG_RANK = [0]  # in a Horovod job only rank 0 prints progress and results
@@ -367,6 +373,11 @@ class Trainer:
                                                             full_every=args.full_every, max_to_keep=3)
             if self.manager.restore_latest() is not None:
                 log(f"[train] resumed from {self.manager.latest} at step {self.step()}")
+                state = self.position.state.numpy()
+                log("[train] input position: " + ", ".join(
+                    f"share {i} at epoch {e}, line {line} + {k} batch(es)" if line >= 0 else f"share {i} not started"
+                    for i, (e, _, _, line, k) in enumerate(state))
+                    + f"; {self.position.examples_trained()} examples trained so far")
         if self.horovod:
             self.horovod.broadcast(self.model)  # rank 0's dense weights everywhere (same seed: already equal)
         self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
@@ -401,21 +412,17 @@ class Trainer:
         values = np.concatenate([e["values"].numpy() for e in exports])
         return len(keys), float(np.sum(values[np.argsort(keys)], dtype=np.float64))  # order-independent
 
-    def export_for_serving(self, path):
-        """Writes the serving SavedModel. In a parameter-server job the model is first copied
-        into this process (tables through their logical export), so no remote variable is saved."""
-        model = self.model
-        if self.strategy is not None:
-            model = ctr.build(self.spec, self.path, seed=self.args.seed)
-            features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
-            model(features, training=False)
-            for local, remote in zip(model.variables, self.model.variables):  # built alike: same order
-                local.assign(remote.read_value())
-            ttf_layers = [[m for m in built.submodules if isinstance(m, ttf.DynamicEmbedding)]
-                          for built in (model, self.model)]
-            for local, remote in zip(*ttf_layers):
-                local.import_table(remote.export_table())
-        ttf.export_for_serving(model, path)
+    def export_for_serving(self, base):
+        """Writes the next serving version, base/<version>/ (TF Serving's layout), and returns
+        its folder. In a parameter-server job each table shard is frozen on its own parameter
+        server and saved from there (ttf.export_for_serving): the chief never holds the rows."""
+        row_dtype = tf.float16 if self.args.export_rows == "fp16" else tf.float32
+        if self.horovod and self.horovod.rank != 0:
+            # Freezing gathers each table over the ranks (a collective every rank joins); rank 0 writes.
+            with tempfile.TemporaryDirectory() as scratch:
+                ttf.export_for_serving(self.model, scratch, row_dtype=row_dtype)
+            return None
+        return ttf.export_for_serving(self.model, base, row_dtype=row_dtype)
 
     def dataset(self, share):
         """Batches (features, labels, position) of this worker's / rank's share of --data."""
@@ -632,8 +639,8 @@ def main(argv=None):
             log(f"[train] checkpoint {trainer.manager.latest}")
         auc, logloss, eval_rows = trainer.evaluate()
         if args.export_dir:
-            trainer.export_for_serving(args.export_dir)
-            log(f"[train] serving SavedModel (stock TensorFlow ops only) written to {args.export_dir}")
+            version = trainer.export_for_serving(args.export_dir)
+            log(f"[train] serving SavedModel (stock TensorFlow ops only) written to {version}")
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
         lost = trainer.cluster.ps_hosts if getattr(locals().get("trainer"), "cluster", None) else ()
         log(f"[train] error: lost contact with the cluster ({type(err).__name__}: {str(err).splitlines()[0][:300]}). "

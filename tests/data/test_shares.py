@@ -35,7 +35,7 @@ def files(tmp_path):
             str(write_rows(tmp_path / "c.tsv.gz", range(1000, 1250)))]
 
 
-@pytest.mark.parametrize("num_shares", [2, 5])
+@pytest.mark.parametrize("num_shares", [2, pytest.param(5, marks=pytest.mark.slow)])
 def test_shares_are_disjoint_and_cover_every_row_once(files, num_shares):
     reader = ttf.data.CriteoReader(files)
     shares = [row_ids(reader.share_dataset(32, i, num_shares, window_lines=100)) for i in range(num_shares)]
@@ -66,7 +66,7 @@ def test_batches_stay_within_a_window_and_carry_their_position(files):
     assert position["end_line"] == 101 and position["end_byte"] > 99 * line_bytes
 
 
-@pytest.mark.parametrize("stop_after", [3, 17])
+@pytest.mark.parametrize("stop_after", [3, pytest.param(17, marks=pytest.mark.slow)])
 def test_a_restored_position_continues_exactly(files, stop_after):
     """Train (record) some batches, checkpoint, restore into a new tracker and read on: the rows
     of both runs are exactly the rows of one uninterrupted run, in order (2 epochs, 2 shares)."""

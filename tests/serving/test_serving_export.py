@@ -63,8 +63,9 @@ def test_criteo_model_serves_in_plain_tensorflow(tmp_path):
     expected = model({k: tf.constant(v) for k, v in inputs.items()}, training=False).numpy()
     size = int(model.sparse.size())
 
-    ttf.export_for_serving(model, str(tmp_path / "serving"))
-    report, outputs = serve_in_plain_tensorflow(tmp_path / "serving", inputs, tmp_path)
+    version = ttf.export_for_serving(model, str(tmp_path / "serving"))
+    assert version == str(tmp_path / "serving" / "1")  # TF Serving's layout: base/<version>/
+    report, outputs = serve_in_plain_tensorflow(version, inputs, tmp_path)
     assert report["inputs"] == {"ids": ["int64", [None, 26]], "dense": ["float32", [None, 13]]}
     assert report["outputs"] == ["probability"]
     np.testing.assert_allclose(outputs["probability"], expected, rtol=0, atol=1e-6)
@@ -93,8 +94,8 @@ def test_users_keras_model_with_ttf_layers_serves(tmp_path):
     test_i = np.concatenate([i[:20], [[1, 2, 3], [99, 98, 97]]])
     expected = model.predict([test_u, test_i], verbose=0)
 
-    ttf.export_for_serving(model, str(tmp_path / "serving"))
-    report, outputs = serve_in_plain_tensorflow(tmp_path / "serving", {"user_id": test_u, "item_ids": test_i},
+    version = ttf.export_for_serving(model, str(tmp_path / "serving"))
+    report, outputs = serve_in_plain_tensorflow(version, {"user_id": test_u, "item_ids": test_i},
                                                 tmp_path)
     assert report["inputs"] == {"user_id": ["int64", [None]], "item_ids": ["int64", [None, 3]]}
     np.testing.assert_allclose(outputs["probability"], expected, rtol=0, atol=1e-6)
@@ -120,7 +121,7 @@ def test_train_cli_exports_a_serving_model(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "serving SavedModel (stock TensorFlow ops only) written to" in out.stdout
     features = next(iter(ttf.data.CriteoReader([ctr_sample()]).dataset(8, shuffle=False)))[0]
-    report, outputs = serve_in_plain_tensorflow(tmp_path / "serving", {k: v.numpy() for k, v in features.items()},
+    report, outputs = serve_in_plain_tensorflow(tmp_path / "serving" / "1", {k: v.numpy() for k, v in features.items()},
                                                 tmp_path)
     assert report["outputs"] == ["probability"] and outputs["probability"].shape == (8,)
     assert ((outputs["probability"] > 0) & (outputs["probability"] < 1)).all()

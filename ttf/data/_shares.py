@@ -254,19 +254,19 @@ class InputPosition(tf.Module):
       num_shares: shares of the split (workers or ranks of the job; 1 for one process).
 
     Attributes:
-      state: int64 [num_shares, 5] variable: (epoch, piece, window start byte, window start
+      states: one int64 [5] variable per share: (epoch, piece, window start byte, window start
         line, batches of that window trained); start byte -1: the share has not started.
-      examples: int64 [num_shares] variable: rows trained from each share, over all runs.
+      counts: one int64 scalar variable per share: rows trained from it, over all runs.
       layout: string variable: the fingerprint of the split the state belongs to.
+    One variable per share, not one shared matrix: workers update their shares concurrently.
     """
 
     def __init__(self, num_shares, name="input_position"):
         super().__init__(name=name)
         self.num_shares = num_shares
-        initial = np.zeros([num_shares, len(_STATE_FIELDS)], np.int64)
-        initial[:, 2:4] = -1
-        self.state = tf.Variable(initial, trainable=False, name="state")
-        self.examples = tf.Variable(tf.zeros([num_shares], tf.int64), trainable=False, name="examples")
+        initial = np.array([0, 0, -1, -1, 0], np.int64)
+        self.states = [tf.Variable(initial, trainable=False, name=f"state_{i}") for i in range(num_shares)]
+        self.counts = [tf.Variable(0, dtype=tf.int64, trainable=False, name=f"examples_{i}") for i in range(num_shares)]
         self.layout = tf.Variable("", trainable=False, name="layout")
 
     def record(self, position, rows):
@@ -278,11 +278,31 @@ class InputPosition(tf.Module):
         # After a window's last batch the share continues at the window's end; otherwise in it.
         state = tf.where(last, tf.stack([position[1], position[2], position[7], position[8], 0]),
                          tf.stack([position[1], position[2], position[3], position[4], position[5] + 1]))
-        index = tf.reshape(share, [1, 1])
-        update = self.state.scatter_nd_update(index, state[None])
-        counted = self.examples.scatter_nd_add(index, [tf.cast(rows, tf.int64)])
-        with tf.control_dependencies([update, counted]):
-            return tf.identity(share)  # a tensor (tf.function returns no ops) that runs both updates
+        rows = tf.cast(rows, tf.int64)
+
+        def update(i):
+            def branch():
+                with tf.control_dependencies([self.states[i].assign(state), self.counts[i].assign_add(rows)]):
+                    return tf.identity(share)  # a tensor (tf.function returns no ops), after both updates
+            return branch
+
+        return tf.switch_case(tf.cast(share, tf.int32), [update(i) for i in range(self.num_shares)])
+
+    @property
+    def state(self):
+        """int64 [num_shares, 5]: every share's state (a read)."""
+        return tf.stack([v.read_value() for v in self.states])
+
+    @property
+    def examples(self):
+        """int64 [num_shares]: rows trained from each share (a read)."""
+        return tf.stack([v.read_value() for v in self.counts])
+
+    def assign(self, state, examples):
+        """Sets every share's state [num_shares, 5] and examples [num_shares] (Horovod: the gathered ones)."""
+        for i in range(self.num_shares):
+            self.states[i].assign(state[i])
+            self.counts[i].assign(examples[i])
 
     def start_of(self, share, layout):
         """The saved state of `share` for reading in `layout` (layout_id), or None: not started,

@@ -479,8 +479,7 @@ def gather_input_position(position):
     rank = hvd.rank()
     states = hvd.allgather(position.state[rank:rank + 1], name="ttf_input_position")
     examples = hvd.allgather(position.examples[rank:rank + 1], name="ttf_input_examples")
-    position.state.assign(states)
-    position.examples.assign(examples)
+    position.assign(states, examples)
 
 
 def gather_rows(array, name):
