@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import ttf
@@ -16,6 +17,7 @@ from models import ctr
 PLAIN_TF = r"""
 import json, sys
 import numpy as np
+import pytest
 import tensorflow as tf
 
 path, inputs_file, out_file = sys.argv[1:]
@@ -125,3 +127,83 @@ def test_train_cli_exports_a_serving_model(tmp_path):
                                                 tmp_path)
     assert report["outputs"] == ["probability"] and outputs["probability"].shape == (8,)
     assert ((outputs["probability"] > 0) & (outputs["probability"] < 1)).all()
+
+
+def reference_lookup(keys, rows, default_row, probe):
+    """NumPy reference: a dict from held key to its row, the default row otherwise."""
+    table = dict(zip(keys.tolist(), rows))
+    return np.stack([table.get(k, default_row) for k in probe.tolist()])
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 1000, 50_000])
+def test_hashed_shard_finds_every_held_key_and_only_those(count):
+    rng = np.random.default_rng(count)
+    # Keys that share low bits (multiples of 1024, field-tagged) and random 64-bit ones, negatives too.
+    keys = np.unique(np.concatenate([rng.integers(-(1 << 62), 1 << 62, size=count // 2),
+                                     (np.arange(count - count // 2) * 1024) | (7 << 56)]))[:count]
+    rows = rng.normal(size=(len(keys), 4)).astype(np.float32)
+    default = np.full(4, -2.5, np.float32)
+    shard = ttf.serving.HashedShard(tf.constant(keys, tf.int64), tf.constant(rows), tf.constant(default[None]))
+    probe = np.concatenate([keys, rng.integers(-(1 << 62), 1 << 62, size=500), [np.iinfo(np.int64).min, 0,
+                                                                                np.iinfo(np.int64).max]])
+    expected = reference_lookup(keys, rows, default, probe)
+    np.testing.assert_array_equal(shard.lookup(tf.constant(probe, tf.int64)).numpy(), expected)  # exact: a copy
+    assert shard.probe <= 16  # about one key per bucket: a short probe
+
+
+def test_hashed_table_fp16_rows_and_shard_routing():
+    layer = ttf.DynamicEmbedding(5, default_value=0.5, shard_devices=["/cpu:0"] * 3)
+    keys = tf.constant(np.arange(0, 3000, 3), tf.int64)  # multiples of the shard count: one shard under floormod
+    live = layer(keys, training=True).numpy()
+    table = ttf.serving.HashedTable(layer)
+    assert [int(tf.size(s.keys)) - 1 for s in table.shards] == [int(t.size()) for t in layer.tables]
+    probe = tf.concat([keys, [1, 2, -7]], 0)
+    np.testing.assert_array_equal(table.lookup(probe).numpy(), layer(probe, training=False).numpy())
+    half = ttf.serving.HashedTable(layer, dtype=tf.float16)
+    assert half.shards[0].rows.dtype == tf.float16
+    np.testing.assert_allclose(half.lookup(keys).numpy(), live, rtol=1e-3, atol=1e-4)  # fp16: 11-bit mantissa
+    with pytest.raises(ValueError, match="float32 or float16"):
+        ttf.serving.HashedTable(layer, dtype=tf.int32)
+
+
+def test_versions_are_new_folders_written_whole(tmp_path):
+    ids = tf.keras.Input([2], dtype=tf.int64, name="ids")
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=2)(ids)))
+    model = tf.keras.Model(ids, out)
+    model(tf.constant([[1, 2]], tf.int64), training=True)
+    base = tmp_path / "ctr"
+    assert ttf.export_for_serving(model, base) == str(base / "1")
+    assert ttf.export_for_serving(model, base) == str(base / "2")
+    assert ttf.export_for_serving(model, base, version=10) == str(base / "10")
+    assert ttf.serving.versions(str(base)) == [1, 2, 10]
+    assert sorted(os.listdir(base)) == ["1", "10", "2"]  # no temporary folder left behind
+    with pytest.raises(ValueError, match="exists; TF Serving never reloads a version in place"):
+        ttf.export_for_serving(model, base, version=2)
+    with pytest.raises(ValueError, match="version must be a positive int"):
+        ttf.export_for_serving(model, base, version=0)
+    assert (base / "1" / "saved_model.pb").exists() and (base / "1" / "variables").is_dir()
+
+
+# Two logical CPU devices stand for two parameter servers: each shard's frozen arrays must be
+# built and kept on its own device (so the saver writes them there), never gathered in one place.
+TWO_DEVICES = r"""
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import ttf
+layer = ttf.DynamicEmbedding(3, shard_devices=["/cpu:0", "/cpu:1"])
+layer(tf.range(100, dtype=tf.int64), training=True)
+table = ttf.serving.HashedTable(layer)
+for i, shard in enumerate(table.shards):
+    for variable in (shard.keys, shard.offsets, shard.rows):
+        assert variable.device.endswith(f"CPU:{i}"), (i, variable.name, variable.device)
+probe = tf.range(-5, 105, dtype=tf.int64)
+assert (table.lookup(probe).numpy() == layer(probe, training=False).numpy()).all()
+print("ok")
+"""
+
+
+def test_each_shard_is_frozen_on_its_own_device():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
