@@ -34,10 +34,12 @@ class HashedShard(tf.Module):
     """One shard of a frozen table: a bucketed hash table in plain tensors.
 
     Buckets (a power of two, at least the key count) are `bucket_hash(key) & (buckets - 1)`.
-    keys int64 [N] and rows [N + 1, dim] (float32 or float16; the last row is the default
-    row) are ordered by bucket; offsets int64 [buckets + 1] say where each bucket starts. A
-    lookup gathers the `probe` (the largest bucket's size) key slots of each id's bucket in one
-    vectorised gather and compares them: no search, no loop, no custom op.
+    keys int64 [N + 1] (the held keys, then one padding key) and rows [N + 1, dim] (float32 or
+    float16; the last row is the default row) are ordered by bucket; offsets [buckets + 1]
+    (int32 below 2^31 keys, else int64) say where each bucket starts. A lookup compares each
+    id with the first two keys of its bucket, then, for the ids not found there whose bucket
+    holds more, the bucket's other slots (up to `probe`, the largest bucket's size) in one
+    vectorised gather: no search, no loop, no custom op.
     """
 
     def __init__(self, keys, rows, default_row, dtype=tf.float32, name=None):
@@ -51,21 +53,36 @@ class HashedShard(tf.Module):
         self.buckets = buckets
         # One padding key at the end: a probe past a bucket reads it, never outside the array.
         self.keys = tf.Variable(tf.concat([tf.gather(keys, order), [0]], 0), trainable=False, name="keys")
-        self.offsets = tf.Variable(tf.concat([[0], tf.cumsum(sizes)], 0), trainable=False, name="offsets")
+        offsets = tf.concat([[0], tf.cumsum(sizes)], 0)
+        # int32 offsets where they fit (4 bytes per bucket instead of 8).
+        offsets = tf.cast(offsets, tf.int32) if int(count.numpy()) < (1 << 31) - 1 else offsets
+        self.offsets = tf.Variable(offsets, trainable=False, name="offsets")
         self.rows = tf.Variable(tf.cast(tf.concat([tf.gather(rows, order), default_row], 0), dtype), trainable=False,
                                 name="rows")
 
     def find(self, keys):
-        """int64 keys [K] -> int64 [K]: each key's row index, or N (the default row)."""
+        """int64 keys [K] -> int64 [K]: each key's row index, or N (the default row).
+
+        Keys are unique, so any slot holding the key is its row: no bucket bounds to check.
+        Buckets hold about one key, so the first two slots of each id's bucket are compared
+        for every id (two gathers from neighbouring slots), and the rest of the bucket only for
+        the few ids still unresolved whose bucket holds more than two keys.
+        """
         count = tf.size(self.keys, out_type=tf.int64) - 1  # N held keys, then the padding
         bucket = tf.cast(tf.bitwise.bitwise_and(bucket_hash(keys), tf.constant(self.buckets - 1, tf.uint64)),
                          tf.int64)
-        start, end = tf.gather(self.offsets, bucket), tf.gather(self.offsets, bucket + 1)
-        slots = start[:, None] + tf.range(self.probe, dtype=tf.int64)[None, :]  # [K, probe]
-        inside = slots < end[:, None]
-        held = tf.gather(self.keys, tf.minimum(slots, count))
-        hit = inside & tf.equal(held, keys[:, None])
-        return tf.where(tf.reduce_any(hit, 1), tf.reduce_max(tf.where(hit, slots, -1), 1), count)
+        start = tf.cast(tf.gather(self.offsets, bucket), tf.int64)
+        second = tf.minimum(start + 1, count)  # the padding slot reads the default row
+        found = tf.where(tf.equal(tf.gather(self.keys, start), keys), start,
+                         tf.where(tf.equal(tf.gather(self.keys, second), keys), second, count))
+        if self.probe <= 2:
+            return found
+        more = (found == count) & (tf.cast(tf.gather(self.offsets, bucket + 1), tf.int64) - start > 2)
+        where = tf.where(more)  # [M, 1], M small: ids of buckets with more than two keys
+        rest_keys, rest_start = tf.gather_nd(keys, where), tf.gather_nd(start, where)
+        slots = tf.minimum(rest_start[:, None] + tf.range(2, self.probe, dtype=tf.int64)[None, :], count)
+        hit = tf.equal(tf.gather(self.keys, slots), rest_keys[:, None])
+        return tf.tensor_scatter_nd_update(found, where, tf.reduce_min(tf.where(hit, slots, count), 1))
 
     def lookup(self, keys):
         return tf.cast(tf.gather(self.rows, self.find(keys)), tf.float32)
