@@ -207,3 +207,22 @@ def test_each_shard_is_frozen_on_its_own_device():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_parameter_server_job_exports_shard_by_shard_and_serves_what_it_trained(tmp_path):
+    """start_all.sh (1 ps + 2 workers + chief) with --export-dir: the version is written from the
+    parameter server's shards (its variables file in one piece per device), and plain TensorFlow
+    predicts the eval rows with the AUC the trainer reported."""
+    from tests.distribute.test_cluster import finish, start
+    cache, metrics, base = tmp_path / "cache", tmp_path / "m.json", tmp_path / "serving"
+    out = finish(start("--steps", "30", "--synthetic-rows", "5000", "--export-dir", str(base), "--metrics-out",
+                       str(metrics), "--", "--cache-dir", str(cache)))
+    assert f"written to {base / '1'}" in out, out[-3000:]
+    assert sorted(os.listdir(base)) == ["1"]
+    assert len([n for n in os.listdir(base / "1" / "variables") if n.startswith("variables.data-")]) == 2
+    data = [str(cache / name) for name in os.listdir(cache) if name.endswith(".txt")]
+    features, labels = next(iter(ttf.data.CriteoReader(data).dataset(5000, shuffle=False, split="eval")))
+    _, outputs = serve_in_plain_tensorflow(base / "1", {k: v.numpy() for k, v in features.items()}, tmp_path)
+    served_auc = ttf.data.best_auc(labels.numpy(), outputs["probability"])
+    assert served_auc == pytest.approx(json.loads(metrics.read_text())["auc"], abs=1e-4)
