@@ -117,6 +117,9 @@ def parse_args(argv):
     if args.horovod and (args.ps_hosts or args.tfra):
         p.error("--horovod runs the native or ttf (--tiacc) path without parameter servers; "
                 "drop --ps-hosts/--worker-hosts/--chief-host and --tfra")
+    if args.horovod and args.epochs and args.steps_per_call > 1:
+        p.error("--epochs on Horovod needs --steps-per-call 1: the ranks' shares may end a batch apart, and every "
+                "rank checks before each step that all ranks still have a batch")
     if args.hvd_compression != "none" and not args.horovod:
         p.error("--hvd-compression needs --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:
