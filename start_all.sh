@@ -35,6 +35,8 @@ Data:
   --eval-data FILE     eval data (default: every 5th line of --data, held out)
 Training:
   --steps N            global steps (default 200)
+  --epochs N           passes over --data instead of --steps: each worker (or Horovod rank) reads
+                       its own share, so one epoch trains each row once across the job
   --batch-size N       examples per step and worker (default 256)
   --checkpoint-dir D   save checkpoints here; a restart with the same D resumes
   --checkpoint-every N steps between checkpoints (default 100)
@@ -89,7 +91,7 @@ EOF
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
 table_args=()
-lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 batch=256 data="" ckpt="" metrics="" eval_data=""
+lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data=""
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 ckpt_every="" full_every="" export_dir=""
@@ -114,6 +116,7 @@ while [ $# -gt 0 ]; do
     --lr) need_value "$@"; lr=$2; shift ;;
     --table-capacity|--evict-policy|--ttl-steps) need_value "$@"; table_args+=("$1" "$2"); shift ;;
     --steps) need_value "$@"; steps=$2; shift ;;
+    --epochs) need_value "$@"; epochs=$2; shift ;;
     --batch-size) need_value "$@"; batch=$2; shift ;;
     --data) need_value "$@"; data=$2; shift ;;
     --eval-data) need_value "$@"; eval_data=$2; shift ;;
@@ -139,6 +142,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+[ -n "$epochs" ] && { [[ $epochs =~ ^[1-9][0-9]*$ ]] || die "--epochs must be a positive integer, got '$epochs'"; }
 for n in steps batch num_ps num_workers index; do
   [[ ${!n} =~ ^[0-9]+$ ]] || die "--${n//_/-} must be a non-negative integer, got '${!n}'"
 done
@@ -182,7 +186,8 @@ network_line() {  # PORTS PROTOCOLS: one line saying where the local job's serve
   esac
 }
 
-train_args=(--model "$model" --optimizer "$optimizer" --steps "$steps" --batch-size "$batch")
+train_args=(--model "$model" --optimizer "$optimizer" --batch-size "$batch")
+if [ -n "$epochs" ]; then train_args+=(--epochs "$epochs"); else train_args+=(--steps "$steps"); fi
 [ -n "$precision" ] && train_args+=(--precision "$precision")
 [ -n "$lr" ] && train_args+=(--lr "$lr")
 train_args+=("${table_args[@]}")  # checked by train.py (one usage line, exit 2)

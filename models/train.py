@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,6 +141,9 @@ def parse_args(argv):
                 "drop --ps-hosts/--worker-hosts/--chief-host and --tfra")
     if args.tfra and ctr.tfra_missing():
         p.error(ctr.tfra_missing())
+    if args.horovod and args.epochs and args.steps_per_call > 1:
+        p.error("--epochs on Horovod needs --steps-per-call 1: the ranks' shares may end a batch apart, and every "
+                "rank checks before each step that all ranks still have a batch")
     if args.hvd_compression != "none" and not args.horovod:
         p.error("--hvd-compression needs --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:
@@ -200,7 +204,12 @@ def add_checkpoint_args(p):
                        help="after training, write a SavedModel for serving here that needs only stock TensorFlow "
                             "(ttf.export_for_serving: tables frozen into id->row lookups, unseen ids read the default "
                             "row); its serving_default signature takes ids int64 [B, 26] and dense float32 [B, 13] and "
-                            "returns probability [B]. Example: --export-dir /tmp/ctr_serving")
+                            "returns probability [B]. D is TF Serving's base path: each export is a new version "
+                            "D/<N>/ (N one more than the largest there), written to a temporary folder and renamed "
+                            "into place. Example: --export-dir /tmp/ctr_serving")
+    group.add_argument("--export-rows", choices=["fp32", "fp16"], default="fp32",
+                       help="precision of the embedding rows in the serving export (default fp32: predictions equal "
+                            "the trainer's; fp16 halves the rows' bytes)")
 
 
 _LOG_RANK = [0]  # in a Horovod job only rank 0 prints progress and results
@@ -251,6 +260,10 @@ class HorovodRanks:
     def rank_slice(self, dataset):
         return self.tdh.rank_slice(dataset, self.per_rank_batch)
 
+    def all_have(self, flag):
+        """True while every rank still has a batch (--epochs: shares may end a batch apart)."""
+        return bool(self.tdh.all_ranks(tf.constant(flag), name="ttf_have_batch").numpy())
+
     def mean(self, value):
         return self.tdh.mean_over_ranks(value, name="ttf_loss")
 
@@ -263,11 +276,12 @@ class HorovodRanks:
     def shape(self):
         return {"horovod_ranks": self.size, "compression": self.compression}
 
-    def save(self, manager, model, step):
+    def save(self, manager, model, step, position):
         # Rank 0 writes; every rank exports its part, of the kind (full or delta) rank 0 picks,
         # and none does when rank 0 has saved this step already (only its manager knows).
         saved, plan = self.hvd.broadcast_object(
             (manager.last_step == step, manager.delta_plan()) if self.rank == 0 else None, name="ttf_save_plan")
+        self.tdh.gather_input_position(position)
         if saved:
             return
         with self.tdh.gathered_tables(model, delta=plan):
@@ -373,6 +387,11 @@ class Trainer:
             features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
             self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
             parts = {"model": self.model, "optimizer": self.optimizer}
+            # Each worker / rank reads its own share of --data; where each share continues is checkpointed.
+            self.num_shares = (len(self.cluster.worker_hosts) if self.cluster
+                               else self.horovod.size if self.horovod else 1)
+            self.position = ttf.data.InputPosition(self.num_shares)
+            parts["input_position"] = self.position
             self.precision = make_precision_policy(args.precision)
             if self.precision is not None:
                 parts["precision"] = self.precision
@@ -390,11 +409,17 @@ class Trainer:
                                                             full_every=args.full_every, max_to_keep=3)
             if self.manager.restore_latest() is not None:
                 log(f"[train] resumed from {self.manager.latest} at step {self.step()}")
+                state = self.position.state.numpy()
+                log("[train] input position: " + ", ".join(
+                    f"share {i} at epoch {e}, line {line} + {k} batch(es)" if line >= 0 else f"share {i} not started"
+                    for i, (e, _, _, line, k) in enumerate(state))
+                    + f"; {self.position.examples_trained()} examples trained so far")
         if self.horovod:
             self.horovod.broadcast(self.model)  # rank 0's dense weights everywhere (same seed: already equal)
         self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
         self.timed_cpu = None  # one process: CPU seconds of this process over the timed steps
         self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
+        self.examples_before = self.position.examples_trained()
 
     def step(self):
         """The global step: steps applied, plus (one process) steps skipped as non-finite."""
@@ -435,31 +460,31 @@ class Trainer:
             summary = ttf.embedding.table_summary(*self.horovod.hvd.allgather_object(summary))
         return summary
 
-    def export_for_serving(self, path):
-        """Writes the serving SavedModel. In a parameter-server job the model is first copied
-        into this process (tables through their logical export), so no remote variable is saved."""
-        model = self.model
-        if self.strategy is not None:
-            model = ctr.build(self.spec, self.path, seed=self.args.seed)
-            features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
-            model(features, training=False)
-            for local, remote in zip(model.variables, self.model.variables):  # built alike: same order
-                local.assign(remote.read_value())
-            ttf_layers = [[m for m in built.submodules if isinstance(m, ttf.DynamicEmbedding)]
-                          for built in (model, self.model)]
-            for local, remote in zip(*ttf_layers):
-                local.import_table(remote.export_table())
-        ttf.export_for_serving(model, path)
+    def export_for_serving(self, base):
+        """Writes the next serving version, base/<version>/ (TF Serving's layout), and returns
+        its folder. In a parameter-server job each table shard is frozen on its own parameter
+        server and saved from there (ttf.export_for_serving): the chief never holds the rows."""
+        row_dtype = tf.float16 if self.args.export_rows == "fp16" else tf.float32
+        if self.horovod and self.horovod.rank != 0:
+            # Freezing gathers each table over the ranks (a collective every rank joins); rank 0 writes.
+            with tempfile.TemporaryDirectory() as scratch:
+                ttf.export_for_serving(self.model, scratch, row_dtype=row_dtype)
+            return None
+        return ttf.export_for_serving(self.model, base, row_dtype=row_dtype)
 
-    def dataset(self, seed):
+    def dataset(self, share):
+        """Batches (features, labels, position) of this worker's / rank's share of --data."""
         args = self.args
-        split = "all" if args.eval_data else "train"
-        if self.horovod:  # every rank reads the global batches and keeps its slice
-            return self.horovod.rank_slice(self.reader.dataset(
-                args.batch_size * self.horovod.size, shuffle=True, seed=seed, split=split,
-                num_epochs=None if args.steps else args.epochs, drop_remainder=True))
-        return self.reader.dataset(args.batch_size, shuffle=True, seed=seed, split=split,
-                                   num_epochs=None if args.steps else args.epochs)
+        return self.reader.share_dataset(args.batch_size, share, self.num_shares, position=self.position,
+                                         seed=args.seed, split="all" if args.eval_data else "train",
+                                         num_epochs=None if args.steps else args.epochs)
+
+    def examples_trained(self):
+        """(rows trained over every run restored into this one, rows trained by this run)."""
+        if self.horovod:  # each rank counts its own share (a collective)
+            self.horovod.tdh.gather_input_position(self.position)
+        total = self.position.examples_trained()
+        return total, total - self.examples_before
 
     def replica_step(self, compute_dtype, features, labels):
         """One step of a parameter-server worker (the one-process job runs self.train_step)."""
@@ -490,17 +515,23 @@ class Trainer:
         per_call = self.args.steps_per_call
         warmup, timed_start, run = max(5, per_call), None, 0
         last_log, last_log_step = time.perf_counter(), step
-        iterator = iter(self.dataset(self.args.seed))
+        iterator = iter(self.dataset(self.horovod.rank if self.horovod else 0))
+        record = tf.function(self.position.record)
         while target is None or step < target:
             # No host read per step: the step decides its precision on the device.
             calls = per_call if target is None else min(per_call, target - step)
             if calls == 1:
                 batch = next(iterator, None)
+                if self.horovod and target is None:  # --epochs: every rank stops when one runs out
+                    if not self.horovod.all_have(batch is not None):
+                        break
                 if batch is None:
                     break
-                result, ran = self.train_step(*batch), 1
+                features, labels, position = batch
+                result, ran = self.train_step(features, labels), 1
+                record(position, tf.size(labels))
             else:
-                result = self.train_step.run(iterator, calls)
+                result = self.train_step.run(iterator, calls, after_batch=self.position.record)
                 ran = int(result["steps"])
                 if ran == 0:
                     break
@@ -530,7 +561,7 @@ class Trainer:
         workers = len(self.cluster.worker_hosts)
 
         def dataset_fn(context):
-            return self.dataset(self.args.seed * 1000 + context.input_pipeline_id)
+            return self.dataset(context.input_pipeline_id)
 
         per_worker = coordinator.create_per_worker_dataset(
             lambda: strategy.distribute_datasets_from_function(dataset_fn))
@@ -539,17 +570,25 @@ class Trainer:
         def worker_step_for(dtype):
             @tf.function
             def worker_step(it):
-                features, labels = next(it)
-                return strategy.run(self.replica_step, args=(dtype, features, labels))
+                # A worker whose share ran out (--epochs) trains nothing and returns 0 steps.
+                batch = it.get_next_as_optional()
+
+                def train():
+                    features, labels, position = batch.get_value()
+                    loss = strategy.run(self.replica_step, args=(dtype, features, labels))
+                    with tf.control_dependencies([loss]):  # recorded only once the update ran
+                        recorded = self.position.record(position, tf.size(labels))
+                    with tf.control_dependencies([recorded]):
+                        return tf.identity(loss), tf.constant(1)
+
+                return tf.cond(batch.has_value(), train, lambda: (tf.constant(float("nan")), tf.constant(0)))
             return worker_step
 
         worker_steps = {False: worker_step_for(tf.float32), True: worker_step_for(tf.bfloat16)}
 
         target = self.args.steps
-        if target is None:
-            raise SystemExit("--epochs is not supported in a parameter-server job; use --steps")
         start_step = self.step()
-        warmup = min(2 * workers, max(target - start_step, 0))
+        warmup = min(2 * workers, max(target - start_step, 0)) if target is not None else 2 * workers
         low = self.use_bf16(None)
         for _ in range(warmup):
             coordinator.schedule(worker_steps[low], args=(iterator,))
@@ -557,12 +596,15 @@ class Trainer:
         self.low_steps += warmup * int(low)
         timed_start, timed_from = time.perf_counter(), self.step()
         last_log = time.perf_counter()
-        while self.step() < target:
-            chunk = min(self.args.log_every, target - self.step())
-            losses = [coordinator.schedule(worker_steps[low], args=(iterator,)) for _ in range(chunk)]
+        while target is None or self.step() < target:
+            chunk = self.args.log_every if target is None else min(self.args.log_every, target - self.step())
+            results = [coordinator.schedule(worker_steps[low], args=(iterator,)) for _ in range(chunk)]
             coordinator.join()
-            self.low_steps += chunk * int(low)
-            losses = [float(loss.fetch()) for loss in losses]
+            results = [result.fetch() for result in results]
+            losses = [float(loss) for loss, ran in results if int(ran)]
+            self.low_steps += len(losses) * int(low)
+            if not losses:  # --epochs: every worker's share ran out (each closure found no batch)
+                break
             for loss in losses:  # the switch sees every loss; its last call sets the next chunk's precision
                 low = self.use_bf16(loss)
             last_loss = losses[-1]
@@ -584,7 +626,7 @@ class Trainer:
 
     def save_checkpoint(self, step):
         if self.horovod:  # every rank gathers the tables (a collective); rank 0 writes them
-            self.horovod.save(self.manager, self.model, step)
+            self.horovod.save(self.manager, self.model, step, self.position)
         else:
             self.manager.save(step)
 
@@ -645,8 +687,8 @@ def main(argv=None):
             log(f"[train] checkpoint {trainer.manager.latest}")
         auc, logloss, eval_rows = trainer.evaluate()
         if args.export_dir:
-            trainer.export_for_serving(args.export_dir)
-            log(f"[train] serving SavedModel (stock TensorFlow ops only) written to {args.export_dir}")
+            version = trainer.export_for_serving(args.export_dir)
+            log(f"[train] serving SavedModel (stock TensorFlow ops only) written to {version}")
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
         lost = trainer.cluster.ps_hosts if getattr(locals().get("trainer"), "cluster", None) else ()
         log(f"[train] error: lost contact with the cluster ({type(err).__name__}: {str(err).splitlines()[0][:300]}). "
@@ -676,6 +718,7 @@ def main(argv=None):
         if trainer.eval_reader is not None:
             trainer.eval_reader.report()
     steps_per_sec = steps / seconds if seconds > 0 else float("nan")
+    examples_total, examples_run = trainer.examples_trained()
     ranks = trainer.horovod.size if trainer.horovod else 1
     metrics = {
         "model": args.model, "path": trainer.path, "optimizer": args.optimizer, "batch_size": args.batch_size,
@@ -686,6 +729,7 @@ def main(argv=None):
         "cpu_seconds_per_step": trainer.timed_cpu / steps if trainer.timed_cpu is not None and steps else None,
         "examples_per_sec": steps_per_sec * args.batch_size * ranks,
         "auc": auc, "logloss": logloss, "eval_rows": eval_rows,
+        "examples_trained": examples_total, "examples_trained_this_run": examples_run,
         "cluster": trainer.cluster.shape() if trainer.cluster else trainer.horovod.shape() if trainer.horovod else "single",
     }
     summary = trainer.table_summary()

@@ -13,6 +13,7 @@ import zlib
 import tensorflow as tf
 
 from ttf._ops import ops
+from ttf.data import _shares
 from ttf.data._schema import CRITEO, load_schema
 
 NUM_DENSE = CRITEO.num_dense
@@ -183,6 +184,7 @@ class Reader:
         self.strict = strict
         self._first_lines = [_check_file(p, self.schema) for p in self.paths]
         self._attrs = _op_attrs(self.schema)
+        self._plans = {}  # num_shares -> the split of the files (share_dataset)
         with tf.init_scope():
             self._bad_lines = tf.Variable(0, dtype=tf.int64, trainable=False, name="reader_bad_lines")
             self._reported = tf.Variable(0, dtype=tf.int64, trainable=False, name="reader_bad_lines_printed")
@@ -276,6 +278,79 @@ class Reader:
         # pass (a new iteration of the shuffles above) in a new order.
         rows = rows.repeat(num_epochs)
         return rows.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+
+    def share_dataset(self, batch_size, share=0, num_shares=1, position=None, seed=0, num_epochs=1, split="all",
+                      holdout_every=5, window_lines=65_536, shuffle=True):
+        """Batches of one share of the input (split, not copied), with their place in it.
+
+        The files are split into `num_shares` disjoint shares of about equal bytes (plain
+        files by line-aligned byte range, a gzip file whole: see ttf.data.plan_shares); this
+        reads share `share` only, so N workers with shares 0..N-1 read every row once per
+        epoch. Rows are read in windows of `window_lines` consecutive lines, each window's rows
+        permuted (a deterministic seed of seed, epoch and window), and cut into batches that
+        never cross a window (so a window's last batch may have fewer rows).
+
+        Elements: `(features, labels, position)`: features and labels as dataset(); position
+        int64 [9] (ttf.data.POSITION_FIELDS). Train on the batch, then
+        `position_tracker.record(position, rows)` (InputPosition): a checkpoint of the tracker
+        holds where the share continues.
+
+        Args:
+          batch_size: rows per batch.
+          share, num_shares: which share of how many (a worker's index and the worker count).
+          position: an InputPosition (restored from a checkpoint or new): the share starts
+            where it says (a seek to the window's byte offset, then the window's batches
+            already trained are dropped); None: from the start.
+          seed, num_epochs (None: forever), split, holdout_every: as dataset().
+          window_lines: lines read, parsed and permuted together.
+          shuffle: permute each window's rows (False: file order).
+
+        Returns:
+          the tf.data.Dataset; an empty one when this share holds no data or (num_epochs)
+          its position is past its last epoch.
+
+        Raises:
+          ValueError: a size is not positive, share out of range, or a position made for
+            another number of shares.
+        """
+        for name, value in (("batch_size", batch_size), ("num_shares", num_shares), ("window_lines", window_lines),
+                            ("holdout_every", holdout_every)):
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if not 0 <= share < num_shares:
+            raise ValueError(f"share must be in [0, {num_shares}), got {share}")
+        if split not in ("all", "train", "eval"):
+            raise ValueError(f"split must be 'all', 'train' or 'eval', got {split!r}")
+        if position is not None and position.num_shares != num_shares:
+            raise ValueError(f"the InputPosition has {position.num_shares} share(s), the split {num_shares}")
+        key = (num_shares,)
+        if key not in self._plans:
+            self._plans[key] = _shares.plan_shares(self.paths, self._first_lines, num_shares)
+        plan = self._plans[key]
+        layout = _shares.layout_id(plan)
+        start = None
+        if position is not None:
+            with tf.init_scope():  # eager even while a dataset function is traced (parameter-server workers)
+                start = position.start_of(share, layout)
+                position.layout.assign(layout)
+        strict, bad_lines, schema, attrs = self.strict, self._bad_lines, self.schema, self._attrs
+
+        def parse_window(path, numbers, text, permute_seed):
+            labels, dense, ids, values, lengths, bad = ops().ttf_parse_lines(text, path, numbers, strict=strict,
+                                                                              **attrs)
+            deps = [bad_lines.assign_add(bad)] if not strict else []
+            with tf.control_dependencies(deps):
+                element = (_features(schema, ids, dense, values, lengths), labels)
+                return _permute_rows(element, permute_seed) if shuffle else element
+
+        keep_line = None if split == "all" else (lambda numbers: tf.equal(numbers % holdout_every == 0,
+                                                                          split == "eval"))
+        data = _shares.share_dataset(plan[share], share, parse_window, batch_size, seed=seed, num_epochs=num_epochs,
+                                     start=start, window_lines=window_lines, keep_line=keep_line)
+        if data is None:  # nothing (left) to read in this share: the element structure, no element
+            empty = self.dataset(batch_size, shuffle=False).take(0)
+            data = empty.map(lambda f, l: (f, l, tf.zeros([len(_shares.POSITION_FIELDS)], tf.int64)))
+        return data.prefetch(tf.data.AUTOTUNE)
 
     def _report_at_end(self):
         """One empty block whose making prints the lines skipped since the last such print

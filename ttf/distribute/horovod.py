@@ -474,6 +474,15 @@ def rank_slice(dataset, batch_size):
     return dataset.map(take, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def gather_input_position(position):
+    """Every rank's share of a ttf.data.InputPosition (rank r reads share r) into every rank's
+    copy: a collective, small numbers only (call it on every rank before rank 0 saves)."""
+    rank = hvd.rank()
+    states = hvd.allgather(position.state[rank:rank + 1], name="ttf_input_position")
+    examples = hvd.allgather(position.examples[rank:rank + 1], name="ttf_input_examples")
+    position.assign(states, examples)
+
+
 def gather_rows(array, name):
     """Concatenates a NumPy array's rows over the ranks (rank order), e.g. eval predictions."""
     return hvd.allgather(tf.convert_to_tensor(array), name=name).numpy()

@@ -184,6 +184,7 @@ class PrecisionTrainStep(tf.Module):
         self._optimizer_built = False
         self._function = tf.function(self._train_step)
         self._loop = tf.function(self._run_steps)
+        self._after_batch = None
 
     @property
     def trace_counts(self):
@@ -207,7 +208,7 @@ class PrecisionTrainStep(tf.Module):
                 raise
             raise self._non_finite_error() from None
 
-    def run(self, iterator, steps):
+    def run(self, iterator, steps, after_batch=None):
         """Runs up to `steps` steps in one tf.function call, each on the next batch
         `(features, labels)` of `iterator` (an iterator over a tf.data.Dataset), so Python
         and the function call are paid once per `steps` steps.
@@ -215,6 +216,9 @@ class PrecisionTrainStep(tf.Module):
         Returns:
           {"loss": the last step's loss, "steps": int32 steps run}: fewer than `steps` when
           the iterator ran out (then "steps" counts the batches it still had).
+          after_batch: optional fn(extra, rows) run in the same call after each step, where
+            `extra` is the batch's third part when the iterator yields `(features, labels,
+            extra)` (ttf.data's Reader.share_dataset: its position, for InputPosition.record).
 
         Raises:
           NonFiniteTrainingError: as `__call__`.
@@ -225,6 +229,8 @@ class PrecisionTrainStep(tf.Module):
             _build_optimizer(self._optimizer, self._trainable_variables())
             self._optimizer_built = True
         try:
+            if after_batch != self._after_batch:  # a new hook: a new trace
+                self._after_batch, self._loop = after_batch, tf.function(self._run_steps)
             return self._loop(iterator, tf.constant(steps, tf.int32))
         except tf.errors.InvalidArgumentError as err:
             if _NON_FINITE_MARKER not in str(err):
@@ -237,8 +243,15 @@ class PrecisionTrainStep(tf.Module):
             more = optional.has_value()
 
             def step():
-                features, labels = optional.get_value()
-                return self._train_step(features, labels, None)["loss"]
+                batch = optional.get_value()
+                features, labels = batch[0], batch[1]
+                loss = self._train_step(features, labels, None)["loss"]
+                if self._after_batch is None or len(batch) < 3:
+                    return loss
+                with tf.control_dependencies([loss]):
+                    done = self._after_batch(batch[2], tf.size(labels))
+                with tf.control_dependencies([done]):
+                    return tf.identity(loss)
 
             loss = tf.cond(more, step, lambda: loss)
             return done + tf.cast(more, tf.int32), loss, more

@@ -1,42 +1,131 @@
-"""export_for_serving: freeze ttf tables into stock TF ops and write a SavedModel."""
-import os
+"""export_for_serving: freeze ttf tables into stock TF ops and write a SavedModel in TF
+Serving's layout (`base/<version>/`), atomically.
 
+A frozen table is hashed, not searched: its keys are routed to shards by the trainer's own
+rule (ttf.embedding.shard_of), and each shard is a bucketed hash table in plain tensors
+(HashedShard). Each shard's arrays are built from that shard's export alone, on the device
+holding the shard, and its variables are placed there, so no process ever holds the whole
+table and TF's saver writes each shard's rows where they are.
+"""
+import os
+import shutil
+
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from ttf._keras import tables_in
+from ttf.embedding._logical import mix64, shard_of
 
 
-class FrozenTable(tf.Module):
-    """A read-only copy of a DynamicEmbedding's logical table in stock TF ops.
+def bucket_hash(keys):
+    """int64 keys [K] -> uint64 [K]: the high 32 bits of the key's SplitMix64 hash (stock TF ops).
 
-    ids: int64 [N + 1], the held ids sorted, then int64 max as a sentinel; rows: float32
-    [N + 1, dim], the last row being the layer's
-    default row. lookup(keys) finds each key by binary search (tf.searchsorted, log2(N)
-    probes) and reads its row, or the default row for an id the table never held,
-    exactly as the live layer's inference lookup does (no growth, no failure).
+    The trainer's shard_of takes the low 32 bits, so within one shard the buckets stay evenly
+    filled (the two never correlate), whatever bits the ids share.
+    """
+    return tf.bitwise.right_shift(mix64(keys), tf.constant(32, tf.uint64))
+
+
+class HashedShard(tf.Module):
+    """One shard of a frozen table: a bucketed hash table in plain tensors.
+
+    Buckets (a power of two, at least the key count) are `bucket_hash(key) & (buckets - 1)`.
+    keys int64 [N + 1] (the held keys, then one padding key) and rows [N + 1, dim] (float32 or
+    float16; the last row is the default row) are ordered by bucket; offsets [buckets + 1]
+    (int32 below 2^31 keys, else int64) say where each bucket starts. A lookup compares each
+    id with the first two keys of its bucket, then, for the ids not found there whose bucket
+    holds more, the bucket's other slots (up to `probe`, the largest bucket's size) in one
+    vectorised gather: no search, no loop, no custom op.
     """
 
-    def __init__(self, layer, name=None):
+    def __init__(self, keys, rows, default_row, dtype=tf.float32, name=None):
+        super().__init__(name=name)
+        count = tf.size(keys, out_type=tf.int64)
+        buckets = 1 << max(0, int(count.numpy() - 1).bit_length())  # >= count: ~1 key per bucket
+        bucket = tf.cast(tf.bitwise.bitwise_and(bucket_hash(keys), tf.constant(buckets - 1, tf.uint64)), tf.int64)
+        order = tf.argsort(bucket, stable=True)
+        sizes = tf.math.unsorted_segment_sum(tf.ones_like(bucket), bucket, buckets)
+        self.probe = max(1, int(tf.reduce_max(sizes).numpy()))
+        self.buckets = buckets
+        # One padding key at the end: a probe past a bucket reads it, never outside the array.
+        self.keys = tf.Variable(tf.concat([tf.gather(keys, order), [0]], 0), trainable=False, name="keys")
+        offsets = tf.concat([[0], tf.cumsum(sizes)], 0)
+        # int32 offsets where they fit (4 bytes per bucket instead of 8).
+        offsets = tf.cast(offsets, tf.int32) if int(count.numpy()) < (1 << 31) - 1 else offsets
+        self.offsets = tf.Variable(offsets, trainable=False, name="offsets")
+        self.rows = tf.Variable(tf.cast(tf.concat([tf.gather(rows, order), default_row], 0), dtype), trainable=False,
+                                name="rows")
+
+    def find(self, keys):
+        """int64 keys [K] -> int64 [K]: each key's row index, or N (the default row).
+
+        Keys are unique, so any slot holding the key is its row: no bucket bounds to check.
+        Buckets hold about one key, so the first two slots of each id's bucket are compared
+        for every id (two gathers from neighbouring slots), and the rest of the bucket only for
+        the few ids still unresolved whose bucket holds more than two keys.
+        """
+        count = tf.size(self.keys, out_type=tf.int64) - 1  # N held keys, then the padding
+        bucket = tf.cast(tf.bitwise.bitwise_and(bucket_hash(keys), tf.constant(self.buckets - 1, tf.uint64)),
+                         tf.int64)
+        start = tf.cast(tf.gather(self.offsets, bucket), tf.int64)
+        second = tf.minimum(start + 1, count)  # the padding slot reads the default row
+        found = tf.where(tf.equal(tf.gather(self.keys, start), keys), start,
+                         tf.where(tf.equal(tf.gather(self.keys, second), keys), second, count))
+        if self.probe <= 2:
+            return found
+        more = (found == count) & (tf.cast(tf.gather(self.offsets, bucket + 1), tf.int64) - start > 2)
+        where = tf.where(more)  # [M, 1], M small: ids of buckets with more than two keys
+        rest_keys, rest_start = tf.gather_nd(keys, where), tf.gather_nd(start, where)
+        slots = tf.minimum(rest_start[:, None] + tf.range(2, self.probe, dtype=tf.int64)[None, :], count)
+        hit = tf.equal(tf.gather(self.keys, slots), rest_keys[:, None])
+        return tf.tensor_scatter_nd_update(found, where, tf.reduce_min(tf.where(hit, slots, count), 1))
+
+    def lookup(self, keys):
+        return tf.cast(tf.gather(self.rows, self.find(keys)), tf.float32)
+
+
+class HashedTable(tf.Module):
+    """A read-only copy of a DynamicEmbedding's table in stock TF ops, shard by shard.
+
+    Keys go to shard `shard_of(key, shards)` (the layer's own routing; ids it never held read
+    the layer's default row, as its inference lookup does: no growth, no failure). Each shard
+    is a HashedShard built from that shard's export only, under `tf.device` of that shard.
+
+    Args:
+      layer: a DynamicEmbedding (any sharding).
+      dtype: tf.float32, or tf.float16 to halve the rows (looked up as float32).
+    """
+
+    def __init__(self, layer, dtype=tf.float32, name=None):
         super().__init__(name=name or f"{layer.name}_frozen")
-        table = layer.export_table()
-        order = tf.argsort(table["keys"])
+        if dtype not in (tf.float32, tf.float16):
+            raise ValueError(f"serving rows must be float32 or float16, got {dtype}")
+        self.dim = layer.dim
         default_row = tf.fill([1, layer.dim], tf.constant(layer.tables[0].default_value, tf.float32))
-        # Variables, not constants: the rows go to the SavedModel's checkpoint, so a table
-        # far larger than a GraphDef (2 GB) still exports.
-        # ids ends with a sentinel (int64 max) so every search position can be read, even for an empty table.
-        sentinel = tf.constant([tf.int64.max], tf.int64)
-        self.ids = tf.Variable(tf.concat([tf.gather(table["keys"], order), sentinel], 0), trainable=False, name="ids")
-        self.rows = tf.Variable(tf.concat([tf.gather(table["values"][:, : layer.dim], order), default_row], 0),
-                                trainable=False, name="rows")
+        self.shards = []
+        # Horovod: a rank holds only its own shard, so the layer's logical export (gathered) is
+        # one shard here; elsewhere every shard of the layer is in reach of this process.
+        horovod = getattr(layer, "sharding", None) is not None
+        for i, table in enumerate([None] if horovod else layer.tables):
+            with tf.device("" if horovod else table._resource_device):  # built and kept where the shard's rows are
+                exported = layer.export_table() if horovod else table.export()
+                self.shards.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
+                                               dtype=dtype, name=f"shard_{i}"))
 
     def lookup(self, keys):
         """keys int64 [K] -> rows float32 [K, dim]."""
-        ids = self.ids.read_value()
-        count = tf.size(ids, out_type=tf.int64) - 1  # N held ids, then the sentinel
-        position = tf.minimum(tf.searchsorted(ids, keys, out_type=tf.int64), count)  # first held id >= key
-        found = (position < count) & tf.equal(tf.gather(ids, position), keys)
-        return tf.gather(self.rows, tf.where(found, position, count))  # row N: the default row
+        keys = tf.convert_to_tensor(keys, tf.int64)
+        if len(self.shards) == 1:
+            return self.shards[0].lookup(keys)
+        owner = shard_of(keys, len(self.shards))
+        parts = tf.dynamic_partition(keys, owner, len(self.shards))
+        places = tf.dynamic_partition(tf.range(tf.size(keys)), owner, len(self.shards))
+        rows = [shard.lookup(part) for shard, part in zip(self.shards, parts)]
+        return tf.dynamic_stitch(places, rows)
+
+
+FrozenTable = HashedTable  # the name ttf.serving exported before tables were hashed
 
 
 def _input_specs(model, input_signature):
@@ -65,27 +154,45 @@ def _input_specs(model, input_signature):
     return structure, specs
 
 
-def export_for_serving(model, path, input_signature=None, output_name="probability"):
-    """Writes `model` to `path` as a SavedModel for inference that needs only stock TensorFlow.
+def versions(base):
+    """The TF Serving versions under `base` (its all-digit folder names), ascending."""
+    if not os.path.isdir(base):
+        return []
+    return sorted(int(name) for name in os.listdir(base) if name.isdigit() and os.path.isdir(os.path.join(base, name)))
+
+
+def export_for_serving(model, base, version=None, input_signature=None, output_name="probability",
+                       row_dtype=tf.float32):
+    """Writes `model` for inference that needs only stock TensorFlow, as version `version`
+    of TF Serving's layout: the SavedModel is `base/<version>/`.
 
     Each ttf embedding layer of the model (DynamicEmbedding, FusedEmbedding, any
-    sharding) is frozen into a FrozenTable: the ids it holds now and their rows (not the
-    optimizer slots); ids it never held read its default row. The `serving_default`
-    signature takes the model's inputs by name (a dict input by its keys, e.g. `ids` int64
-    [B, 26] and `dense` float32 [B, 13] for models/ctr.py; a functional model by its Input
-    names) and returns {output_name: model(inputs, training=False)} (or the model's own
-    dict of outputs). Predictions equal the live model's at inference. The written graph is
-    checked: a ttf op left in it raises.
+    sharding) is frozen into a HashedTable: its rows only (no optimizer slots), float32 or
+    float16 (`row_dtype`), each shard built from its own export on its own device; ids never
+    held read the layer's default row. The `serving_default` signature takes the model's
+    inputs by name (a dict input by its keys, e.g. `ids` int64 [B, 26] and `dense` float32
+    [B, 13] for models/ctr.py; a functional model by its Input names) and returns
+    {output_name: model(inputs, training=False)} (or the model's own dict of outputs).
+
+    Atomic: the version is written into `base/.tmp-<version>-<pid>`, its files fsynced, then
+    renamed to `base/<version>`, so a server polling `base` never sees a half-written version.
+    The written graph is checked before the rename: a ttf op left in it raises.
 
     Args:
       model: a built tf.keras model (called at least once) whose ttf layers are its submodules.
-      path: the SavedModel directory to write.
+      base: the model's base folder (created if missing).
+      version: a positive int; default one more than the largest version in `base` (1 if none).
       input_signature: optional {name: tf.TensorSpec} when the model's inputs are a dict and
         it was never called.
       output_name: the signature's output key for a single-tensor output.
+      row_dtype: tf.float32 (default; predictions equal the live model's) or tf.float16.
+
+    Returns:
+      the version's folder, `base/<version>`.
 
     Raises:
-      ValueError: the model's inputs are unknown, or a non-stock op would be exported.
+      ValueError: the model's inputs are unknown, the version exists or is not positive, or a
+        non-stock op would be exported.
 
     Example:
       >>> import ttf, tensorflow as tf, tempfile, os
@@ -93,10 +200,21 @@ def export_for_serving(model, path, input_signature=None, output_name="probabili
       >>> out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=2)(ids)))
       >>> model = tf.keras.Model(ids, out)
       >>> _ = model(tf.constant([[1, 2]], tf.int64))
-      >>> ttf.export_for_serving(model, os.path.join(tempfile.mkdtemp(), "serving"))
+      >>> os.path.basename(ttf.export_for_serving(model, os.path.join(tempfile.mkdtemp(), "ctr")))
+      '1'
     """
+    base = os.fspath(base)
+    if version is None:
+        version = (versions(base) or [0])[-1] + 1
+    if not isinstance(version, int) or isinstance(version, bool) or version <= 0:
+        raise ValueError(f"export_for_serving: version must be a positive int (TF Serving's folder name), got "
+                         f"{version!r}")
+    final = os.path.join(base, str(version))
+    if os.path.exists(final):
+        raise ValueError(f"export_for_serving: {final} exists; TF Serving never reloads a version in place: pass "
+                         "another version (the default takes the next free one)")
     layers = tables_in(model)
-    frozen = [FrozenTable(layer) for layer in layers]
+    frozen = [HashedTable(layer, dtype=row_dtype) for layer in layers]
     structure, specs = _input_specs(model, input_signature)
 
     @tf.function(input_signature=specs, autograph=False)
@@ -114,11 +232,40 @@ def export_for_serving(model, path, input_signature=None, output_name="probabili
     module = tf.Module()
     module.frozen_tables = frozen
     module.model_variables = list(model.variables)  # dense weights; the ttf tables are not tracked
-    tf.saved_model.save(module, path, signatures={"serving_default": signature})
-    foreign = _ttf_ops_in(path)
-    if foreign:
-        raise ValueError(f"export_for_serving: the serving graph still uses ttf ops {sorted(foreign)}; a layer "
-                         "reads a ttf table outside a DynamicEmbedding's inference lookup")
+    os.makedirs(base, exist_ok=True)
+    temporary = os.path.join(base, f".tmp-{version}-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    try:
+        tf.saved_model.save(module, temporary, signatures={"serving_default": signature})
+        foreign = _ttf_ops_in(temporary)
+        if foreign:
+            raise ValueError(f"export_for_serving: the serving graph still uses ttf ops {sorted(foreign)}; a layer "
+                             "reads a ttf table outside a DynamicEmbedding's inference lookup")
+        _fsync_tree(temporary)
+        os.rename(temporary, final)  # atomic on one filesystem: the version appears whole
+        _fsync_dir(base)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    return final
+
+
+def _fsync_tree(path):
+    for folder, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(folder)
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _ttf_ops_in(path):
