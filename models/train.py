@@ -94,13 +94,15 @@ def parse_args(argv):
                                 "the worker hosts of a multi-host job, which read the same data/cache path")
     synthetic.add_argument("--synthetic-vocab", type=int, default=SYNTHETIC_VOCAB,
                            help=f"distinct values per field (default {SYNTHETIC_VOCAB:,})")
-    step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, one process)")
+    step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep; a parameter-server job: "
+                                "ttf.precision.NonFiniteGuard)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
                       help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "
                            "NaN/Inf (each such step is skipped whole and counted); 0 never stops (default 20)")
     step.add_argument("--steps-per-call", type=int, default=1,
                       help="training steps per tf.function call (one Python round trip per K steps; "
-                           "progress and checkpoints then fall on multiples of K) (default 1)")
+                           "progress and checkpoints then fall on multiples of K; a parameter-server job runs K "
+                           "steps per scheduled worker call) (default 1)")
     cluster = p.add_argument_group("parameter-server job (this process is the chief)")
     cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
     cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
@@ -343,8 +345,12 @@ class Trainer:
             self.precision = make_precision_policy(args.precision)
             if self.precision is not None:
                 parts["precision"] = self.precision
-            self.train_step = None
-            if not self.strategy:
+            self.train_step = self.guard = None
+            if self.strategy:  # a worker's step is written here; the guard gives it the one-process protection
+                self.guard = ttf.precision.NonFiniteGuard(args.max_non_finite_steps)
+                self.guard.build(self.optimizer, self.model.trainable_variables)
+                parts["non_finite_guard"] = self.guard
+            else:
                 self.train_step = make_train_step(
                     self.model, self.optimizer, self.precision, args,
                     global_loss=self.horovod.mean if self.horovod else None,
@@ -364,9 +370,8 @@ class Trainer:
         self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
 
     def step(self):
-        """The global step: steps applied, plus (one process) steps skipped as non-finite."""
-        skipped = int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
-        return int(self.optimizer.iterations.numpy()) + skipped
+        """The global step: steps applied, plus steps skipped as non-finite."""
+        return int(self.optimizer.iterations.numpy()) + self.skipped_steps()
 
     def bf16_fraction(self, steps_run):
         if self.train_step:
@@ -376,8 +381,9 @@ class Trainer:
         return low / max(steps_run, 1)
 
     def skipped_steps(self):
-        """Steps skipped as non-finite (one process; a parameter-server job does not skip)."""
-        return int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
+        """Steps skipped as non-finite (a NaN/Inf loss or gradient)."""
+        counter = self.train_step or self.guard
+        return int(counter.skipped_steps.numpy()) if counter else 0
 
     def table_summary(self):
         """ttf path: (ids stored, float64 sum of every stored value and slot) over all shards,
@@ -416,15 +422,14 @@ class Trainer:
         return self.reader.dataset(args.batch_size, shuffle=True, seed=seed, split=split,
                                    num_epochs=None if args.steps else args.epochs)
 
-    def replica_step(self, compute_dtype, features, labels):
-        """One step of a parameter-server worker (the one-process job runs self.train_step)."""
+    def replica_grads(self, compute_dtype, features, labels):
+        """A parameter-server worker's forward and backward: (loss, gradients). The
+        NonFiniteGuard applies them, or skips the step whole (the one-process job runs
+        self.train_step)."""
         with tf.GradientTape() as tape:
             logits = self.model.logits(features, training=True, compute_dtype=compute_dtype)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        variables = self.model.trainable_variables
-        grads = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(zip(grads, variables))
-        return loss
+        return loss, tape.gradient(loss, self.model.trainable_variables)
 
     def use_bf16(self, loss):
         """A parameter-server job's precision for the next chunk: fixed by --precision, or
@@ -491,14 +496,39 @@ class Trainer:
             lambda: strategy.distribute_datasets_from_function(dataset_fn))
         iterator = iter(per_worker)
 
-        def worker_step_for(dtype):
-            @tf.function
-            def worker_step(it):
-                features, labels = next(it)
-                return strategy.run(self.replica_step, args=(dtype, features, labels))
-            return worker_step
+        variables, guard = self.model.trainable_variables, self.guard
 
-        worker_steps = {False: worker_step_for(tf.float32), True: worker_step_for(tf.bfloat16)}
+        def worker_steps_for(dtype, steps):
+            @tf.function
+            def worker_steps(it):  # --steps-per-call steps per closure: one round trip for K steps
+                losses, skipped = [], []
+                for _ in range(steps):
+                    features, labels = next(it)
+                    loss, grads = strategy.run(self.replica_grads, args=(dtype, features, labels))
+                    # One decision over every gradient before any shard applies (NaN/Inf: skipped whole).
+                    skipped.append(guard.apply_gradients(self.optimizer, loss, zip(grads, variables), strategy))
+                    losses.append(loss)
+                return tf.stack(losses), tf.stack(skipped)
+            return worker_steps
+
+        worker_fns = {}
+
+        def run(low, steps):
+            """Runs `steps` global steps in the precision `low` picks; returns (losses, skipped)
+            in schedule order, after the guard has seen them (it raises on a runaway)."""
+            first_step, results = self.step(), []
+            while steps > 0:
+                k = min(self.args.steps_per_call, steps)
+                if (low, k) not in worker_fns:
+                    worker_fns[low, k] = worker_steps_for(tf.bfloat16 if low else tf.float32, k)
+                results.append(coordinator.schedule(worker_fns[low, k], args=(iterator,)))
+                steps -= k
+            coordinator.join()
+            fetched = [result.fetch() for result in results]
+            losses = [float(x) for chunk_losses, _ in fetched for x in chunk_losses]
+            skipped = [bool(x) for _, chunk_skipped in fetched for x in chunk_skipped]
+            guard.observe(skipped, first_step)
+            return losses, skipped
 
         target = self.args.steps
         if target is None:
@@ -506,24 +536,20 @@ class Trainer:
         start_step = self.step()
         warmup = min(2 * workers, max(target - start_step, 0))
         low = self.use_bf16(None)
-        for _ in range(warmup):
-            coordinator.schedule(worker_steps[low], args=(iterator,))
-        coordinator.join()
+        if warmup:
+            run(low, warmup)
         self.low_steps += warmup * int(low)
         timed_start, timed_from = time.perf_counter(), self.step()
         last_log = time.perf_counter()
         while self.step() < target:
             chunk = min(self.args.log_every, target - self.step())
-            losses = [coordinator.schedule(worker_steps[low], args=(iterator,)) for _ in range(chunk)]
-            coordinator.join()
+            losses, skipped = run(low, chunk)
             self.low_steps += chunk * int(low)
-            losses = [float(loss.fetch()) for loss in losses]
-            for loss in losses:  # the switch sees every loss; its last call sets the next chunk's precision
-                low = self.use_bf16(loss)
-            last_loss = losses[-1]
+            for loss, skip in zip(losses, skipped):  # the switch sees every loss; its last call sets the next chunk's
+                low = self.use_bf16(float("nan") if skip else loss)  # a skipped step holds float32
             now = time.perf_counter()
-            log(f"[train] step {self.step()}: loss {last_loss:.4f}, "
-                f"{chunk / (now - last_log):.1f} global steps/s")
+            log(f"[train] step {self.step()}: loss {losses[-1]:.4f}, {chunk / (now - last_log):.1f} global steps/s"
+                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else ""))
             last_log = now
             self._maybe_checkpoint(self.step(), every_chunk=True)
         return self.step() - timed_from, time.perf_counter() - timed_start
