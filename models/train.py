@@ -190,9 +190,6 @@ class HorovodRanks:
             import ttf.distribute.horovod as tdh  # imports horovod, with a clear error when it is missing
         except ImportError as err:
             raise SystemExit(f"[train] error: --horovod needs horovod: {err}".replace("\n", " ")) from err
-        # A collective that some rank never joins (which a bug, not a lost rank, would cause:
-        # horovodrun stops the job when a rank dies) stops the job instead of hanging.
-        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "300")
         hvd = tdh.hvd
         hvd.init()
         self.hvd, self.tdh = hvd, tdh
@@ -410,7 +407,10 @@ class Trainer:
                           for built in (model, self.model)]
             for local, remote in zip(*ttf_layers):
                 local.import_table(remote.export_table())
-        ttf.export_for_serving(model, path)
+        if self.horovod:  # every rank gathers the rows, rank 0 writes the folder once
+            self.horovod.tdh.export_for_serving(model, path)
+        else:
+            ttf.export_for_serving(model, path)
 
     def dataset(self, seed):
         args = self.args

@@ -108,6 +108,12 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
 
     def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
         # tf.saved_model.save writes the checkpoint from a graph holding copies of the tables.
+        if getattr(self.layer, "sharding", None) is not None:  # Horovod: this rank holds 1/N of the ids
+            raise ValueError(
+                f"tf.saved_model.save of {self.layer.name}, a table sharded over Horovod ranks, would write this "
+                "rank's ids only. For serving, call ttf.distribute.horovod.export_for_serving(model, path) on every "
+                "rank (the whole table, written once by rank 0); for a checkpoint, a CheckpointManager save inside "
+                "ttf.distribute.horovod.gathered_tables(model) on every rank.")
         object_map[self] = _SavedModelLogicalTable(self._layer(), object_map)
         return []
 
