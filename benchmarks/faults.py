@@ -7,7 +7,7 @@ relative to the last complete checkpoint, or it stops with one clear line. A han
 Kinds of case (--kinds, all by default):
   kill-chief   one process training ttf tables through the public CheckpointManager (a
                full save, then deltas: --full-every), killed with SIGKILL at a random
-               moment of the run;
+               moment after its first save began (training or saving);
   kill-save    the same, killed inside a save (a random delay after it starts);
   io-error     one save fails in the middle of writing a file (EFBIG: RLIMIT_FSIZE is
                lowered for that save only); the loop logs it and goes on, as a training
@@ -276,10 +276,11 @@ def case_one_process(args, kind, rng, work):
                 note = (f"killed {delay:.3f}s after the save at step {target} began" if seen
                         else f"the save at step {target} never began")
             else:
-                _wait_line(proc, "[child] start", deadline)
+                # From the first save on (before it, there is nothing to lose): anywhere in training or saving.
+                _wait_line(proc, f"saving step {args.save_every}", deadline)
                 delay = rng.uniform(0, args.kill_window * 20)
                 time.sleep(delay)
-                note = f"killed {delay:.2f}s after start"
+                note = f"killed {delay:.2f}s after the first save began"
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             out, hung = _finish(proc, 30)
@@ -419,7 +420,7 @@ def parse_args(argv):
                         "2000 keys a step)")
     p.add_argument("--kill-window", type=float, default=0.3,
                    help="seconds: kill-save kills within this after a save starts; kill-chief within 20x it after "
-                        "start; cluster kinds within 10x it after the first progress line (default 0.3)")
+                        "the first save starts; cluster kinds within 10x it after the first progress line (default 0.3)")
     p.add_argument("--tmpfs-kb", type=int, default=2048, help="full-disk: size of the tmpfs in KiB (default 2048)")
     p.add_argument("--cluster-steps", type=int, default=400, help="cluster kinds: steps of the job (default 400)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before a case counts as hung (default 600)")
