@@ -81,8 +81,10 @@ REGISTER_OP("TtfEmbeddingLookup")
     .Doc(R"doc(
 Fused lookup of ids of any shape ([B], [B, F], ...) in one call: de-duplicates the ids,
 probes the table once per unique key and returns embeddings of shape ids.shape + [dim].
-training=true inserts missing keys (or counts them toward admission); training=false never
-changes the table. unique_keys and inverse_index (embeddings = rows(unique_keys)[inverse_index])
+Neither mode changes the table: insertion, counts and admission happen in the apply ops,
+for the keys they update (so a step skipped before its update changes nothing). A missing
+key reads, with training=true, the row the update would insert (its initializer row, or the
+default row while it is not yet admitted); with training=false, the default row. unique_keys and inverse_index (embeddings = rows(unique_keys)[inverse_index])
 feed the gradient: segment-sum the embedding gradients by inverse_index.
 )doc");
 
@@ -138,15 +140,19 @@ REGISTER_OP("TtfTableFindOrInsert")
     .Output("rows: float")
     .Attr("dim: int >= 1")
     .SetShapeFn(KeysToRowsShape)
-    .Doc("Training lookup of keys [N] -> rows [N, dim]; inserts missing keys (subject to admission).");
+    .Doc("Inserts missing keys [N] (subject to admission), counting a sighting of each, and returns their rows "
+         "[N, dim] (the default row for a key not yet admitted): fills a table outside training. Training lookups "
+         "never insert; the apply ops do.");
 
 REGISTER_OP("TtfTableFind")
     .Input("table: resource")
     .Input("keys: int64")
     .Output("rows: float")
     .Attr("dim: int >= 1")
+    .Attr("training: bool = false")
     .SetShapeFn(KeysToRowsShape)
-    .Doc("Inference lookup of keys [N] -> rows [N, dim]; never inserts; missing keys read the default row.");
+    .Doc("Lookup of keys [N] -> rows [N, dim]; never inserts or counts. A missing key reads the default row, or "
+         "with training=true the row this step's update would insert (its initializer row, once admitted).");
 
 REGISTER_OP("TtfTableSize")
     .Input("table: resource")

@@ -1,7 +1,9 @@
 // Registrations of the fused sparse optimizer updates on a ttf table: one call per step
 // sums the gradients of duplicate keys, probes each unique key once and updates its row and
-// optimizer slots in place. Keys without a row (never inserted, not yet admitted, or
-// evicted) are skipped: their gradient is dropped. Kernels: ops/kernels/sparse_apply_kernels.cc.
+// optimizer slots in place. The apply is where the table changes: a key without a row gets
+// one (its initializer row, then the update), each key's count and last-seen step move, and
+// under admission a key not yet admitted is counted as a candidate and its gradient dropped.
+// Kernels: ops/kernels/sparse_apply_kernels.cc.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"

@@ -63,7 +63,8 @@ class EmbeddingTableOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfEmbeddingTable").Device(DEVICE_CPU), EmbeddingTableOp);
 
-// Looks up the distinct keys of `keys`: fills `grouped` and `rows` (grouped.size() x dim).
+// Looks up the distinct keys of `keys` (read-only: training lookups insert nothing, the
+// apply ops do): fills `grouped` and `rows` (grouped.size() x dim).
 Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor& keys, bool training,
                       GroupedKeys* grouped, std::vector<float>* rows) {
   if (keys.NumElements() > kMaxKeysPerCall)
@@ -74,11 +75,7 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   ForEachShard(ctx, *grouped, table->num_shards(), 50 * dim, [&](int s) {
     const int64_t off = grouped->offsets[s], n = grouped->offsets[s + 1] - off;
     float* out = rows->data() + off * dim;
-    if (training) {
-      table->FindOrInsert(s, &grouped->keys[off], &grouped->hashes[off], n, out);
-    } else {
-      table->Find(s, &grouped->keys[off], &grouped->hashes[off], n, out);
-    }
+    table->Find(s, &grouped->keys[off], &grouped->hashes[off], n, training, out);
   });
   return OkStatus();
 }
@@ -238,11 +235,15 @@ class EmbeddingGradOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfEmbeddingGrad").Device(DEVICE_CPU), EmbeddingGradOp);
 
-// TtfTableFindOrInsert / TtfTableFind: keys [N] -> rows [N, dim].
-template <bool kTraining>
+// TtfTableFind (read-only, training attr as in LookupDistinct) / TtfTableFindOrInsert
+// (inserts missing keys, counting them): keys [N] -> rows [N, dim].
+template <bool kInsert>
 class TableLookupOp : public TableOpKernel {
  public:
-  explicit TableLookupOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) { OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_)); }
+  explicit TableLookupOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    if (!kInsert) OP_REQUIRES_OK(ctx, ctx->GetAttr("training", &training_));
+  }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     OP_REQUIRES_OK(ctx, CheckDim(*table, dim_));
     const Tensor& keys = ctx->input(1);
@@ -250,7 +251,18 @@ class TableLookupOp : public TableOpKernel {
                 errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
     GroupedKeys grouped;
     std::vector<float> rows;
-    OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, keys, kTraining, &grouped, &rows));
+    if (kInsert) {
+      OP_REQUIRES(ctx, keys.NumElements() <= kMaxKeysPerCall,
+                  errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", keys.NumElements()));
+      GroupKeys(keys.flat<int64_t>().data(), keys.NumElements(), *table, &grouped);
+      rows.resize(grouped.size() * dim_);
+      ForEachShard(ctx, grouped, table->num_shards(), 50 * dim_, [&](int s) {
+        const int64_t off = grouped.offsets[s], n = grouped.offsets[s + 1] - off;
+        table->FindOrInsert(s, &grouped.keys[off], &grouped.hashes[off], n, rows.data() + off * dim_);
+      });
+    } else {
+      OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, keys, training_, &grouped, &rows));
+    }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({keys.NumElements(), dim_}), &out));
     ScatterRows(ctx, rows, grouped.inverse, dim_, out->flat<float>().data());
@@ -258,6 +270,7 @@ class TableLookupOp : public TableOpKernel {
 
  private:
   int64_t dim_;
+  bool training_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableFindOrInsert").Device(DEVICE_CPU), TableLookupOp<true>);
 REGISTER_KERNEL_BUILDER(Name("TtfTableFind").Device(DEVICE_CPU), TableLookupOp<false>);

@@ -237,19 +237,16 @@ void EmbeddingTable::ReserveRoom(std::unique_lock<std::shared_mutex>& lock, Keye
   }
 }
 
-void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) {
+void EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys,
+                               const uint64_t* hashes, int64_t n, int64_t now, uint32_t* ids) {
   TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
   const int64_t candidates_per_shard = std::max<int64_t>(1, config_.max_candidates / num_shards());
-  const int64_t now = step();
-  std::unique_lock<std::shared_mutex> lock(sh.mu);
-  std::vector<uint32_t>& ids = ScratchIds(n);
-  int64_t missing = 0;
   while (true) {
     // Probe every key once, remembering its row id. Repeated after a ReserveRoom, which
     // releases the lock (other threads may insert or evict meanwhile).
-    missing = ProbeAll(sh.rows, keys, hashes, n, ids.data());
+    const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
     if (missing == 0) break;
     if (min_count > 0 && !sh.candidates.HasRoom(missing)) {
       ReserveRoom(lock, &sh.candidates, missing);
@@ -262,16 +259,13 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
     break;
   }
   // Room is reserved for every missing key: from here on nothing allocates.
+  const int64_t stride = sh.rows.store.stride();
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 4]));
-    float* dst = out + i * dim;
-    uint32_t id = ids[i];
-    if (id == KeyIndex::kNone) id = sh.rows.index.Find(keys[i], hashes[i]);  // a repeat of an inserted key
-    if (id != KeyIndex::kNone) {
-      RowMeta& m = sh.rows.store.meta(id);
+    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
+    if (ids[i] != KeyIndex::kNone) {
+      RowMeta& m = sh.rows.store.meta(ids[i]);
       ++m.count;
       m.last_seen = now;
-      std::memcpy(dst, sh.rows.store.row(id), dim * sizeof(float));
       continue;
     }
     int64_t count = 1;
@@ -285,18 +279,30 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
       RowMeta& cm = sh.candidates.store.meta(cid);
       count = ++cm.count;
       cm.last_seen = now;
-      if (count < min_count) {
-        FillDefault(dst);
-        continue;
-      }
+      if (count < min_count) continue;  // ids[i] stays kNone: not admitted yet
       sh.candidates.Remove(keys[i], hashes[i]);
     }
-    id = sh.rows.Add(keys[i], hashes[i]);
+    const uint32_t id = sh.rows.Add(keys[i], hashes[i]);
     float* row = sh.rows.store.row(id);
     config_.init.Fill(keys[i], row, dim);
-    for (size_t j = 0; j < slot_init_.size(); ++j) std::fill(row + (j + 1) * dim, row + (j + 2) * dim, slot_init_[j]);
+    for (int64_t f = dim; f < stride; ++f) row[f] = slot_init_[f / dim - 1];
     sh.rows.store.meta(id) = RowMeta{count, now};
-    std::memcpy(dst, row, dim * sizeof(float));
+    ids[i] = id;
+  }
+}
+
+void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) {
+  TableShard& sh = *shards_[s];
+  const int64_t dim = config_.dim;
+  std::unique_lock<std::shared_mutex> lock(sh.mu);
+  std::vector<uint32_t>& ids = ScratchIds(n);
+  TouchKeys(s, lock, keys, hashes, n, step(), ids.data());
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] == KeyIndex::kNone) {
+      FillDefault(out + i * dim);
+    } else {
+      std::memcpy(out + i * dim, sh.rows.store.row(ids[i]), dim * sizeof(float));
+    }
   }
 }
 
@@ -316,19 +322,32 @@ std::vector<uint32_t>& ScratchIds(int64_t n) {
   return ids;
 }
 
-void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) const {
+void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training,
+                          float* out) const {
   const TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
+  const int64_t min_count = config_.admission_min_count;
   std::shared_lock<std::shared_mutex> lock(sh.mu);
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
   for (int64_t i = 0; i < n; ++i) {
     if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 4]));
     const uint32_t id = ids[i];
-    if (id == KeyIndex::kNone) {
-      FillDefault(out + i * dim);
+    float* dst = out + i * dim;
+    if (id != KeyIndex::kNone) {
+      std::memcpy(dst, sh.rows.store.row(id), dim * sizeof(float));
+      continue;
+    }
+    bool admitted_now = training;
+    if (training && min_count > 0) {  // admitted by this step's update if this sighting reaches min_count
+      const uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
+      const int64_t seen = cid == KeyIndex::kNone ? 0 : sh.candidates.store.meta(cid).count;
+      admitted_now = seen + 1 >= min_count;
+    }
+    if (admitted_now) {
+      config_.init.Fill(keys[i], dst, dim);
     } else {
-      std::memcpy(out + i * dim, sh.rows.store.row(id), dim * sizeof(float));
+      FillDefault(dst);
     }
   }
 }

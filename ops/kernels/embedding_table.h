@@ -88,8 +88,8 @@ Status ValidateConfig(const TableConfig& config);
 bool SlotsOfOptimizer(const std::string& optimizer, int64_t* num_slots);
 
 struct RowMeta {
-  int64_t count;      // training lookups that saw the key
-  int64_t last_seen;  // table step at its latest lookup or update
+  int64_t count;      // training updates (or explicit inserts) that touched the key
+  int64_t last_seen;  // step of its latest update (table step for an explicit insert)
 };
 
 // key -> uint32 id, open addressing with linear probing (cache friendly; deletion by backward
@@ -262,12 +262,24 @@ class EmbeddingTable : public ResourceBase {
   int64_t step() const { return step_.load(std::memory_order_relaxed); }
   void AdvanceStep(int64_t step);
 
-  // Training lookup of distinct keys (all in shard `s`): copies each key's value into
-  // `out` (rows of dim), inserting missing keys, or counting them toward admission and
-  // giving them the default row. Counts and last-seen steps are updated.
+  // Lookup of distinct keys (all in shard `s`), read-only (shared lock): copies each key's
+  // value into `out` (rows of dim). A missing key reads the row it would get if this step's
+  // update inserted it: with `training`, the initializer's row when the key would be admitted
+  // at this sighting (always without admission), else the default row; without `training`
+  // (inference), always the default row. Nothing is inserted or counted: a step that never
+  // reaches its update (a skipped, non-finite step) leaves the table as it was.
+  void Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
+  // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
+  // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a
+  // row gets count + 1 and last_seen = now; a missing key gets a row (initializer, then the
+  // slots' initial values) or, under admission, counts as a candidate until admitted. ids[i]
+  // is the key's row id, KeyIndex::kNone for a key not (yet) admitted. The optimizer apply
+  // ops call it for the keys they update, so insertion happens at apply, never in forward.
+  void TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys, const uint64_t* hashes,
+                 int64_t n, int64_t now, uint32_t* ids);
+  // TouchKeys at the table step, then copies each key's value into `out` (the default row for
+  // a key not yet admitted): fills a table outside training (TtfTableFindOrInsert).
   void FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
-  // Inference lookup: never inserts, never counts; missing keys read the default row.
-  void Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) const;
 
   // Makes rows hold `slot_init.size()` optimizer slots for `optimizer`, widening every row
   // (slot j filled with slot_init[j]) the first time. Fails if another optimizer's slots

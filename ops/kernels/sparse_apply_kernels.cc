@@ -203,17 +203,21 @@ class TableApplyOp : public TableOpKernel {
       }
       const int64_t begin = grouped.offsets[s], n = grouped.offsets[s + 1] - begin;
       std::vector<uint32_t>& ids = ScratchIds(n);
-      ProbeAll(sh.rows, &grouped.keys[begin], &grouped.hashes[begin], n, ids.data());
+      // Insertion, counts, last-seen steps and admission happen here, for the keys this
+      // step updates: a forward lookup never changes the table.
+      table->TouchKeys(s, lock, &grouped.keys[begin], &grouped.hashes[begin], n, step, ids.data());
+      if (sh.rows.store.stride() != stride) {  // re-checked: TouchKeys may release the lock to grow
+        relaid = true;
+        return;
+      }
       int64_t done = 0;
       for (int64_t i = 0; i < n; ++i) {
         if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {  // the whole row: value and slots
           const char* ahead = reinterpret_cast<const char*>(sh.rows.store.row(ids[i + 8]));
           for (int64_t b = 0; b < stride * 4; b += 64) __builtin_prefetch(ahead + b, 1);
-          __builtin_prefetch(&sh.rows.store.meta(ids[i + 8]), 1);
         }
-        if (ids[i] == KeyIndex::kNone) continue;  // not admitted or evicted: gradient dropped
+        if (ids[i] == KeyIndex::kNone) continue;  // not admitted yet: counted, gradient dropped
         update.Update(sh.rows.store.row(ids[i]), summed.data() + (begin + i) * dim, dim);
-        sh.rows.store.meta(ids[i]).last_seen = step;
         ++done;
       }
       updated += done;

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
+from ttf._ops import ops
 from ttf.embedding import shard_of
 
 KEYS = np.array([0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, -1, -2, -9, 1 << 40, (1 << 40) + 1, (1 << 62) + 5], np.int64)
@@ -84,7 +85,7 @@ def test_shards_never_trained_get_initial_slots(tmp_path):
     layer = sharded(2, admission_min_count=0)
     optimizer = ttf.optimizers.Adagrad(0.1, initial_accumulator_value=0.25)
     train(layer, optimizer, [np.array([2, 4, 6], np.int64)])  # every key in shard 0
-    layer(tf.constant([1, 3], tf.int64), training=True)  # shard 1: rows, no optimizer yet
+    ops().ttf_table_find_or_insert(layer.tables[1].resource_handle, [1, 3], dim=4)  # shard 1: rows, no optimizer yet
     path = tf.train.Checkpoint(layer=layer).save(str(tmp_path / "ckpt"))
     single = sharded(1, admission_min_count=0)
     tf.train.Checkpoint(layer=single).restore(path)

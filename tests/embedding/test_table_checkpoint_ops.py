@@ -37,7 +37,7 @@ def trained_table(keys, steps=3, dim=4, admission=0, **attrs):
     rng = np.random.default_rng(1)
     for step in range(1, steps + 1):
         batch = keys[rng.random(len(keys)) < 0.7]
-        ops().ttf_table_find_or_insert(h, batch, dim=dim)
+        ops().ttf_table_find(h, batch, dim=dim, training=True)
         ops().ttf_table_apply_adam(h, batch, rng.normal(size=(len(batch), dim)).astype(np.float32),
                                    0.01, 0.9, 0.999, 1e-7, step)
     return h
@@ -180,8 +180,7 @@ def test_admission_candidates_are_bounded_oldest_dropped_first():
     h = new_table(2, admission_min_count=3, max_candidates=64, num_shards=1)
     for step in range(1, 21):  # 20 batches of 50 new keys seen once: 1000 candidates offered
         ops().ttf_table_find_or_insert(h, np.arange(step * 1000, step * 1000 + 50, dtype=np.int64), dim=2)
-        ops().ttf_table_apply_sgd(h, [0], np.zeros((1, 2), np.float32), 0.1, step)  # advances the step
-        ops().ttf_table_find_or_insert(h, [7], dim=2)  # key 7 is seen at every step
+        ops().ttf_table_apply_sgd(h, [7], np.zeros((1, 2), np.float32), 0.1, step)  # key 7 updated at every step
     stats = ops().ttf_table_stats(h)
     assert int(stats.candidates) <= 64
     assert int(stats.candidates) + int(stats.candidates_dropped) == 1000  # every batch key kept or counted

@@ -24,6 +24,10 @@ def test_fused_lookup_matches_dense_variable_gather():
     rng = np.random.default_rng(0)
     table = EmbeddingTable(8, "normal", seed=3)
     ids = rng.integers(-(1 << 62), 1 << 62, size=50)[rng.integers(0, 50, size=(64, 26))]  # many repeats
+    # A training lookup of unseen ids reads the rows an update would insert, and inserts nothing.
+    fresh = ops().ttf_embedding_lookup(table.resource_handle, ids, dim=8)[0]
+    assert int(table.size()) == 0
+    ops().ttf_table_find_or_insert(table.resource_handle, np.unique(ids), dim=8)
     emb, unique_keys, inverse = ops().ttf_embedding_lookup(table.resource_handle, ids, dim=8)
     ex = sorted_export(table)
     assert set(ex["keys"]) == set(ids.ravel())
@@ -32,11 +36,31 @@ def test_fused_lookup_matches_dense_variable_gather():
     position = {k: i for i, k in enumerate(ex["keys"])}
     expected = tf.gather(dense, np.vectorize(position.get)(ids)).numpy()
     np.testing.assert_array_equal(emb.numpy(), expected)  # exact: copies, no arithmetic
+    np.testing.assert_array_equal(fresh.numpy(), expected)  # the would-be rows are the inserted rows
     np.testing.assert_array_equal(tf.gather(unique_keys, inverse).numpy(), ids.ravel())
     # A second lookup reads the same rows and inserts nothing.
     again = ops().ttf_embedding_lookup(table.resource_handle, ids, dim=8)[0]
     np.testing.assert_array_equal(again.numpy(), emb.numpy())
     assert int(table.size()) == len(set(ids.ravel()))
+
+
+def test_training_lookup_changes_nothing_until_the_update():
+    # A step skipped after its forward (non-finite loss) must leave rows, counts, last-seen
+    # steps, admission candidates and the step exactly as they were.
+    table = EmbeddingTable(4, "normal", seed=2, admission_min_count=2)
+    h = table.resource_handle
+    for step in (1, 2):
+        ops().ttf_table_apply_adam(h, np.arange(0, 20 * step, 2, dtype=np.int64),
+                                   np.ones((10 * step, 4), np.float32), 0.01, 0.9, 0.999, 1e-7, step)
+    before = sorted_export(table)
+    assert len(before["keys"]) and len(before["candidate_keys"])
+    ids = np.arange(-5, 60, dtype=np.int64).reshape(5, 13)
+    ops().ttf_embedding_lookup(h, ids, dim=4, training=True)
+    ops().ttf_embedding_lookup_ragged(h, ids.ravel(), [0, 30, 65], dim=4, training=True)
+    table.lookup(ids.ravel(), training=True)
+    after = sorted_export(table)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
 
 
 def test_rows_are_a_pure_function_of_seed_and_key():
@@ -68,7 +92,7 @@ def test_initializers(init, check):
 
 def test_find_never_inserts_and_reads_default_row():
     table = EmbeddingTable(4, "uniform", default_value=-1.5)
-    table.lookup(tf.constant([1, 2], tf.int64), training=True)
+    ops().ttf_table_find_or_insert(table.resource_handle, [1, 2], dim=4)
     rows = table.lookup(tf.constant([2, 99, 1], tf.int64), training=False).numpy()
     assert int(table.size()) == 2
     np.testing.assert_array_equal(rows[1], [-1.5] * 4)
@@ -93,19 +117,28 @@ def test_ragged_lookup_combiners_match_reference():
         np.testing.assert_allclose(out.numpy(), np.array(expected), rtol=1e-6, atol=1e-7)  # float sum order
 
 
-def test_admission_gives_a_row_after_min_count_lookups():
+def test_admission_gives_a_row_after_min_count_updates():
     table = EmbeddingTable(2, "uniform", default_value=0.0, admission_min_count=3)
-    for i in range(2):
+    h = table.resource_handle
+
+    def sgd(keys, step):
+        return int(ops().ttf_table_apply_sgd(h, keys, np.ones((len(keys), 2), np.float32), 0.5, step))
+
+    for step in (1, 2):
         rows = table.lookup(tf.constant([10, 10, 11], tf.int64), training=True).numpy()
         np.testing.assert_array_equal(rows, np.zeros((3, 2)))  # default row, not admitted
+        assert sgd([10, 11], step) == 0  # counted toward admission, gradient dropped
         assert int(table.size()) == 0
     assert int(table.stats().candidates) == 2
-    rows = table.lookup(tf.constant([10], tf.int64), training=True).numpy()  # third batch with key 10
-    assert int(table.size()) == 1 and rows.any()
-    # Gradients of not-admitted keys are dropped; admitted keys are updated.
-    updated = ops().ttf_table_apply_sgd(table.resource_handle, [10, 11], np.ones((2, 2), np.float32), 0.5, 1)
-    assert int(updated) == 1
-    np.testing.assert_allclose(table.lookup(tf.constant([10], tf.int64), training=False).numpy(), rows - 0.5)
+    # Third sighting: the lookup reads the row the update will insert (and inserts nothing).
+    rows = table.lookup(tf.constant([10, 11, 12], tf.int64), training=True).numpy()
+    assert rows[:2].all() and not rows[2].any() and int(table.size()) == 0
+    assert sgd([10, 12], 3) == 1  # 10 admitted and updated; 12 a new candidate; 11 not seen
+    np.testing.assert_allclose(table.lookup(tf.constant([10], tf.int64), training=False).numpy(), rows[:1] - 0.5)
+    ex = sorted_export(table)
+    np.testing.assert_array_equal(ex["meta"], [[3, 3]])
+    np.testing.assert_array_equal(ex["candidate_keys"], [11, 12])
+    np.testing.assert_array_equal(ex["candidate_meta"], [[2, 2], [1, 3]])
 
 
 def test_eviction_by_last_seen_step_and_count():

@@ -242,8 +242,11 @@ class Case:
             self.call("ragged", ops().ttf_embedding_lookup_ragged, h, values, maybe_wrong(rng, splits),
                       dim=wrong_dim, training=bool(rng.random() < 0.7), combiner=pick(rng, ["sum", "mean"]))
         elif group == "find":
-            op = ops().ttf_table_find_or_insert if rng.random() < 0.5 else ops().ttf_table_find
-            self.call("find", op, h, maybe_wrong(rng, rand_ints(rng, rand_shape(rng, max_dim=300))), dim=wrong_dim)
+            keys = maybe_wrong(rng, rand_ints(rng, rand_shape(rng, max_dim=300)))
+            if rng.random() < 0.5:
+                self.call("find_or_insert", ops().ttf_table_find_or_insert, h, keys, dim=wrong_dim)
+            else:
+                self.call("find", ops().ttf_table_find, h, keys, dim=wrong_dim, training=bool(rng.random() < 0.5))
         elif group == "small_ops":
             self.call("size", ops().ttf_table_size, h)
             self.call("stats", ops().ttf_table_stats, h)

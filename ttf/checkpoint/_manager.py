@@ -23,8 +23,8 @@ class _FullSave:
 
 class _DeltaSave:
     def serialize(self, logical):
-        # Since the last save's step - 1: see CheckpointManager.delta_plan.
-        delta = logical.layer.export_table(since_step=logical.saved_step - 1, reset_deleted=True)
+        # Since the last save's step: see CheckpointManager.delta_plan.
+        delta = logical.layer.export_table(since_step=logical.saved_step, reset_deleted=True)
         return {f"delta_{name}": tensor for name, tensor in delta.items()}
 
 
@@ -95,10 +95,11 @@ class CheckpointManager:
                 and len(self._chain["deltas"]) + 1 < self.full_every
                 and all(t.saved_step is not None for t in self._tables())):
             return None
-        # Lookups after a save at table step S mark rows last-seen S, so rows seen after S - 1
-        # are every row that changed since that save (TtfTableExportDelta's contract). The
-        # table step, not the global step: a skipped (non-finite) step does not advance it.
-        return {t.layer.name: t.saved_step - 1 for t in self._tables()}
+        # Only updates change a table, and an update after a save at table step S marks its
+        # rows and candidates last-seen > S, so rows seen after S are every row that changed
+        # since that save (TtfTableExportDelta's contract). The table step, not the global
+        # step: a skipped (non-finite) step does not advance it.
+        return {t.layer.name: t.saved_step for t in self._tables()}
 
     def save(self, step):
         """Writes a full or a delta checkpoint for global step `step`; returns its path."""

@@ -4,8 +4,8 @@ Every rank runs the whole model on its slice of the global batch. Each id of a t
 lives on exactly one rank, `ttf.embedding.shard_of(id, size)`. A training step:
 
   forward:  each rank de-duplicates its batch's ids (per table, over all its fields and calls)
-            and one alltoall sends each id to its owner; the owner finds or inserts the rows
-            and one alltoall brings them back;
+            and one alltoall sends each id to its owner; the owner finds the rows (a new id:
+            the row its update will insert) and one alltoall brings them back;
   backward: one alltoall carries each id's row gradient to its owner, which sums it over
             the ranks and applies the fused optimizer once per id (ttf.optimizers);
             dense gradients are allreduced (averaged, fused into one buffer).
@@ -168,7 +168,8 @@ class TableSharding:
 
     def lookup(self, layer, keys, row_splits, training):
         """The layer's lookup of `keys` (a flat id list with row_splits for ragged ids, else
-        any shape), through the owners; training: rows are inserted and gradients routed.
+        any shape), through the owners; training: new ids read their initial rows and gradients are routed
+        (the owners' fused update inserts the rows).
         Inside a model grouped by shard_tables, the model's one exchange has already
         brought this call's rows."""
         queue = self._grouped.get(id(layer))

@@ -21,13 +21,16 @@ def embedding_of(variable):
 class DynamicEmbedding(tf.keras.layers.Layer):
     """An embedding layer over a dynamic hash table: any int64 id gets its own row.
 
-    The table grows on demand during training (no vocabulary, no hash collisions); at
+    The table grows on demand during training (no vocabulary, no hash collisions): a new id
+    reads its initial row in forward and the ttf optimizer's update stores it (a lookup never
+    changes the table, so a skipped step changes nothing); at
     inference (training=False, model.predict, model.evaluate, a SavedModel) unseen ids read
     the default row and never grow it. Train it with a ttf optimizer (ttf.optimizers.Adam,
     ...), which updates only the touched rows and their slots in one fused op per step.
 
     training=None (a plain `model(x)`) follows a Keras Embedding: inside a recording
-    tf.GradientTape the lookup trains (inserts new ids, passes the row gradient), outside
+    tf.GradientTape the lookup trains (new ids read their initial rows, the row gradient
+    reaches the optimizer), outside
     one it is find-only. A frozen layer (trainable=False) is always find-only. A table
     that gets no gradient in a step makes the ttf optimizer warn, naming the table.
 
@@ -39,8 +42,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       combiner: None, or "sum" / "mean" to combine ragged (multi-hot) ids per row.
       name: layer name.
       seed: row initialisation seed.
-      admission_min_count: an id gets its own row only after it was seen in this many
-        training batches; until then it reads the default row and its gradient is dropped.
+      admission_min_count: an id gets its own row only at its this-many-th training update;
+        until then it reads the default row and its gradient is dropped.
       default_value: the value of every element of the default row.
       shard_devices: devices to shard the table over by id (a parameter-server cluster:
         ["/job:ps/replica:0/task:0", ...]); each step then makes one lookup and one update
@@ -54,9 +57,14 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     Example:
       >>> import ttf, tensorflow as tf
       >>> layer = ttf.DynamicEmbedding(8)
-      >>> layer(tf.constant([[3, 1 << 40], [3, -7]], tf.int64), training=True).shape
-      TensorShape([2, 2, 8])
-      >>> int(layer.size())
+      >>> ids = tf.constant([[3, 1 << 40], [3, -7]], tf.int64)
+      >>> with tf.GradientTape() as tape:
+      ...     loss = tf.reduce_sum(layer(ids, training=True))
+      >>> int(layer.size())  # a lookup inserts nothing
+      0
+      >>> grads = tape.gradient(loss, layer.trainable_variables)
+      >>> _ = ttf.optimizers.Adam(0.01).apply_gradients(zip(grads, layer.trainable_variables))
+      >>> int(layer.size())  # the update stored the three ids' rows
       3
     """
 
@@ -96,8 +104,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return self._lookup(keys, row_splits, self.trains(training))
 
     def trains(self, training):
-        """Whether a call with this `training` argument trains the table (inserts new ids and
-        passes the row gradient): training=None as a Keras Embedding does, inside a
+        """Whether a call with this `training` argument trains the table (new ids read their
+        initial rows and the row gradient reaches the optimizer, whose update inserts them): training=None as a Keras Embedding does, inside a
         recording tape; never for a frozen layer (trainable=False)."""
         return _static_bool(training) and self.trainable
 
@@ -283,8 +291,11 @@ class FusedEmbedding(DynamicEmbedding):
     tag_fields. Example:
       >>> import ttf, tensorflow as tf
       >>> layer = ttf.FusedEmbedding(16, num_fields=3, tag_fields=True)
-      >>> layer(tf.constant([[1, 1, 1], [2, 1, 5]], tf.int64), training=True).shape
-      TensorShape([2, 3, 16])
+      >>> ids = tf.constant([[1, 1, 1], [2, 1, 5]], tf.int64)
+      >>> with tf.GradientTape() as tape:
+      ...     loss = tf.reduce_sum(layer(ids, training=True))
+      >>> grads = tape.gradient(loss, layer.trainable_variables)
+      >>> _ = ttf.optimizers.SGD(0.1).apply_gradients(zip(grads, layer.trainable_variables))
       >>> int(layer.size())  # id 1 in three fields is three keys
       5
     """

@@ -127,9 +127,12 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         ops().ttf_table_destroy(self.resource_handle)
 
     def lookup(self, keys, training):
-        """keys int64 [N] -> rows [N, dim]; training inserts missing keys, inference never does."""
-        op = ops().ttf_table_find_or_insert if training else ops().ttf_table_find
-        return op(self.resource_handle, keys, dim=self.dim)
+        """keys int64 [N] -> rows [N, dim]. Never changes the table: a missing key reads,
+        in training, the row the optimizer's apply will insert for it (its initializer row,
+        or the default row while not yet admitted), at inference the default row. Rows are
+        inserted, counted and admitted by the apply ops (ttf.optimizers), for the keys they
+        update, so a step skipped before its update changes nothing."""
+        return ops().ttf_table_find(self.resource_handle, keys, dim=self.dim, training=bool(training))
 
     def size(self):
         """The number of keys holding a row (int64 scalar tensor)."""
