@@ -4,7 +4,7 @@ Times each part of the one-process step on its own, in one process, interleaved 
 --reps repetitions (median ms per step):
 
   input         one batch from the Criteo reader (parse + tag + batch), pulled alone
-  lookup        the fused table lookup (training: inserts new keys)
+  lookup        the fused table lookup (read-only; new keys read their initial rows)
   dense fwd+bwd the dense part (FM / linear / MLP), forward and backward to the rows,
                 in fp32 and in bf16 (under ttf.precision.low_precision, as the step runs it)
   table apply   the fused Adam update of the touched rows

@@ -14,8 +14,9 @@
 // against 200 raw bytes (8-byte key + 3 * 16 floats).
 //
 // Concurrency. A shard's lock guards its index, its stores, its rows and its record of
-// deleted keys. Lookups that only read take it shared; inserts, optimizer updates and
-// eviction take it exclusive. An operation holds one shard lock at a time, except the
+// deleted keys. Lookups (training and inference: neither changes the table) take it shared;
+// optimizer updates (which insert, count, admit and evict by capacity) and explicit
+// evictions take it exclusive. An operation holds one shard lock at a time, except the
 // whole-table operations, which take all of them in shard order (so they cannot deadlock
 // with each other): slot re-layout and Import take them exclusive (the slot layout and the
 // content change for every shard at once: no reader ever sees two layouts), Export takes

@@ -103,7 +103,11 @@ def test_users_keras_model_with_ttf_layers_serves(tmp_path):
 def test_frozen_table_reads_held_rows_and_the_default_row():
     layer = ttf.DynamicEmbedding(3, default_value=-2.0)
     keys = tf.constant([7, -3, 1 << 50, tf.int64.max - 1], tf.int64)
-    live = layer(keys, training=True).numpy()
+    with tf.GradientTape() as tape:  # rows are stored by the update (a lookup inserts nothing)
+        loss = tf.reduce_sum(layer(keys, training=True))
+    grads = tape.gradient(loss, layer.trainable_variables)
+    ttf.optimizers.SGD(0.1).apply_gradients(zip(grads, layer.trainable_variables))
+    live = layer(keys, training=False).numpy()
     frozen = ttf.serving.FrozenTable(layer)
     probe = tf.constant([1 << 50, 8, -3, tf.int64.max, tf.int64.min, 7, tf.int64.max - 1], tf.int64)
     np.testing.assert_array_equal(frozen.lookup(probe).numpy(), layer(probe, training=False).numpy())
