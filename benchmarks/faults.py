@@ -278,7 +278,7 @@ def case_one_process(args, kind, rng, work):
             else:
                 # From the first save on (before it, there is nothing to lose): anywhere in training or saving.
                 _wait_line(proc, f"saving step {args.save_every}", deadline)
-                delay = rng.uniform(0, args.kill_window * 20)
+                delay = rng.uniform(0, args.kill_window * 5)
                 time.sleep(delay)
                 note = f"killed {delay:.2f}s after the first save began"
             if proc.poll() is None:
@@ -419,7 +419,7 @@ def parse_args(argv):
                    help="one-process cases: keys per batch, half of them new (default 4000: the table grows by "
                         "2000 keys a step)")
     p.add_argument("--kill-window", type=float, default=0.3,
-                   help="seconds: kill-save kills within this after a save starts; kill-chief within 20x it after "
+                   help="seconds: kill-save kills within this after a save starts; kill-chief within 5x it after "
                         "the first save starts; cluster kinds within 10x it after the first progress line (default 0.3)")
     p.add_argument("--tmpfs-kb", type=int, default=2048, help="full-disk: size of the tmpfs in KiB (default 2048)")
     p.add_argument("--cluster-steps", type=int, default=400, help="cluster kinds: steps of the job (default 400)")

@@ -82,8 +82,6 @@ def test_guard_decides_once_before_any_shard_and_skips_whole():
         NonFiniteGuard(-1)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the deferred insert (mem-tier branch, 'Deferred insert:'): today "
-                                       "the forward lookup inserts the batch's new keys before the skip decision")
 def test_skipped_step_with_new_keys_changes_no_row_count_or_candidate():
     """One process: a NaN step whose batch holds keys never seen leaves the table's export
     (rows, slots, candidates), the optimizer and its step counter exactly as they were."""
