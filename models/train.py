@@ -20,7 +20,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,13 +116,15 @@ def parse_args(argv):
                              "not updated in --ttl-steps steps (LRU above a --table-capacity) (default lru)")
     tables.add_argument("--ttl-steps", type=int, default=0,
                         help="steps without an update after which --evict-policy ttl evicts an id (needs ttl)")
-    step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, one process)")
+    step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep; a parameter-server job: "
+                                "ttf.precision.NonFiniteGuard)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
                       help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "
                            "NaN/Inf (each such step is skipped whole and counted); 0 never stops (default 20)")
     step.add_argument("--steps-per-call", type=int, default=1,
                       help="training steps per tf.function call (one Python round trip per K steps; "
-                           "progress and checkpoints then fall on multiples of K) (default 1)")
+                           "progress and checkpoints then fall on multiples of K; a parameter-server job runs K "
+                           "steps per scheduled worker call) (default 1)")
     cluster = p.add_argument_group("parameter-server job (this process is the chief)")
     cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
     cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
@@ -229,9 +230,6 @@ class HorovodRanks:
             import ttf.distribute.horovod as tdh  # imports horovod, with a clear error when it is missing
         except ImportError as err:
             raise SystemExit(f"[train] error: --horovod needs horovod: {err}".replace("\n", " ")) from err
-        # A collective that some rank never joins (which a bug, not a lost rank, would cause:
-        # horovodrun stops the job when a rank dies) stops the job instead of hanging.
-        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "300")
         hvd = tdh.hvd
         hvd.init()
         self.hvd, self.tdh = hvd, tdh
@@ -395,8 +393,12 @@ class Trainer:
             self.precision = make_precision_policy(args.precision)
             if self.precision is not None:
                 parts["precision"] = self.precision
-            self.train_step = None
-            if not self.strategy:
+            self.train_step = self.guard = None
+            if self.strategy:  # a worker's step is written here; the guard gives it the one-process protection
+                self.guard = ttf.precision.NonFiniteGuard(args.max_non_finite_steps)
+                self.guard.build(self.optimizer, self.model.trainable_variables)
+                parts["non_finite_guard"] = self.guard
+            else:
                 self.train_step = make_train_step(
                     self.model, self.optimizer, self.precision, args,
                     global_loss=self.horovod.mean if self.horovod else None,
@@ -422,9 +424,8 @@ class Trainer:
         self.examples_before = self.position.examples_trained()
 
     def step(self):
-        """The global step: steps applied, plus (one process) steps skipped as non-finite."""
-        skipped = int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
-        return int(self.optimizer.iterations.numpy()) + skipped
+        """The global step: steps applied, plus steps skipped as non-finite."""
+        return int(self.optimizer.iterations.numpy()) + self.skipped_steps()
 
     def bf16_fraction(self, steps_run):
         if self.train_step:
@@ -434,8 +435,9 @@ class Trainer:
         return low / max(steps_run, 1)
 
     def skipped_steps(self):
-        """Steps skipped as non-finite (one process; a parameter-server job does not skip)."""
-        return int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
+        """Steps skipped as non-finite (a NaN/Inf loss or gradient)."""
+        counter = self.train_step or self.guard
+        return int(counter.skipped_steps.numpy()) if counter else 0
 
     def table_progress(self):
         """', table rows R (E evicted)' for bounded ttf tables (this process's shards), else ''."""
@@ -465,11 +467,8 @@ class Trainer:
         its folder. In a parameter-server job each table shard is frozen on its own parameter
         server and saved from there (ttf.export_for_serving): the chief never holds the rows."""
         row_dtype = tf.float16 if self.args.export_rows == "fp16" else tf.float32
-        if self.horovod and self.horovod.rank != 0:
-            # Freezing gathers each table over the ranks (a collective every rank joins); rank 0 writes.
-            with tempfile.TemporaryDirectory() as scratch:
-                ttf.export_for_serving(self.model, scratch, row_dtype=row_dtype)
-            return None
+        if self.horovod:  # every rank gathers each table's rows; rank 0 writes the version once
+            return self.horovod.tdh.export_for_serving(self.model, base, row_dtype=row_dtype)
         return ttf.export_for_serving(self.model, base, row_dtype=row_dtype)
 
     def dataset(self, share):
@@ -486,15 +485,14 @@ class Trainer:
         total = self.position.examples_trained()
         return total, total - self.examples_before
 
-    def replica_step(self, compute_dtype, features, labels):
-        """One step of a parameter-server worker (the one-process job runs self.train_step)."""
+    def replica_grads(self, compute_dtype, features, labels):
+        """A parameter-server worker's forward and backward: (loss, gradients). The
+        NonFiniteGuard applies them, or skips the step whole (the one-process job runs
+        self.train_step)."""
         with tf.GradientTape() as tape:
             logits = self.model.logits(features, training=True, compute_dtype=compute_dtype)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        variables = self.model.trainable_variables
-        grads = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(zip(grads, variables))
-        return loss
+        return loss, tape.gradient(loss, self.model.trainable_variables)
 
     def use_bf16(self, loss):
         """A parameter-server job's precision for the next chunk: fixed by --precision, or
@@ -567,50 +565,75 @@ class Trainer:
             lambda: strategy.distribute_datasets_from_function(dataset_fn))
         iterator = iter(per_worker)
 
-        def worker_step_for(dtype):
+        variables, guard = self.model.trainable_variables, self.guard
+
+        def worker_steps_for(dtype, steps):
             @tf.function
-            def worker_step(it):
-                # A worker whose share ran out (--epochs) trains nothing and returns 0 steps.
-                batch = it.get_next_as_optional()
+            def worker_steps(it):  # --steps-per-call steps per closure: one round trip for K steps
+                losses, skipped, ran = [], [], []
+                for _ in range(steps):
+                    # A worker whose share ran out (--epochs) trains nothing: ran is False.
+                    batch = it.get_next_as_optional()
 
-                def train():
-                    features, labels, position = batch.get_value()
-                    loss = strategy.run(self.replica_step, args=(dtype, features, labels))
-                    with tf.control_dependencies([loss]):  # recorded only once the update ran
-                        recorded = self.position.record(position, tf.size(labels))
-                    with tf.control_dependencies([recorded]):
-                        return tf.identity(loss), tf.constant(1)
+                    def train():
+                        features, labels, position = batch.get_value()
+                        loss, grads = strategy.run(self.replica_grads, args=(dtype, features, labels))
+                        # One decision over every gradient before any shard applies (NaN/Inf: skipped whole).
+                        skip = guard.apply_gradients(self.optimizer, loss, zip(grads, variables), strategy)
+                        with tf.control_dependencies([skip]):  # the batch counts as read once its step ran
+                            recorded = self.position.record(position, tf.size(labels))
+                        with tf.control_dependencies([recorded]):
+                            return tf.identity(loss), tf.identity(skip), tf.constant(True)
 
-                return tf.cond(batch.has_value(), train, lambda: (tf.constant(float("nan")), tf.constant(0)))
-            return worker_step
+                    loss, skip, has = tf.cond(batch.has_value(), train,
+                                              lambda: (tf.constant(float("nan")), tf.constant(False), tf.constant(False)))
+                    losses.append(loss)
+                    skipped.append(skip)
+                    ran.append(has)
+                return tf.stack(losses), tf.stack(skipped), tf.stack(ran)
+            return worker_steps
 
-        worker_steps = {False: worker_step_for(tf.float32), True: worker_step_for(tf.bfloat16)}
+        worker_fns = {}
+
+        def run(low, steps):
+            """Runs `steps` global steps in the precision `low` picks; returns (losses, skipped)
+            of the steps that found a batch, in schedule order, after the guard has seen them
+            (it raises on a runaway)."""
+            first_step, results = self.step(), []
+            while steps > 0:
+                k = min(self.args.steps_per_call, steps)
+                if (low, k) not in worker_fns:
+                    worker_fns[low, k] = worker_steps_for(tf.bfloat16 if low else tf.float32, k)
+                results.append(coordinator.schedule(worker_fns[low, k], args=(iterator,)))
+                steps -= k
+            coordinator.join()
+            fetched = [result.fetch() for result in results]  # numpy arrays
+            ran = [(float(loss), bool(skip)) for losses, skips, has in fetched
+                   for loss, skip, h in zip(losses, skips, has) if h]
+            losses, skipped = [loss for loss, _ in ran], [skip for _, skip in ran]
+            guard.observe(skipped, first_step)
+            return losses, skipped
 
         target = self.args.steps
         start_step = self.step()
         warmup = min(2 * workers, max(target - start_step, 0)) if target is not None else 2 * workers
         low = self.use_bf16(None)
-        for _ in range(warmup):
-            coordinator.schedule(worker_steps[low], args=(iterator,))
-        coordinator.join()
+        if warmup:
+            run(low, warmup)
         self.low_steps += warmup * int(low)
         timed_start, timed_from = time.perf_counter(), self.step()
         last_log = time.perf_counter()
         while target is None or self.step() < target:
             chunk = self.args.log_every if target is None else min(self.args.log_every, target - self.step())
-            results = [coordinator.schedule(worker_steps[low], args=(iterator,)) for _ in range(chunk)]
-            coordinator.join()
-            results = [result.fetch() for result in results]
-            losses = [float(loss) for loss, ran in results if int(ran)]
-            self.low_steps += len(losses) * int(low)
+            losses, skipped = run(low, chunk)
             if not losses:  # --epochs: every worker's share ran out (each closure found no batch)
                 break
-            for loss in losses:  # the switch sees every loss; its last call sets the next chunk's precision
-                low = self.use_bf16(loss)
-            last_loss = losses[-1]
+            self.low_steps += len(losses) * int(low)
+            for loss, skip in zip(losses, skipped):  # the switch sees every loss; its last call sets the next chunk's
+                low = self.use_bf16(float("nan") if skip else loss)  # a skipped step holds float32
             now = time.perf_counter()
-            log(f"[train] step {self.step()}: loss {last_loss:.4f}, "
-                f"{chunk / (now - last_log):.1f} global steps/s")
+            log(f"[train] step {self.step()}: loss {losses[-1]:.4f}, {chunk / (now - last_log):.1f} global steps/s"
+                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else ""))
             last_log = now
             self._maybe_checkpoint(self.step(), every_chunk=True)
         return self.step() - timed_from, time.perf_counter() - timed_start

@@ -9,11 +9,11 @@ import tensorflow as tf
 
 from ttf._keras import KERAS3
 from ttf._ops import ops
+from ttf.data._schema import FIELD_SHIFT
 from ttf.embedding import DynamicEmbedding, RowInitializer
 from ttf.optimizers import from_keras
 
-_FIELD_SHIFT = 56
-_VALUE_MASK = (1 << _FIELD_SHIFT) - 1
+_VALUE_MASK = (1 << FIELD_SHIFT) - 1  # the id part of a key: the tag sits above it, as the parser's field
 _MAX_TAGS = 256
 _LOOKUPS = (tf.keras.layers.StringLookup, tf.keras.layers.IntegerLookup, tf.keras.layers.Hashing)
 
@@ -21,7 +21,7 @@ _LOOKUPS = (tf.keras.layers.StringLookup, tf.keras.layers.IntegerLookup, tf.kera
 def _keys(ids, key_kind):
     """Raw ids -> int64 keys: int ids as they are, strings as a 64-bit hash (below 2**56)."""
     if key_kind == "string":
-        return tf.strings.to_hash_bucket_fast(ids, 1 << _FIELD_SHIFT)
+        return tf.strings.to_hash_bucket_fast(ids, 1 << FIELD_SHIFT)
     return tf.cast(ids, tf.int64)
 
 
@@ -33,10 +33,22 @@ def _id_list(ids, n, layer_name):
     return ids
 
 
+def _below_tag(keys):
+    """int64 keys -> keys in [0, 2**56), below the tag. Keys already there stay as they are;
+    wider ones (negative, or 2**56 and up) are hashed (Fingerprint64) into that range, never
+    cut: cutting the top bits would give id 2**56 + 5 the row of id 5, always. A hashed id
+    collides with another id with the odds of a string id's 64-bit hash (about n**2 / 2**57)."""
+    keys = tf.convert_to_tensor(keys, tf.int64)
+    wide = tf.logical_or(keys < 0, keys > _VALUE_MASK)
+    fingerprints = tf.fingerprint(tf.reshape(keys, [-1, 1]))  # [N, 8] uint8
+    hashed = tf.reshape(tf.bitcast(fingerprints, tf.int64), tf.shape(keys))
+    return tf.where(wide, tf.bitwise.bitwise_and(hashed, _VALUE_MASK), keys)
+
+
 def _tagged(keys, tags):
     """Puts each column's tag in the top 8 bits: columns of different embeddings never share a row."""
-    tags = tf.constant([t << _FIELD_SHIFT for t in tags], tf.int64)
-    return tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(keys, _VALUE_MASK), tags)
+    tags = tf.constant([t << FIELD_SHIFT for t in tags], tf.int64)
+    return tf.bitwise.bitwise_or(_below_tag(keys), tags)
 
 
 @tf.keras.utils.register_keras_serializable(package="ttf")

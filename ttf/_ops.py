@@ -8,6 +8,7 @@ how to rebuild when it is missing or was built for another TensorFlow.
 import functools
 import glob
 import os
+import uuid
 
 import tensorflow as tf
 
@@ -42,3 +43,12 @@ def ops():
             f"{tf.__version__} is running. {_REBUILD}"
         )
     return module
+
+
+def unique_resource_name(prefix):
+    """The `shared_name` of a new ttf resource (table, precision switch): `prefix` plus a
+    random uuid. Unique per object across processes and hosts: eager mode caches kernels by
+    attributes, a parameter server holds the resources of every process that connects to
+    it, and a SavedModel loaded here must neither share nor (when garbage-collected)
+    destroy another object's resource."""
+    return f"{prefix}_{uuid.uuid4().hex}"

@@ -734,6 +734,19 @@ Status EmbeddingTable::Import(const ImportSource& src) {
   const int64_t slots = static_cast<int64_t>(src.slot_init.size());
   const int64_t stride = config_.dim * (1 + slots);
   // Validate everything before the table changes: an import either happens whole or not at all.
+  // A NaN/Inf value or slot would poison every step that reads its row: refuse it.
+  int64_t non_finite = 0, first_bad = -1;
+  for (int64_t i = 0; i < src.num_rows; ++i) {
+    const float* row = src.values + i * stride;
+    if (!std::all_of(row, row + stride, [](float x) { return std::isfinite(x); })) {
+      if (first_bad < 0) first_bad = i;
+      ++non_finite;
+    }
+  }
+  if (non_finite > 0)
+    return errors::InvalidArgument("values hold NaN or Inf in ", non_finite, " of ", src.num_rows,
+                                   " row(s) (value or optimizer slot), the first at position ", first_bad, " (key ",
+                                   src.keys[first_bad], "): imported rows must be finite");
   const ShardOrder rows = OrderByShard(*this, src.keys, src.num_rows, src.num_partitions, src.partition);
   const ShardOrder cands =
       OrderByShard(*this, src.candidate_keys, src.num_candidates, src.num_partitions, src.partition);

@@ -443,7 +443,11 @@ class ParseLinesOp : public OpKernel {
             if (n > 0 && !ParseNumber(f, n, &v))
               return "dense column " + name + " is not a number: " + Quote(f, n);
             // log(1 + x): counts are heavy tailed; negatives (Criteo has -1, -2) clip to 0.
-            dense[column.slot] = static_cast<float>(column.log1p ? std::log1p(std::max(v, 0.0)) : v);
+            const float value = static_cast<float>(column.log1p ? std::log1p(std::max(v, 0.0)) : v);
+            // A finite double can still overflow float32 (1e39 -> inf): a bad value, not an inf.
+            if (!std::isfinite(value))
+              return "dense column " + name + " overflows float32 (|value| > 3.4e38): " + Quote(f, n);
+            dense[column.slot] = value;
             break;
           }
           case kCategorical: {

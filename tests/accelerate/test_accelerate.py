@@ -159,3 +159,25 @@ def test_from_keras_refuses_what_ttf_lacks():
         ttf.optimizers.from_keras(tf.keras.optimizers.SGD(0.1, momentum=0.9))
     with pytest.raises(ValueError, match="amsgrad"):
         ttf.optimizers.from_keras(tf.keras.optimizers.Adam(amsgrad=True))
+
+
+def test_ids_wider_than_56_bits_are_hashed_never_cut():
+    """The tag of a fused table sits in the top 8 bits; an id that needs them (>= 2**56 or
+    negative) must not lose them and land on another id's row."""
+    user = tf.keras.Input([1], dtype=tf.int64)
+    item = tf.keras.Input([1], dtype=tf.int64)
+    out = tf.keras.layers.Concatenate(axis=1)([tf.keras.layers.Embedding(10, 3, name="user")(user),
+                                               tf.keras.layers.Embedding(10, 3, name="item")(item)])
+    fast = ttf.accelerate(tf.keras.Model([user, item], out))
+    (fused,) = [layer for layer in fast.layers if isinstance(layer, FusedLookup)]
+    ids = np.array([[5], [(1 << 56) + 5], [-5], [(1 << 63) - 1], [(1 << 57) + 5]], np.int64)
+    keys = fused.keys_of([ids, ids])[0].numpy()
+    assert keys[0, 0] == 5 and keys[0, 1] == (1 << 56) | 5  # in range: the id itself, tagged
+    assert len(set(keys[:, 0].tolist())) == len(ids)  # no two ids share a row
+    assert len(set(keys.ravel().tolist())) == 2 * len(ids)  # nor do the two tables' keys
+    np.testing.assert_array_equal(keys[:, 1] >> 56, 1)  # the tag is intact
+    np.testing.assert_array_equal(keys, fused.keys_of([ids, ids])[0].numpy())  # the same keys every call
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(fast([ids[:2], ids[:2]])[:, 0])
+    grad = tape.gradient(loss, fused.anchor)
+    assert len(set(grad.indices.numpy().tolist())) == 4  # 5 and 2**56 + 5: two rows per table

@@ -175,6 +175,9 @@ def strict_error(schema, lines):
     ("r,1,2,3,4,a,b,c,d", r"f.csv:2: bad shop line: has 9 columns, the schema declares 10"),
     ("r,1,2,3,4,a,b,c,5,14102100,extra,more", r"f.csv:2: bad shop line: has 12 columns, the schema declares 10"),
     ("r,1,x2,3,4,a,b,c,d,14102100", r"f.csv:2: bad shop line: dense column price is not a number: 'x2'"),
+    # A finite double that overflows float32 is a bad value, not an inf fed to the model.
+    ("r,1,1e39,3,4,a,b,c,d,14102100", r"f.csv:2: bad shop line: dense column price overflows float32 .*: '1e39'"),
+    ("r,1,-4e38,3,4,a,b,c,d,14102100", r"dense column price overflows float32 .*: '-4e38'"),
     ("r,1,2,3,-4,a,b,c,d,14102100", r"categorical column user is not an integer in \[0, 2\^56 - 1\): '-4'"),
     ("r,1,2,3,4,a,b,c,1;x,14102100", r"multi-hot column seen holds a value that is not an integer .*: 'x'"),
     ("r,1,2,3,4,a,b,c,5,14023100", r"column hour is not a YYMMDDHH time stamp: '14023100'"),

@@ -197,3 +197,21 @@ def test_admission_candidates_are_bounded_oldest_dropped_first():
     # The survivors are the most recently seen: the last batch's keys.
     newest = set(range(20000, 20050))
     assert newest <= set(ex["candidate_keys"].tolist())
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_import_refuses_non_finite_rows_naming_how_many_and_where(merge):
+    src = export(trained_table(np.arange(20, dtype=np.int64)))
+    h = trained_table(np.arange(100, 110, dtype=np.int64))
+    before = export(h)
+    bad = dict(src, values=src["values"].copy())
+    bad["values"][3, 1] = np.nan  # a value
+    bad["values"][7, -1] = np.inf  # an optimizer slot (Adam's v)
+    key = src["keys"][3]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"values hold NaN or Inf in 2 of {len(src['keys'])} row\(s\) .*the first at position 3 "
+                             rf"\(key {key}\): imported rows must be finite"):
+        import_(h, bad, merge=merge)
+    after = export(h)  # refused whole: the table is as it was
+    for name in ("keys", "values", "meta", "candidate_keys"):
+        np.testing.assert_array_equal(after[name], before[name])

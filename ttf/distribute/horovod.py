@@ -36,9 +36,19 @@ the embedding rows, their gradients and the dense allreduce (summed in float32 o
 import contextlib
 import hashlib
 import json
+import threading
 import warnings
 
 import tensorflow as tf
+
+# Seconds one of ttf's own collectives (table_size, a table's gather for a save, restore or
+# export, broadcast_variables, export_for_serving, check_same_config) may wait for the other
+# ranks before this rank shuts Horovod down and raises CollectiveMisuseError. A collective
+# that some rank never joins (`if hvd.rank() == 0: ckpt.write(...)`) would otherwise wait for
+# ever: Horovod 0.28.1's own stall shutdown (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS) did not
+# fire on this build with Gloo. After the shutdown, every other rank's next collective raises.
+# Raise it when a rank legitimately works alone longer before joining one.
+COLLECTIVE_TIMEOUT_SECONDS = 45.0
 
 try:
     import horovod.tensorflow as hvd
@@ -54,6 +64,43 @@ from ttf.embedding import DynamicEmbedding, embedding_of, shard_of
 COMPRESSIONS = ("none", "fp16", "bf16")
 _WIRE_DTYPES = {"none": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
 _wire_bytes = []  # one int64 counter variable, made on first use
+
+
+class CollectiveMisuseError(RuntimeError):
+    """A Horovod collective was called on some ranks only (or the ranks disagree on what
+    they restored): raised on every rank instead of hanging."""
+
+
+@contextlib.contextmanager
+def collective(what):
+    """Runs (eager) Horovod collectives for `what`. When they wait longer than
+    COLLECTIVE_TIMEOUT_SECONDS for the other ranks, Horovod is shut down on this rank (every
+    other rank's next collective then fails too); a Horovod error inside (that shutdown, or
+    another collective on another rank) becomes CollectiveMisuseError naming the call and the
+    fix instead of a hang or a bare Horovod error."""
+    done, timed_out, rank = threading.Event(), [], hvd.rank()  # hvd.rank() fails once Horovod is shut down
+
+    def watchdog():
+        if not done.wait(COLLECTIVE_TIMEOUT_SECONDS):
+            timed_out.append(True)
+            hvd.shutdown()  # fails the collective this rank waits in
+
+    threading.Thread(target=watchdog, name="ttf_collective_watchdog", daemon=True).start()
+    try:
+        yield
+    except tf.errors.OpError as err:
+        message = str(err)
+        if "horovod" not in message.lower():  # not a Horovod op's error
+            raise
+        waited = (f"waited {COLLECTIVE_TIMEOUT_SECONDS:g}s for the other ranks (ttf shut Horovod down)" if timed_out
+                  else "failed")
+        raise CollectiveMisuseError(
+            f"ttf (rank {rank}): {what} {waited}: it is a Horovod collective, and the ranks did not all join it "
+            "alike. Call it on every rank, in the same order (not under `if hvd.rank() == 0:`); only the writing of "
+            "files is rank 0's, as tdh.gathered_tables and tdh.export_for_serving do it. Horovod said: "
+            f"{message.strip().splitlines()[0][:300]}") from err
+    finally:
+        done.set()
 
 
 def _check_compression(compression):
@@ -116,6 +163,7 @@ class TableSharding:
         self.compression = compression
         self.rank, self.size = hvd.rank(), hvd.size()
         self._gathered = {}
+        self._restores = {}  # layer name -> restores on this rank
         self._grouped = {}  # id(layer) -> [(training, keys shape, embeddings)] while a grouped model runs
 
     def lookup(self, layer, keys, row_splits, training):
@@ -248,6 +296,10 @@ class TableSharding:
 
     # -- checkpoints: the logical table (every id of every rank) is what gets saved
 
+    def note_restore(self, layer):
+        """Counts restores of `layer` on this rank (broadcast_variables checks every rank restored)."""
+        self._restores[layer.name] = self._restores.get(layer.name, 0) + 1
+
     def export_table(self, layer, since_step=None, reset_deleted=False):
         """The logical table of `layer` for a checkpoint (a delta with since_step): gathered
         before the save by gathered_tables (so only rank 0 needs to write), else gathered
@@ -266,17 +318,25 @@ class TableSharding:
         """Restores this rank's part of a logical table written by any topology (a full
         export or a delta): the ids it owns (shard_of(id, size) == rank), filtered by the
         import op itself."""
+        self.note_restore(layer)
         return layer.tables[0].restore(tensors, num_partitions=self.size, partition=self.rank)
 
     def gather_export(self, layer, since_step=None, reset_deleted=False):
         """The logical table of `layer` (a delta since table step since_step, with every
         rank's deleted ids): every rank's export concatenated (a collective: every rank must
         call it, in the same order of layers)."""
+        if not tf.executing_eagerly():  # a SavedModel or a traced function would hold a Horovod op
+            raise ValueError(
+                f"{layer.name} is sharded over {self.size} Horovod ranks: its export gathers every rank's ids (a "
+                "collective) and cannot be traced into a graph. Use ttf.distribute.horovod.export_for_serving(model, "
+                "path) on every rank for serving, or a CheckpointManager save inside "
+                "tdh.gathered_tables(model) on every rank for a checkpoint")
         local = layer.tables[0].export(since_step, reset_deleted)
         gathered = dict(local)
-        for field in ("keys", "values", "meta", "candidate_keys", "candidate_meta", "deleted_keys"):
-            if field in local:
-                gathered[field] = hvd.allgather(local[field], name=f"ttf_{layer.name}_export_{field}")
+        with collective(f"gathering {layer.name} (a checkpoint save or restore, model.save, export_for_serving)"):
+            for field in ("keys", "values", "meta", "candidate_keys", "candidate_meta", "deleted_keys"):
+                if field in local:
+                    gathered[field] = hvd.allgather(local[field], name=f"ttf_{layer.name}_export_{field}")
         return gathered
 
 
@@ -396,13 +456,59 @@ def _group_lookups(model, sharding):
 def table_size(model):
     """Ids stored over all ranks, summed over the model's ttf tables (a collective)."""
     local = tf.add_n([tf.cast(layer.size(), tf.int64) for layer in ttf_layers(model)])
-    return int(hvd.allreduce(local, op=hvd.Sum, name="ttf_table_size"))
+    with collective("table_size"):
+        return int(hvd.allreduce(local, op=hvd.Sum, name="ttf_table_size"))
 
 
 def broadcast_variables(variables, root_rank=0):
     """Rank `root_rank`'s values of `variables` (e.g. model.variables after building) everywhere.
-    ttf tables are not variables and are not broadcast: each rank owns its own ids."""
-    hvd.broadcast_variables(list(variables), root_rank=root_rank)
+    ttf tables are not variables and are not broadcast: each rank owns its own ids.
+
+    Raises:
+      CollectiveMisuseError (on every rank): a sharded table among `variables` was restored
+        on some ranks only ("restore on rank 0, then broadcast" would keep the ids rank 0
+        owns, 1/N of the table). Restore the checkpoint on every rank instead: each keeps
+        the ids it owns.
+    """
+    variables = list(variables)
+    layers = {}
+    for variable in variables:
+        layer = embedding_of(variable)
+        if layer is not None and getattr(layer, "sharding", None) is not None:
+            layers[layer.name] = layer
+    if layers:
+        with collective("broadcast_variables"):
+            counts = hvd.allgather_object({name: layer.sharding._restores.get(name, 0)  # pylint: disable=protected-access
+                                           for name, layer in sorted(layers.items())}, name="ttf_restore_counts")
+        uneven = sorted(name for name in layers if len({c.get(name) for c in counts}) > 1)
+        if uneven:
+            restored_on = [rank for rank, c in enumerate(counts) if c.get(uneven[0])]
+            raise CollectiveMisuseError(
+                f"ttf: {', '.join(uneven)} was restored on rank(s) {restored_on} only, then broadcast: a table sharded "
+                "over Horovod ranks keeps on each rank only the ids that rank owns, and broadcast_variables cannot "
+                "send rows (tables are not variables), so 1/N of the table would survive. Restore the checkpoint "
+                "on every rank (each keeps the ids it owns), then broadcast the dense variables.")
+    with collective("broadcast_variables"):
+        hvd.broadcast_variables(variables, root_rank=root_rank)
+
+
+def export_for_serving(model, path, **kwargs):
+    """ttf.export_for_serving for a model sharded over the ranks: every rank must call it
+    (each table's rows are gathered from every rank, a collective); rank 0 alone writes the
+    next version under `path`, once, and returns its folder (None on the other ranks).
+    kwargs go to ttf.export_for_serving."""
+    from ttf._keras import tables_in  # noqa: PLC0415
+    from ttf.serving import export_for_serving as export  # noqa: PLC0415 (serving imports this module's peers)
+
+    written = None
+    if hvd.rank() == 0:
+        written = export(model, path, **kwargs)
+    else:  # the same gathers, in the same order as rank 0's HashedTables, nothing written
+        for layer in tables_in(model):
+            layer.export_table()
+    with collective("export_for_serving"):
+        hvd.allreduce(tf.constant(0), name="ttf_export_done")  # every rank returns once the folder is written
+    return written
 
 
 def allreduce_dense(grads, compression="none", name="ttf_dense"):
@@ -502,7 +608,8 @@ def all_ranks(flag, name="ttf_all_ranks"):
 def check_same_config(config, what="flags"):
     """Raises ValueError naming the ranks whose `config` (a JSON-able dict) differs from rank 0's."""
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-    digests = hvd.allgather_object(digest, name="ttf_check_config")
+    with collective("check_same_config"):
+        digests = hvd.allgather_object(digest, name="ttf_check_config")
     configs = None
     if any(d != digests[0] for d in digests):
         configs = hvd.allgather_object(config, name="ttf_check_config_values")
@@ -515,6 +622,6 @@ def check_same_config(config, what="flags"):
         raise ValueError(f"the ranks were started with different {what}: " + "; ".join(diffs))
 
 
-__all__ = ["COMPRESSIONS", "DistributedOptimizer", "TableSharding", "allreduce_dense", "broadcast_variables",
+__all__ = ["COMPRESSIONS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
            "all_ranks", "check_same_config", "gather_rows", "gathered_tables", "mean_over_ranks", "rank_slice", "shard_tables", "table_size",
            "ttf_layers", "wire_bytes"]

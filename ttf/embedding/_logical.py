@@ -159,6 +159,12 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
         # tf.saved_model.save writes the checkpoint from a graph holding copies of the tables,
         # and its variables/ checkpoint holds the whole-table entry: the loaded model restores
         # it with _SavedModelLogicalTable's traced restore function, without ttf's Python.
+        if getattr(self.layer, "sharding", None) is not None:  # Horovod: this rank holds 1/N of the ids
+            raise ValueError(
+                f"tf.saved_model.save of {self.layer.name}, a table sharded over Horovod ranks, would write this "
+                "rank's ids only. For serving, call ttf.distribute.horovod.export_for_serving(model, path) on every "
+                "rank (the whole table, written once by rank 0); for a checkpoint, a CheckpointManager save inside "
+                "ttf.distribute.horovod.gathered_tables(model) on every rank.")
         object_map[self] = _SavedModelLogicalTable(self._layer(), object_map)
         self.saved_model_save = True
         return []

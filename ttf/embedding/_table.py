@@ -1,13 +1,12 @@
 """EmbeddingTable: the Python side of one ttf table resource (checkpointable, placeable)."""
 import dataclasses
-import uuid
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import struct_pb2
 from tensorflow.python.saved_model import nested_structure_coder, registration
 
-from ttf._ops import ops
+from ttf._ops import ops, unique_resource_name
 from ttf.embedding._logical import EXPORT_FIELDS
 
 _KINDS = ("normal", "truncated_normal", "uniform", "zeros", "constant")
@@ -139,9 +138,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         self.admission_min_count = int(admission_min_count)
         self.num_shards = int(num_shards)
         self.name = name
-        # Unique per object and process: a second model, or a SavedModel loaded here, never
-        # shares (or, when garbage-collected, destroys) another object's table.
-        self._shared_name = f"{name}_{uuid.uuid4().hex}"
+        self._shared_name = unique_resource_name(name)
         super().__init__(device=device)
         with tf.init_scope():  # create it now, outside whatever graph is being traced
             self.resource_handle  # noqa: B018  (the property creates the resource)

@@ -7,13 +7,15 @@ float32 windows). `PrecisionTrainStep` is ttf's one training step: `make_train_s
 (your own loop) and `use_adaptive_precision` (model.fit) build it. It runs a Keras
 model's float32 weights in bfloat16 per step without retracing, skips a step whose loss
 or any gradient is NaN/Inf whole (counted), and raises `NonFiniteTrainingError` after too
-many such steps in a row. See docs/precision.md.
+many such steps in a row. `NonFiniteGuard` gives a step written around a distribution
+strategy (a parameter-server worker's) the same skip, counter and stop. See docs/precision.md.
 """
 from ttf.precision._config import PrecisionConfig, SwitchConfig
 from ttf.precision._cpu import cpu_has_native_bf16
 from ttf.precision._policy import AdaptivePrecision
 from ttf.precision._switch import PrecisionSwitch
 from ttf.precision._train_step import (
+    NonFiniteGuard,
     NonFiniteTrainingError,
     PrecisionTrainStep,
     low_precision,
@@ -23,6 +25,7 @@ from ttf.precision._train_step import (
 
 __all__ = [
     "AdaptivePrecision",
+    "NonFiniteGuard",
     "NonFiniteTrainingError",
     "PrecisionConfig",
     "PrecisionSwitch",

@@ -1,13 +1,9 @@
 """PrecisionSwitch: the checkpointable Python wrapper of the TtfPrecisionSwitch resource."""
-import itertools
-import os
-
 import tensorflow as tf
 
-from ttf._ops import ops
+from ttf._ops import ops, unique_resource_name
 from ttf.precision._config import SwitchConfig
 
-_SWITCH_IDS = itertools.count()
 _STATS = "stats"
 _COUNTERS = "counters"
 _COUNTER_NAMES = (
@@ -35,9 +31,7 @@ class PrecisionSwitch(tf.saved_model.experimental.TrackableResource):
         self._config = config if config is not None else SwitchConfig()
         if not isinstance(self._config, SwitchConfig):
             raise TypeError(f"config must be a SwitchConfig, got {type(self._config).__name__}")
-        # A unique name per instance: eager mode caches kernels by attributes, and two
-        # switches with equal attributes must not share one resource.
-        self._shared_name = f"ttf_precision_switch_{os.getpid()}_{next(_SWITCH_IDS)}"
+        self._shared_name = unique_resource_name("ttf_precision_switch")
         super().__init__()
         with tf.init_scope():  # create it now, even when first built inside a tf.function
             self.resource_handle  # pylint: disable=pointless-statement

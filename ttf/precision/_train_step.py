@@ -143,6 +143,85 @@ def _all_finite(loss, grads):
     return tf.reduce_all(tf.stack(checks))
 
 
+def _check_max_non_finite_steps(value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_non_finite_steps must be an int >= 0 (0: never stop), got {value!r}")
+
+
+def _non_finite_error(max_non_finite_steps, last_step):
+    return NonFiniteTrainingError(
+        f"{max_non_finite_steps} training steps in a row (up to step {last_step}) had a NaN/Inf loss or "
+        "gradient; their updates were skipped and training stopped. Lower the learning rate, check the "
+        "input for NaN/Inf values, or train in float32.")
+
+
+class NonFiniteGuard(tf.Module):
+    """`PrecisionTrainStep`'s NaN/Inf protection for a step written around a distribution
+    strategy's `run`, such as a parameter-server worker's (models/train.py's PS job).
+
+    `apply_gradients` decides once, over the loss and every gradient (dense, and each
+    table's row gradients), before anything changes: a finite step is applied whole, a
+    non-finite one not at all (no weight, optimizer slot or counter, and no table shard on
+    any parameter server). Call it in cross-replica context: ParameterServerStrategy (like
+    MirroredStrategy) cannot call `apply_gradients` inside a `tf.cond` within
+    `strategy.run`, so the guard runs `strategy.run(apply)` inside its `tf.cond` instead.
+    `observe` (on the host, in step order) counts skipped steps in a row and raises
+    `NonFiniteTrainingError` at `max_non_finite_steps`, as the one-process step does.
+
+    Create it under `strategy.scope()`: `skipped_steps` (int64, checkpointed with this
+    object) then lives on a parameter server, counted by every worker.
+
+    Example (a parameter-server chief; `replica_grads` returns (loss, grads) on a worker):
+      >>> guard = NonFiniteGuard(max_non_finite_steps=20)  # under strategy.scope()
+      >>> guard.build(optimizer, variables)
+      >>> @tf.function
+      ... def worker_step(iterator):
+      ...     loss, grads = strategy.run(replica_grads, args=(next(iterator),))
+      ...     return loss, guard.apply_gradients(optimizer, loss, zip(grads, variables), strategy)
+      >>> loss, skipped = coordinator.schedule(worker_step, args=(iterator,)).fetch()
+      >>> guard.observe([skipped])  # raises NonFiniteTrainingError after 20 in a row
+    """
+
+    def __init__(self, max_non_finite_steps=20):
+        super().__init__(name="non_finite_guard")
+        _check_max_non_finite_steps(max_non_finite_steps)
+        self.max_non_finite_steps = max_non_finite_steps
+        self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+        self.non_finite_run = 0  # skipped steps in a row, as observed (host side)
+
+    def build(self, optimizer, variables):
+        """Creates the optimizer's slots now: they cannot be created inside the tf.cond."""
+        _build_optimizer(optimizer, list(variables))
+
+    def apply_gradients(self, optimizer, loss, grads_and_vars, strategy=None):
+        """Applies `grads_and_vars` with `optimizer` when `loss` and every gradient are
+        finite; returns `skipped`, a scalar bool tensor. Call it inside a tf.function in
+        cross-replica context (None gradients are left out, as Keras does); `strategy`
+        defaults to the current one."""
+        strategy = strategy or tf.distribute.get_strategy()
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        finite = _all_finite(loss, grads)
+
+        def apply():
+            strategy.run(lambda *g: optimizer.apply_gradients(zip(g, variables)), args=tuple(grads))
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        skipped = tf.logical_not(finite)
+        self.skipped_steps.assign_add(tf.cast(skipped, tf.int64))
+        return skipped
+
+    def observe(self, skipped, first_step=0):
+        """Feeds the `skipped` flags of finished steps `first_step + 1, first_step + 2, ...`
+        in step order (host values or tensors). Raises `NonFiniteTrainingError` once
+        `max_non_finite_steps` in a row were skipped (0: never)."""
+        for i, flag in enumerate(skipped):
+            self.non_finite_run = self.non_finite_run + 1 if bool(flag) else 0
+            if self.max_non_finite_steps and self.non_finite_run >= self.max_non_finite_steps:
+                raise _non_finite_error(self.max_non_finite_steps, first_step + i + 1)
+
+
 class PrecisionTrainStep(tf.Module):
     """One training step: precision per step, non-finite steps skipped whole, runaway stops.
 
@@ -165,9 +244,7 @@ class PrecisionTrainStep(tf.Module):
     def __init__(self, model, loss_fn, optimizer, policy=None, variables=None,
                  low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None):
         super().__init__(name="precision_train_step")
-        if isinstance(max_non_finite_steps, bool) or not isinstance(max_non_finite_steps, int) \
-                or max_non_finite_steps < 0:
-            raise ValueError(f"max_non_finite_steps must be an int >= 0 (0: never stop), got {max_non_finite_steps!r}")
+        _check_max_non_finite_steps(max_non_finite_steps)
         self._model = model
         self._loss_fn = loss_fn
         self._optimizer = optimizer
@@ -261,11 +338,7 @@ class PrecisionTrainStep(tf.Module):
         return {"loss": loss, "steps": done}
 
     def _non_finite_error(self):
-        last = int(self.step.numpy())
-        return NonFiniteTrainingError(
-            f"{self._max_non_finite_steps} training steps in a row (up to step {last}) had a NaN/Inf loss or "
-            "gradient; their updates were skipped and training stopped. Lower the learning rate, check the "
-            "input for NaN/Inf values, or train in float32.")
+        return _non_finite_error(self._max_non_finite_steps, int(self.step.numpy()))
 
     def _trainable_variables(self):
         if self._variables is not None:

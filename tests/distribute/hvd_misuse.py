@@ -1,0 +1,75 @@
+"""Run by test_horovod_misuse.py under horovodrun -np 2: Horovod misuse raises on every rank
+instead of hanging or silently keeping 1/N of a table.
+
+  stall: rank 0 calls tdh.table_size alone: it raises CollectiveMisuseError after the
+         collective timeout, and rank 1's next collective raises too.
+  misc:  restore on rank 0 then broadcast raises on every rank; tf.saved_model.save of a
+         sharded model refuses naming the fix; tdh.export_for_serving writes once (rank 0).
+
+    horovodrun --gloo -np 2 python tests/distribute/hvd_misuse.py MODE OUT_PREFIX
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import ttf
+import tensorflow as tf
+import ttf.distribute.horovod as tdh
+import horovod.tensorflow as hvd
+
+hvd.init()
+mode, prefix = sys.argv[1], sys.argv[2]
+rank = hvd.rank()
+
+ids = tf.keras.Input([3], dtype=tf.int64, name="ids")
+out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=3, seed=1)(ids)))
+model = tf.keras.Model(ids, out)
+tdh.shard_tables(model)
+model(tf.zeros([1, 3], tf.int64))
+model(tf.constant(np.arange(30).reshape(10, 3) + 100 * rank, tf.int64), training=True)  # rows on both ranks
+tdh.broadcast_variables(model.variables)
+result = {}
+
+
+def outcome(fn):
+    start = time.time()
+    try:
+        fn()
+        return {"error": None, "seconds": time.time() - start}
+    except Exception as err:  # noqa: BLE001 (the test checks which)
+        return {"error": type(err).__name__, "message": str(err), "seconds": time.time() - start}
+
+
+if mode == "stall":
+    tdh.COLLECTIVE_TIMEOUT_SECONDS = 10  # the default, 45, would make the test slow
+    if rank == 0:  # a collective on one rank only
+        result["call"] = outcome(lambda: tdh.table_size(model))
+    else:  # busy elsewhere past the timeout, then the next collective
+        time.sleep(15)
+        result["call"] = outcome(lambda: tdh.check_same_config({"x": 1}))
+elif mode == "misc":
+    ckpt_dir = f"{prefix}-ckpt"
+    manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(model=model), ckpt_dir)
+    with tdh.gathered_tables(model):
+        if rank == 0:
+            manager.save(1)
+    result["table_size"] = tdh.table_size(model)
+    result["saved_model"] = outcome(lambda: tf.saved_model.save(model, f"{prefix}-saved-{rank}"))
+    tdh.export_for_serving(model, f"{prefix}-serving-{rank}")
+    result["serving_written"] = os.path.exists(os.path.join(f"{prefix}-serving-{rank}", "saved_model.pb"))
+    with open(f"{prefix}-{rank}.json", "w") as f:
+        json.dump(result, f)
+    # Last (Horovod may be shut down after it): the idiom "restore on rank 0 only, then broadcast".
+    if rank == 0:
+        result["idiom"] = outcome(lambda: (manager.restore_latest(), tdh.broadcast_variables(model.variables)))
+    else:
+        result["idiom"] = outcome(lambda: tdh.broadcast_variables(model.variables))
+with open(f"{prefix}-{rank}.json", "w") as f:
+    json.dump(result, f)
+# The errors above were expected; the test reads the JSON. os._exit: after ttf's watchdog shut
+# Horovod down, this process can hang at interpreter exit (a known issue, see README).
+sys.stdout.flush()
+os._exit(0)

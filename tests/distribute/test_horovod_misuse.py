@@ -1,0 +1,48 @@
+"""Horovod misuse raises on every rank instead of hanging or keeping 1/N of a table (real
+Horovod: horovodrun --gloo, 2 ranks; the ranks run tests/distribute/hvd_misuse.py)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "tests", "distribute", "hvd_misuse.py")
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+pytestmark = pytest.mark.slow
+
+
+def run(mode, tmp_path):
+    pytest.importorskip("horovod.tensorflow", reason="run ./scripts/setup_horovod.sh (./test.sh --all does)")
+    prefix = str(tmp_path / mode)
+    proc = subprocess.run([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, SCRIPT, mode, prefix],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(open(f"{prefix}-{rank}.json").read()) for rank in (0, 1)], prefix
+
+
+def test_a_collective_on_one_rank_raises_on_every_rank_naming_the_fix(tmp_path):
+    (rank0, rank1), _ = run("stall", tmp_path)
+    assert rank0["call"]["error"] == rank1["call"]["error"] == "CollectiveMisuseError"
+    assert "table_size waited 10s for the other ranks" in rank0["call"]["message"]
+    assert "Call it on every rank" in rank0["call"]["message"]
+    assert rank0["call"]["seconds"] < 60 and rank1["call"]["seconds"] < 60  # no hang
+    assert "check_same_config failed" in rank1["call"]["message"]
+
+
+def test_restore_then_broadcast_saved_model_and_serving_export(tmp_path):
+    (rank0, rank1), prefix = run("misc", tmp_path)
+    for result in (rank0, rank1):
+        # tf.saved_model.save of a sharded table: refused, naming the fix, no Horovod op traced.
+        assert result["saved_model"]["error"] == "ValueError"
+        assert "tdh.export_for_serving" in result["saved_model"]["message"] or \
+            "ttf.distribute.horovod.export_for_serving" in result["saved_model"]["message"]
+        # Restore on rank 0 only, then broadcast: an error on both ranks, not 1/N of the rows.
+        assert result["idiom"]["error"] == "CollectiveMisuseError", result["idiom"]
+        assert result["idiom"]["seconds"] < 60
+        assert result["table_size"] == 60  # 10 examples x 3 fields per rank, distinct ids
+    # tdh.export_for_serving: rank 0 writes its path, rank 1 writes nothing.
+    assert rank0["serving_written"] and not rank1["serving_written"]
+    assert not os.path.exists(f"{prefix}-saved-0") or not os.path.exists(os.path.join(f"{prefix}-saved-0", "saved_model.pb"))
