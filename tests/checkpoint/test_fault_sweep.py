@@ -31,8 +31,6 @@ def test_a_full_disk_stops_on_one_line_and_keeps_the_last_checkpoint(capsys):
     assert code == 0 and "full-disk #1: ok: stopped on one line" in out and "identical" in out, out
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 'Saves' (ckpt-shard branch): a failed delta save still clears "
-                                       "the deleted-key record and moves saved_step, so the next delta loses rows")
 def test_an_io_error_mid_save_loses_no_key_at_the_next_save(capsys):
     # --seed 0: the second save (a delta, --full-every 3) fails with EFBIG after 4096 bytes.
     code, out = sweep(capsys, "--kinds", "io-error", "--seed", "0")

@@ -158,7 +158,12 @@ def test_hashed_shard_finds_every_held_key_and_only_those(count):
 def test_hashed_table_fp16_rows_and_shard_routing():
     layer = ttf.DynamicEmbedding(5, default_value=0.5, shard_devices=["/cpu:0"] * 3)
     keys = tf.constant(np.arange(0, 3000, 3), tf.int64)  # multiples of the shard count: one shard under floormod
-    live = layer(keys, training=True).numpy()
+    with tf.GradientTape() as tape:  # rows are stored by the update (a lookup inserts nothing)
+        loss = tf.reduce_sum(layer(keys, training=True))
+    ttf.optimizers.SGD(0.1).apply_gradients(zip(tape.gradient(loss, layer.trainable_variables),
+                                                 layer.trainable_variables))
+    live = layer(keys, training=False).numpy()
+    assert int(layer.size()) == 1000
     table = ttf.serving.HashedTable(layer)
     assert [int(tf.size(s.keys)) - 1 for s in table.shards] == [int(t.size()) for t in layer.tables]
     probe = tf.concat([keys, [1, 2, -7]], 0)
