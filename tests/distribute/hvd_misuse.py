@@ -29,7 +29,9 @@ out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, n
 model = tf.keras.Model(ids, out)
 tdh.shard_tables(model)
 model(tf.zeros([1, 3], tf.int64))
-model(tf.constant(np.arange(30).reshape(10, 3) + 100 * rank, tf.int64), training=True)  # rows on both ranks
+with tf.GradientTape() as tape:  # rows on both ranks, stored by the update (a lookup inserts nothing)
+    loss = tf.reduce_sum(model(tf.constant(np.arange(30).reshape(10, 3) + 100 * rank, tf.int64), training=True))
+ttf.optimizers.SGD(0.1).apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 tdh.broadcast_variables(model.variables)
 result = {}
 
