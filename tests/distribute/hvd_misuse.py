@@ -60,8 +60,9 @@ elif mode == "misc":
             manager.save(1)
     result["table_size"] = tdh.table_size(model)
     result["saved_model"] = outcome(lambda: tf.saved_model.save(model, f"{prefix}-saved-{rank}"))
-    tdh.export_for_serving(model, f"{prefix}-serving-{rank}")
-    result["serving_written"] = os.path.exists(os.path.join(f"{prefix}-serving-{rank}", "saved_model.pb"))
+    version = tdh.export_for_serving(model, f"{prefix}-serving-{rank}")  # rank 0: base/1; others: None
+    result["serving_written"] = (os.path.exists(f"{prefix}-serving-{rank}")
+                                 and os.path.exists(os.path.join(version, "saved_model.pb")))
     with open(f"{prefix}-{rank}.json", "w") as f:
         json.dump(result, f)
     # Last (Horovod may be shut down after it): the idiom "restore on rank 0 only, then broadcast".

@@ -161,6 +161,8 @@ def _restore_table(name, logical, prefix):
         else:
             checked = tf.debugging.Assert(tf.equal(kind, want), [tf.strings.format(message, prefix)])
         targets = _targets(layer)
+        if layer.sharding is not None:  # Horovod: broadcast_variables refuses a restore on some ranks only
+            layer.sharding.note_restore(layer)
         tf.cond(tf.not_equal(num_sources, len(targets)),
                 lambda: tf.print(f"ttf: restoring {layer.name} from", num_sources, f"shards into {len(targets)}",
                                  output_stream=sys.stderr),
