@@ -7,6 +7,7 @@ import re
 import tensorflow as tf
 from google.protobuf import message as message_lib
 
+from ttf._durable import fsync_path
 from ttf.embedding._logical import LogicalTable
 
 _CHAIN_FILE = "ttf_chain.json"
@@ -218,7 +219,7 @@ class CheckpointManager:
             json.dump(chain, f)
         _sync(path + ".tmp", glob=False)
         tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
-        _sync_dir(self.directory)
+        fsync_path(self.directory)
         self._chain = chain
 
 
@@ -232,31 +233,11 @@ def _restore(checkpoint, path):
         raise ValueError(f"checkpoint {path} cannot be restored (a file is missing or corrupt): {message}") from None
 
 
-def _is_local(path):
-    return "://" not in path
-
-
 def _sync(path, glob=True):
-    """fsyncs `path` (with glob, every file of the checkpoint prefix `path`) and its folder.
-    Remote filesystems (gs://, s3://) make a file durable when it is closed."""
-    if not _is_local(path):
-        return
+    """fsyncs `path` (with glob, every file of the checkpoint prefix `path`) and its folder."""
     for name in tf.io.gfile.glob(path + ".*") if glob else [path]:
-        fd = os.open(name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    _sync_dir(os.path.dirname(path) or ".")
-
-
-def _sync_dir(directory):
-    if _is_local(directory):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(name)
+    fsync_path(os.path.dirname(path) or ".")
 
 
 def _check_every_table_restored(tables, path):

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from ttf._durable import fsync_path, fsync_tree
 from ttf._keras import tables_in
 from ttf.embedding._logical import mix64, shard_of
 
@@ -241,31 +242,12 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         if foreign:
             raise ValueError(f"export_for_serving: the serving graph still uses ttf ops {sorted(foreign)}; a layer "
                              "reads a ttf table outside a DynamicEmbedding's inference lookup")
-        _fsync_tree(temporary)
+        fsync_tree(temporary)
         os.rename(temporary, final)  # atomic on one filesystem: the version appears whole
-        _fsync_dir(base)
+        fsync_path(base)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     return final
-
-
-def _fsync_tree(path):
-    for folder, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(folder)
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _ttf_ops_in(path):
