@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import ttf
+from table_order import by_key
 from ttf.checkpoint import _format
 
 ROW_OUTPUTS = 5  # TtfTableExport's keys, values, meta, candidate_keys, candidate_meta
@@ -38,15 +39,6 @@ def train(layer, optimizer, batches):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.square(layer(tf.constant(ids), training=True)))
         optimizer.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables))
-
-
-def by_key(layer):
-    out = {name: t.numpy() for name, t in layer.export_table().items()}
-    for keys, fields in (("keys", ("keys", "values", "meta")), ("candidate_keys", ("candidate_keys", "candidate_meta"))):
-        order = np.argsort(out[keys])
-        for name in fields:
-            out[name] = out[name][order]
-    return out
 
 
 def differences(a, b):
@@ -122,7 +114,7 @@ def main():
     source.evict(min_count=3)  # deletions for the delta to carry
     delta = manager.save(2)
     findings["delta"] = delta.rsplit("/", 1)[1]
-    want = by_key(source)
+    want = by_key(source.export_table())
     findings["keys"] = int(len(want["keys"]))
     findings["shard_sizes"] = [int(t.size()) for t in source.tables]
 
@@ -136,7 +128,7 @@ def main():
                                                     full_every=3)
         findings[f"{name}_step"] = restored.restore_latest()
         findings[f"{name}_dense"] = float(dense.numpy())
-        findings[f"{name}_differences"] = differences(by_key(target), want)
+        findings[f"{name}_differences"] = differences(by_key(target.export_table()), want)
         findings[f"{name}_shard_sizes"] = [int(t.size()) for t in target.tables]
     print(json.dumps(findings))
     sys.stdout.flush()

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
+from table_order import by_key
 
 
 def build(num_shards):
@@ -27,18 +28,9 @@ def step(model, optimizer, ids):
     optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
 
-def by_key(layer):
-    out = {name: t.numpy() for name, t in layer.export_table().items()}
-    for keys, fields in (("keys", ("keys", "values", "meta")), ("candidate_keys", ("candidate_keys", "candidate_meta"))):
-        order = np.argsort(out[keys])
-        for name in fields:
-            out[name] = out[name][order]
-    return out
-
-
 def assert_identical(a, b):
     (model_a, emb_a, opt_a), (model_b, emb_b, opt_b) = a, b
-    ta, tb = by_key(emb_a), by_key(emb_b)
+    ta, tb = by_key(emb_a.export_table()), by_key(emb_b.export_table())
     for name in ("keys", "values", "meta", "candidate_keys", "candidate_meta", "slot_init", "optimizer", "step"):
         np.testing.assert_array_equal(ta[name], tb[name], err_msg=name)
     for va, vb in zip(model_a.variables, model_b.variables):

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
+from table_order import by_key
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIELDS = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
@@ -28,15 +29,6 @@ def train(layer, optimizer, ids):
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(tf.square(layer(tf.constant(ids, tf.int64), training=True)))
     optimizer.apply_gradients(zip(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables))
-
-
-def by_key(export):
-    out = {name: np.asarray(t) for name, t in export.items()}
-    for keys, fields in (("keys", ("keys", "values", "meta")), ("candidate_keys", ("candidate_keys", "candidate_meta"))):
-        order = np.argsort(out[keys])
-        for name in fields:
-            out[name] = out[name][order]
-    return out
 
 
 def assert_same_table(got, want):
