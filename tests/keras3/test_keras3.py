@@ -148,12 +148,13 @@ def test_export_for_serving_runs_on_stock_tensorflow_without_ttf(tmp_path):
     model.compile(optimizer=ttf.optimizers.Adam(0.01), loss="binary_crossentropy")
     x, y = data()
     model.fit(x, y, epochs=1, batch_size=128, verbose=0)
-    ttf.export_for_serving(model, str(tmp_path / "serving"))
+    version = ttf.export_for_serving(model, str(tmp_path / "serving"))  # serving/1, TF Serving's layout
+    assert version == str(tmp_path / "serving" / "1")
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "expected.npy", model.predict(x, verbose=0))
     proc = run_fresh(  # no `import ttf`: the SavedModel needs only stock TensorFlow ops
         "import numpy as np, tensorflow as tf, sys\n"
-        "m = tf.saved_model.load('serving')\n"
+        "m = tf.saved_model.load('serving/1')\n"
         "out = m.signatures['serving_default'](ids=tf.constant(np.load('x.npy')))['probability']\n"
         "assert 'ttf' not in sys.modules\n"
         "np.testing.assert_allclose(out.numpy(), np.load('expected.npy'), rtol=1e-5, atol=1e-6)\n"
