@@ -714,7 +714,7 @@ def main(argv=None):
             log(f"[train] serving SavedModel (stock TensorFlow ops only) written to {version}")
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
         lost = trainer.cluster.ps_hosts if getattr(locals().get("trainer"), "cluster", None) else ()
-        log(f"[train] error: lost contact with the cluster ({type(err).__name__}: {str(err).splitlines()[0][:300]}). "
+        log(f"[train] error: lost contact with the cluster ({ttf.distribute.error_summary(err)}). "
             f"A parameter server ({', '.join(lost) or 'see above'}) or the network failed; restart the job with the "
             "same --checkpoint-dir to resume from the last checkpoint.")
         return 1
@@ -732,8 +732,8 @@ def main(argv=None):
         if not args.horovod:
             raise
         # Every rank prints this: the peers of a lost rank are the ones still able to say so.
-        print(f"[train] error (rank {_LOG_RANK[0]}): a Horovod collective failed ({type(err).__name__}: "
-              f"{str(err).splitlines()[0][:300]}). Another rank stopped or the network failed; restart every rank "
+        print(f"[train] error (rank {_LOG_RANK[0]}): a Horovod collective failed "
+              f"({ttf.distribute.error_summary(err)}). Another rank stopped or the network failed; restart every rank "
               "with the same --checkpoint-dir to resume from the last checkpoint.", file=sys.stderr, flush=True)
         return 1
     if args.lenient:

@@ -286,3 +286,48 @@ def test_a_kill_during_saves_leaves_the_last_complete_checkpoint(tmp_path):
         replay = subprocess.run([sys.executable, script, "--dir", str(folder), "--replay", str(step)],
                                 capture_output=True, text=True, timeout=300)
         assert json.loads(replay.stdout.strip().splitlines()[-1]) == list(ttf.embedding.table_summary(layer)[:2])
+
+
+class _LosesATaskOnce(tf.train.Checkpoint):
+    """A checkpoint whose first write fails as a save does when a worker of a parameter-server
+    job dies mid-save (the coordinator re-connects the cluster under it): UnavailableError."""
+
+    failures = 1
+
+    def write(self, *args, **kwargs):
+        if _LosesATaskOnce.failures:
+            _LosesATaskOnce.failures -= 1
+            raise tf.errors.UnavailableError(None, None, "Graph execution error:\n\nDetected at node x\n"
+                                             "failed to connect to all addresses (worker 1)")
+        return super().write(*args, **kwargs)
+
+
+def test_a_save_lost_to_a_network_error_is_tried_again(tmp_path, capfd):
+    layer, optimizer = layer_and_optimizer()
+    manager = ttf.checkpoint.CheckpointManager(_LosesATaskOnce(layer=layer, optimizer=optimizer), str(tmp_path),
+                                               full_every=4)  # deltas: Checkpoint.write
+    train(layer, optimizer, [[1, 2], [1, 2]])
+    manager.save(1)
+    train(layer, optimizer, [[3, 3], [3, 3]])
+    _LosesATaskOnce.failures = 1
+    assert manager.save(2, retry_wait=0).endswith("delta-2")  # the second attempt writes it
+    assert "[ttf] checkpoint: UnavailableError: ttf: the save of " in capfd.readouterr().err
+    restored, _ = layer_and_optimizer(num_shards=3)
+    assert manager_of(restored, tmp_path).restore_latest() == 2
+    assert_same_table(restored.export_table(), layer.export_table())
+    # Three network failures in a row: raised after the retries, nothing recorded.
+    _LosesATaskOnce.failures = 3
+    with pytest.raises(tf.errors.UnavailableError, match=r"the save of .*delta-3 failed \(nothing recorded"):
+        manager.save(3, retries=2, retry_wait=0)
+    assert json.loads((tmp_path / "ttf_chain.json").read_text()) == {"full": "ckpt-1", "deltas": ["delta-2"]}
+
+
+def test_error_summary_names_the_cause_behind_graph_execution_error():
+    @tf.function
+    def check(x):
+        return tf.debugging.check_numerics(x, "bad value in x")
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        check(tf.constant([float("nan")]))
+    assert ttf.distribute.error_summary(error.value) == (
+        "InvalidArgumentError: Graph execution error: ... bad value in x : Tensor had NaN values")

@@ -3,14 +3,22 @@ import contextlib
 import json
 import os
 import re
+import sys
+import time
 
 import tensorflow as tf
 from google.protobuf import message as message_lib
 
 from ttf._durable import fsync_path
+from ttf._errors import error_summary
 from ttf.embedding._logical import LogicalTable
 
 _CHAIN_FILE = "ttf_chain.json"
+# Errors of the network or of a task of the cluster, not of the disk: a worker that dies while
+# the chief saves (TensorFlow's coordinator re-connects the cluster then) can fail a save that a
+# second attempt completes. A lost parameter server fails every attempt and the error is raised.
+_TRANSIENT = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+              tf.errors.DeadlineExceededError)
 _CHAIN_ENTRY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9]+$")  # a file prefix in the folder: ckpt-3, delta-7
 
 
@@ -90,15 +98,31 @@ class CheckpointManager:
         # step: a skipped (non-finite) step does not advance it.
         return {t.layer.name: t.saved_step for t in self._tables()}
 
-    def save(self, step):
+    def save(self, step, retries=2, retry_wait=5.0):
         """Writes a full or a delta checkpoint for global step `step`; returns its path.
 
         Atomic and durable: the files are written and fsynced, then the chain file is
         replaced (a temporary file, fsynced, renamed), and only then does the save count
         (the step deltas start after, each table's record of deleted ids). A save that
         raises changes nothing: the previous checkpoint stays restorable and the next
-        delta holds everything since the last save that completed."""
-        step = int(step)
+        delta holds everything since the last save that completed.
+
+        A save failing with a network error (a task of the cluster lost mid-save) is tried
+        again up to `retries` times, `retry_wait` seconds apart, saying so on stderr; other
+        errors (a full disk, say) are raised at once."""
+        failed = 0
+        while True:
+            try:
+                return self._save_once(int(step))
+            except _TRANSIENT as error:
+                failed += 1
+                if failed > retries:
+                    raise
+                print(f"[ttf] checkpoint: {error_summary(error)}; trying again in {retry_wait:g} s "
+                      f"(attempt {failed + 1} of {retries + 1})", file=sys.stderr, flush=True)
+                time.sleep(retry_wait)
+
+    def _save_once(self, step):
         tables = self._tables()
         # A save traced in a tf.function (one spanning several tasks) cannot note the step it
         # exported: the table step before it is a safe start for the next delta (it may repeat rows).
@@ -251,3 +275,4 @@ def _check_every_table_restored(tables, path):
              "restore it with that ttf version and save again, or train from scratch"
              if old_format else "it was written by another model (different layer names or structure)")
     raise ValueError(f"checkpoint {path} holds no table for the ttf layers {missing}: {cause}")
+

@@ -4,7 +4,9 @@
 `python -m ttf.distribute.server` starts one ps or worker task (ttf's ops loaded first, so
 its kernels run there); `make_coordinator` connects the chief with ParameterServerStrategy
 and a ClusterCoordinator. ttf tables are sharded over `config.ps_devices()`.
+`error_summary` turns a TensorFlow error into the one line a job log needs.
 """
+from ttf._errors import error_summary
 from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
 
-__all__ = ["ClusterConfig", "free_ports", "make_coordinator"]
+__all__ = ["ClusterConfig", "error_summary", "free_ports", "make_coordinator"]
