@@ -8,6 +8,10 @@ import numpy as np
 import tensorflow as tf
 
 from ttf._keras import KERAS3
+if KERAS3:
+    from ttf._keras3 import FunctionalGraph as _graph
+else:
+    from ttf._keras import FunctionalGraph as _graph
 from ttf._ops import ops
 from ttf.data._schema import FIELD_SHIFT
 from ttf.embedding import DynamicEmbedding, RowInitializer
@@ -77,7 +81,7 @@ class FusedLookup(DynamicEmbedding):
         rows = self._lookup(self.keys_of(ids)[0], None, self.trains(training))
         # One split (its gradient is one concat), not N slices (N zero-padded gradients summed).
         parts = tf.split(rows, len(ids), axis=1)
-        return [tf.squeeze(part, 1) if x.shape.rank == 1 else part for part, x in zip(parts, ids)]
+        return [tf.squeeze(part, 1) if len(x.shape) == 1 else part for part, x in zip(parts, ids)]
 
     def compute_mask(self, inputs, mask=None):
         return [None] * len(self.tags)
@@ -103,6 +107,9 @@ class TableLookup(DynamicEmbedding):
     def compute_mask(self, inputs, mask=None):
         if self.mask_value is None:
             return None
+        if KERAS3:  # Keras 3 asks for the mask of symbolic inputs too, which only keras.ops take
+            import keras  # pylint: disable=import-outside-toplevel
+            return keras.ops.not_equal(inputs, self.mask_value)
         return tf.not_equal(inputs, self.mask_value)
 
     def get_config(self):
@@ -114,14 +121,14 @@ class TableLookup(DynamicEmbedding):
 @dataclasses.dataclass
 class _Source:
     """Where an Embedding call's ids come from once its lookup layer is gone."""
-    tensor: object  # a tf_keras KerasTensor, in the original model
+    tensor: object  # a KerasTensor of the original model
     key_kind: str  # "int" or "string"
     vocabulary: object = None  # the lookup layer whose vocabulary maps raw ids to rows, if any
     skipped: object = None  # the lookup node replaced by the key transform
 
 
 def accelerate(model, keep=()):
-    """Returns `model` with every tf.keras Embedding turned into a ttf table.
+    """Returns `model` with every tf.keras Embedding turned into a ttf table (tf_keras or Keras 3).
 
     The new model has the same inputs and outputs and computes the same function:
     - each Embedding becomes a ttf table keyed by its ids, and a Hashing, IntegerLookup or
@@ -157,28 +164,25 @@ def accelerate(model, keep=()):
       >>> [type(layer).__name__ for layer in fast.layers][:2]
       ['InputLayer', 'FusedLookup']
     """
-    if KERAS3:
-        raise NotImplementedError(
-            "ttf.accelerate rewrites tf_keras' functional graph and does not support Keras 3 models yet; run it on "
-            "Keras 2: set TF_USE_LEGACY_KERAS=1 before anything imports TensorFlow (pip install tf-keras), or build "
-            "the model with ttf.FusedEmbedding / ttf.DynamicEmbedding directly")
-    if not getattr(model, "_is_graph_network", False):
-        raise ValueError(f"ttf.accelerate takes a functional or Sequential tf.keras model with known inputs; "
-                         f"{model.name} is a subclassed model (build it from tf.keras.Input, or swap its "
+    graph = _graph.functional(model)
+    if graph is None:
+        raise ValueError(f"ttf.accelerate takes a built functional or Sequential tf.keras model with known inputs; "
+                         f"{model.name} is a subclassed or unbuilt model (build it from tf.keras.Input, or swap its "
                          "Embedding layers for ttf.DynamicEmbedding by hand)")
-    return _Converter(model, set(keep)).run()
+    return _Converter(model, graph, set(keep)).run()
 
 
 class _Converter:
-    def __init__(self, model, keep):
-        self.model, self.keep = model, keep
-        self.nodes = [n for depth in sorted(model._nodes_by_depth, reverse=True) for n in model._nodes_by_depth[depth]]
+    def __init__(self, model, graph, keep):
+        self.model, self.graph, self.keep = model, graph, keep  # graph: the Functional behind model
+        by_depth = _graph.nodes_by_depth(graph)
+        self.nodes = [n for depth in sorted(by_depth, reverse=True) for n in by_depth[depth]]
         self.consumers = collections.defaultdict(list)
         for node in self.nodes:
-            for kt in node.keras_inputs:
+            for kt in _graph.inputs(node):
                 self.consumers[id(kt)].append(node)
-        self.model_outputs = {id(t) for t in model.outputs}
-        self.model_inputs = {id(t) for t in model.inputs}
+        self.model_outputs = {id(t) for t in graph.outputs}
+        self.model_inputs = {id(t) for t in graph.inputs}
         self.warnings = collections.defaultdict(list)
         self.clones = {}  # original layer -> its clone in the new model
         self.carried = {}  # new table layer -> (keys, rows) to import
@@ -186,7 +190,7 @@ class _Converter:
     # -- analysis
 
     def embeddings(self):
-        found = [n.layer for n in self.nodes if isinstance(n.layer, tf.keras.layers.Embedding)]
+        found = [_graph.layer(n) for n in self.nodes if isinstance(_graph.layer(n), tf.keras.layers.Embedding)]
         layers = list(dict.fromkeys(found))
         for layer in layers:
             if layer.name in self.keep:
@@ -204,28 +208,28 @@ class _Converter:
 
     def source(self, node):
         """The ids' source of an Embedding call, looking through a lookup that feeds only Embeddings."""
-        ids = node.keras_inputs[0]
-        producer = ids._keras_history.layer
-        kind = "string" if ids.dtype == tf.string else "int"
+        ids = _graph.inputs(node)[0]
+        producer, node_index = _graph.producer(ids)
+        kind = "string" if _is_string(ids) else "int"
         if isinstance(producer, _LOOKUPS) and self._lookup_feeds_only_tables(ids):
-            lookup_node = producer._inbound_nodes[ids._keras_history.node_index]
-            raw = lookup_node.keras_inputs[0]
+            lookup_node = producer._inbound_nodes[node_index]
+            raw = _graph.inputs(lookup_node)[0]
             if isinstance(producer, tf.keras.layers.Hashing):
                 self.warnings["Hashing dropped: rows are not carried over (many inputs shared a bucket); "
                               "the table keys each raw value"].append(producer.name)
                 vocabulary = None
             else:
                 vocabulary = producer
-            return _Source(raw, "string" if raw.dtype == tf.string else "int", vocabulary, lookup_node)
+            return _Source(raw, "string" if _is_string(raw) else "int", vocabulary, lookup_node)
         return _Source(ids, kind)
 
     def _lookup_feeds_only_tables(self, ids):
-        layer = ids._keras_history.layer
+        layer = _graph.producer(ids)[0]
         if getattr(layer, "output_mode", "int") != "int" or getattr(layer, "invert", False):
             return False
         if len(layer._inbound_nodes) != 1 or id(ids) in self.model_outputs:
             return False
-        return all(isinstance(c.layer, tf.keras.layers.Embedding) and c.layer.name not in self.keep
+        return all(isinstance(_graph.layer(c), tf.keras.layers.Embedding) and _graph.layer(c).name not in self.keep
                    for c in self.consumers[id(ids)])
 
     def fusible(self, layer, sources):
@@ -234,8 +238,8 @@ class _Converter:
             return False
         for src in sources:
             shape = src.tensor.shape
-            single = shape.rank == 1 or (shape.rank == 2 and shape[1] == 1)
-            if not (single and id(src.tensor) in self.model_inputs and isinstance(src.tensor.type_spec, tf.TensorSpec)):
+            single = len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)
+            if not (single and id(src.tensor) in self.model_inputs and _graph.is_dense(src.tensor)):
                 return False
         return True
 
@@ -249,8 +253,8 @@ class _Converter:
             self._check_embedding(layer)
         skipped = {id(s.skipped) for s in sources.values() if s.skipped is not None}
 
-        new_inputs = [tf.keras.Input(type_spec=t.type_spec, name=t._keras_history.layer.name) for t in self.model.inputs]
-        tensors = {id(old): new for old, new in zip(self.model.inputs, new_inputs)}
+        new_inputs = [_graph.new_input(t) for t in self.graph.inputs]
+        tensors = {id(old): new for old, new in zip(self.graph.inputs, new_inputs)}
 
         # Fused groups: equal dim, initializer and trainability; at most 256 embeddings each.
         groups = collections.defaultdict(list)
@@ -273,25 +277,26 @@ class _Converter:
                 continue
             if id(node) in outputs_of:
                 new_out = outputs_of[id(node)]
-            elif node.layer in tables:
-                new_out = tables[node.layer](tensors[id(sources[id(node)].tensor)])
+            elif _graph.layer(node) in tables:
+                new_out = tables[_graph.layer(node)](tensors[id(sources[id(node)].tensor)])
             else:
-                args, kwargs = node.map_arguments(_Always(tensors))
-                new_out = self._clone(node.layer)(*args, **kwargs)
-            for kt, new in zip(tf.nest.flatten(node.outputs), tf.nest.flatten(new_out)):
+                new_out = _graph.call(node, self._clone(_graph.layer(node)), tensors)
+            for kt, new in zip(_graph.outputs(node), tf.nest.flatten(new_out)):
                 tensors[id(kt)] = new
         for layer in list(self.clones):
-            self.clones[layer].set_weights(layer.get_weights())
+            if hasattr(layer, "get_weights"):  # Keras 3 graphs hold weightless keras.ops Operations too
+                self.clones[layer].set_weights(layer.get_weights())
 
-        fast = tf.keras.Model(tf.nest.pack_sequence_as(self.model._nested_inputs, new_inputs),
-                              tf.nest.pack_sequence_as(self.model._nested_outputs,
-                                                       [tensors[id(t)] for t in self.model.outputs]),
+        nested_inputs, nested_outputs = _graph.structures(self.graph)
+        fast = tf.keras.Model(tf.nest.pack_sequence_as(nested_inputs, new_inputs),
+                              tf.nest.pack_sequence_as(nested_outputs, [tensors[id(t)] for t in self.graph.outputs]),
                               name=f"{self.model.name}_ttf")
         for layer, (keys, rows) in self.carried.items():
             _import_rows(layer, keys, rows)
         self._report()
-        if getattr(self.model, "optimizer", None) is not None and getattr(self.model, "_is_compiled", False):
-            _compile_like(fast, self.model)
+        config = _graph.compile_config(self.model)
+        if config is not None:
+            _compile_like(fast, self.model, config)
         return fast
 
     def _node_set(self):
@@ -385,13 +390,6 @@ def _active(regularizer):
     return not (config and all(isinstance(v, (int, float)) and v == 0 for v in config.values()))
 
 
-class _Always(dict):
-    """tensor_dict for Node.map_arguments, which pops one use per read: ours never runs out."""
-
-    def __getitem__(self, key):
-        return [dict.__getitem__(self, int(key) if isinstance(key, str) else key)]
-
-
 def _import_rows(layer, keys, rows):
     """Writes carried-over rows into the layer's (single) table: its whole content."""
     if not len(keys):
@@ -404,8 +402,11 @@ def _import_rows(layer, keys, rows):
                            "", np.zeros([0], np.float32), 0)
 
 
-def _compile_like(fast, model):
-    config = dict(model._compile_config.config) if hasattr(model, "_compile_config") else {}
+def _is_string(tensor):
+    return tf.as_dtype(tensor.dtype) == tf.string  # Keras 3 spells dtypes as strings
+
+
+def _compile_like(fast, model, config):
     config["optimizer"] = from_keras(model.optimizer)
     for name in ("loss", "metrics", "weighted_metrics"):
         config[name] = tf.nest.map_structure(_fresh, config.get(name))

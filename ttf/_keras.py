@@ -23,6 +23,71 @@ from ttf.optimizers import _TableUpdates, from_keras
 KERAS3 = not tf.keras.Model.__module__.startswith("tf_keras.")  # which Keras tf.keras resolved to
 
 
+class FunctionalGraph:
+    """The functional-model internals ttf.accelerate walks, in tf_keras' spelling (the same
+    methods as ttf/_keras3.py's Keras 3 FunctionalGraph)."""
+
+    @staticmethod
+    def functional(model):
+        """`model` when it is a functional or Sequential model with known inputs, else None."""
+        return model if getattr(model, "_is_graph_network", False) else None
+
+    @staticmethod
+    def nodes_by_depth(model):
+        return model._nodes_by_depth  # pylint: disable=protected-access
+
+    @staticmethod
+    def layer(node):
+        return node.layer
+
+    @staticmethod
+    def inputs(node):
+        return list(node.keras_inputs)
+
+    @staticmethod
+    def outputs(node):
+        return tf.nest.flatten(node.outputs)
+
+    @staticmethod
+    def call(node, layer, tensors):
+        """Calls `layer` as `node` called its layer, with KerasTensors mapped by id through `tensors`."""
+        args, kwargs = node.map_arguments(_Always(tensors))
+        return layer(*args, **kwargs)
+
+    @staticmethod
+    def producer(tensor):
+        """(layer, node index) that made the KerasTensor."""
+        history = tensor._keras_history  # pylint: disable=protected-access
+        return history.layer, history.node_index
+
+    @staticmethod
+    def new_input(tensor):
+        return tf.keras.Input(type_spec=tensor.type_spec, name=tensor._keras_history.layer.name)  # pylint: disable=protected-access
+
+    @staticmethod
+    def is_dense(tensor):
+        return isinstance(tensor.type_spec, tf.TensorSpec)
+
+    @staticmethod
+    def structures(model):
+        """(nested inputs, nested outputs) of the functional model."""
+        return model._nested_inputs, model._nested_outputs  # pylint: disable=protected-access
+
+    @staticmethod
+    def compile_config(model):
+        """compile()'s arguments when the model is compiled, else None."""
+        if getattr(model, "optimizer", None) is None or not getattr(model, "_is_compiled", False):
+            return None
+        return dict(model._compile_config.config) if hasattr(model, "_compile_config") else {}  # pylint: disable=protected-access
+
+
+class _Always(dict):
+    """tensor_dict for tf_keras' Node.map_arguments, which pops one use per read: ours never runs out."""
+
+    def __getitem__(self, key):
+        return [dict.__getitem__(self, int(key) if isinstance(key, str) else key)]
+
+
 def tables_in(model):
     """The ttf embedding layers inside a Keras model or layer (nested models included)."""
     return [layer for layer in model._flatten_layers(include_self=True) if isinstance(layer, DynamicEmbedding)]
@@ -78,13 +143,16 @@ def install():
     """Installs the hooks once (idempotent)."""
     if getattr(tf.keras.Model.compile, "_ttf_hook", False):
         return
-    tf.keras.Model.compile = _compile(tf.keras.Model.compile)
+    if KERAS3:  # on the class defining it: Keras 3 skips compile_from_config when Model overrides it
+        from ttf import _keras3
+
+        _keras3.install_compile(_compile)
+    else:
+        tf.keras.Model.compile = _compile(tf.keras.Model.compile)
     legacy = () if KERAS3 else (tf.keras.optimizers.legacy.Optimizer,)  # tf_keras' OptimizerV2 (gone in Keras 3)
     for base in (tf.keras.optimizers.Optimizer,) + legacy:
         base.apply_gradients = _apply_gradients(base.apply_gradients)
     if KERAS3:
-        from ttf import _keras3
-
         _keras3.install_h5_refusal(_refuse_h5)
         _keras3.install_export_tables(tables_in)
     else:

@@ -2,11 +2,24 @@
 when tf.keras resolves to it. Everything here is checked by tests/keras3/test_private_apis.py,
 which fails naming the internal when a Keras release changes it.
 
+- Model.compile is wrapped where Keras 3 defines it (Trainer), see install_compile.
 - Legacy HDF5 saving (model.save("m.h5")) writes the layers' variables only, so a model
   holding ttf tables is refused before anything is written (as ttf/_keras.py does for
   tf_keras); there is no public hook for it.
 """
 import importlib
+
+# Model.compile is Trainer.compile: wrapping it there (not as Model.compile) keeps Keras 3's
+# `.keras` loading compiling the model (compile_from_config skips a class that overrides it).
+TRAINER = ("keras.src.trainers.trainer", "Trainer")
+
+
+def install_compile(wrap):
+    """Wraps Keras 3's Trainer.compile (which Model.compile is) with `wrap(original)`."""
+    module_name, class_name = TRAINER
+    trainer = getattr(importlib.import_module(module_name), class_name)
+    trainer.compile = wrap(trainer.compile)
+
 
 # (module, function) pairs of Keras 3's legacy HDF5 writer.
 HDF5_SAVERS = (("keras.src.legacy.saving.legacy_h5_format", "save_model_to_hdf5"),
@@ -39,3 +52,68 @@ def install_export_tables(tables_in):
         self._tf_trackable.ttf_logical_tables = held  # tracked: the SavedModel's checkpoint holds the rows
 
     setattr(archive, method, track_layer)
+
+
+class FunctionalGraph:
+    """The functional-model internals ttf.accelerate walks, in Keras 3's spelling (the same
+    methods as ttf/_keras.py's tf_keras FunctionalGraph): nodes by depth, a node's operation,
+    inputs and outputs, a KerasTensor's producer, and the model's input/output structures."""
+
+    @staticmethod
+    def functional(model):
+        """The Functional behind `model` (a built Sequential holds one), or None."""
+        from keras.src.models.functional import Functional  # pylint: disable=import-outside-toplevel
+        if isinstance(model, Functional):
+            return model
+        inner = getattr(model, "_functional", None)  # keras.Sequential, once built
+        return inner if isinstance(inner, Functional) else None
+
+    @staticmethod
+    def nodes_by_depth(model):
+        return model._nodes_by_depth  # pylint: disable=protected-access
+
+    @staticmethod
+    def layer(node):
+        return node.operation
+
+    @staticmethod
+    def inputs(node):
+        return list(node.arguments.keras_tensors)
+
+    @staticmethod
+    def outputs(node):
+        return node.outputs
+
+    @staticmethod
+    def call(node, layer, tensors):
+        """Calls `layer` as `node` called its layer, with KerasTensors mapped by id through `tensors`."""
+        args, kwargs = node.arguments.fill_in(tensors)
+        return layer(*args, **kwargs)
+
+    @staticmethod
+    def producer(tensor):
+        """(layer, node index) that made the KerasTensor."""
+        history = tensor._keras_history  # pylint: disable=protected-access
+        return history.operation, history.node_index
+
+    @staticmethod
+    def new_input(tensor):
+        import keras  # pylint: disable=import-outside-toplevel
+        return keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype, sparse=tensor.sparse, ragged=tensor.ragged,
+                           name=FunctionalGraph.producer(tensor)[0].name)
+
+    @staticmethod
+    def is_dense(tensor):
+        return not (tensor.sparse or tensor.ragged)
+
+    @staticmethod
+    def structures(model):
+        """(nested inputs, nested outputs) of the functional model."""
+        return model._inputs_struct, model._outputs_struct  # pylint: disable=protected-access
+
+    @staticmethod
+    def compile_config(model):
+        """compile()'s arguments when the model is compiled, else None."""
+        if not getattr(model, "compiled", False) or not hasattr(model, "_compile_config"):
+            return None
+        return dict(model._compile_config.config)  # pylint: disable=protected-access

@@ -163,11 +163,73 @@ def test_export_for_serving_runs_on_stock_tensorflow_without_ttf(tmp_path):
     assert "served 512" in proc.stdout
 
 
-def test_accelerate_on_keras_3_says_it_is_not_supported_and_how_to_run_it():
-    ids = keras.Input([1], dtype="int32")
-    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(keras.layers.Embedding(100, 4)(ids))))
-    with pytest.raises(NotImplementedError, match="TF_USE_LEGACY_KERAS=1"):
-        ttf.accelerate(model)
+def user_model():
+    """A Keras 3 functional model as users write one: int fields, a StringLookup feeding an
+    Embedding, a mask_zero sequence Embedding; compiled with a stock optimizer by name."""
+    ins = {f"C{i}": keras.Input([1], dtype="int64", name=f"C{i}") for i in range(4)}
+    word, seq = keras.Input([1], dtype="string", name="word"), keras.Input([5], dtype="int64", name="seq")
+    embs = [keras.layers.Embedding(1000, 8, name=f"emb{i}")(ins[f"C{i}"]) for i in range(4)]
+    embs.append(keras.layers.Embedding(4, 8, name="emb_word")(keras.layers.StringLookup(vocabulary=["a", "b", "c"])(word)))
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8, mask_zero=True, name="emb_seq")(seq))
+    x = keras.layers.Concatenate()([keras.layers.Flatten()(e) for e in embs] + [pooled])
+    out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Dense(16, activation="relu")(x))
+    model = keras.Model({**ins, "word": word, "seq": seq}, out)
+    model.compile("adam", "binary_crossentropy")
+    rng = np.random.default_rng(0)
+    x = {f"C{i}": tf.constant(rng.integers(0, 1000, size=(512, 1))) for i in range(4)}
+    x["word"] = tf.constant([["a"], ["b"], ["c"], ["zz"]] * 128)  # every 4th: out of vocabulary
+    x["seq"] = tf.constant(rng.integers(0, 50, size=(512, 5)))
+    return model, x, (x["C0"].numpy()[:, 0] % 2).astype("float32")
+
+
+def test_accelerate_converts_a_keras_3_functional_model(tmp_path):
+    model, x, y = user_model()
+    before = [w.copy() for w in model.get_weights()]
+    fast = ttf.accelerate(model)
+    kinds = [type(layer).__name__ for layer in fast.layers]
+    assert kinds.count("FusedLookup") == 1 and kinds.count("TableLookup") == 1 and "Embedding" not in kinds
+    assert "StringLookup" not in kinds  # the table keys the string's hash: no vocabulary
+    known = np.arange(512) % 4 != 3  # an out-of-vocabulary word reads the table's zeros until trained
+    np.testing.assert_allclose(fast.predict(x, verbose=0)[known], model.predict(x, verbose=0)[known],
+                               rtol=1e-5, atol=1e-6)
+    assert isinstance(fast.optimizer, ttf.optimizers.Adam)
+    losses = fast.fit(x, y, batch_size=64, epochs=3, verbose=0).history["loss"]
+    assert losses[-1] < losses[0]
+    for got, want in zip(model.get_weights(), before):  # the original model is left as it was
+        np.testing.assert_array_equal(got, want)
+    fast.save(tmp_path / "m.keras")
+    back = keras.saving.load_model(tmp_path / "m.keras")
+    assert back.compiled and isinstance(back.optimizer, ttf.optimizers.Adam)
+    np.testing.assert_allclose(back.predict(x, verbose=0), fast.predict(x, verbose=0), rtol=1e-6)
+
+
+def test_accelerate_converts_a_keras_3_sequential_model_and_refuses_a_subclassed_one():
+    model = keras.Sequential([keras.Input([1], dtype="int64"), keras.layers.Embedding(100, 4),
+                              keras.layers.Flatten(), keras.layers.Dense(1)])
+    fast = ttf.accelerate(model)
+    ids = np.arange(8).reshape(8, 1)
+    np.testing.assert_allclose(fast.predict(ids, verbose=0), model.predict(ids, verbose=0), rtol=1e-6)
+
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = keras.layers.Embedding(10, 2)
+
+        def call(self, ids):
+            return self.emb(ids)
+
+    with pytest.raises(ValueError, match="subclassed or unbuilt model"):
+        ttf.accelerate(Sub())
+
+
+def test_a_plain_keras_model_loads_compiled_after_import_ttf(tmp_path):
+    """ttf's compile hook sits on Keras 3's Trainer.compile: a Model.compile override would
+    make every .keras load skip compile_from_config (with only a warning)."""
+    ids = keras.Input([2])
+    model = keras.Model(ids, keras.layers.Dense(1)(ids))
+    model.compile("sgd", "mse")
+    model.save(tmp_path / "plain.keras")
+    assert isinstance(keras.saving.load_model(tmp_path / "plain.keras").optimizer, keras.optimizers.SGD)
 
 
 @pytest.mark.slow  # a fresh TensorFlow process
@@ -178,6 +240,15 @@ def test_readme_api_example_runs_unchanged_on_keras_3(tmp_path):
     proc = run_fresh(example + "import keras\nassert tf.keras.Model is keras.Model\n", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(re.search(r"ids in the table: (\d+)", proc.stdout).group(1)) > 0
+
+
+@pytest.mark.slow  # a fresh TensorFlow process
+def test_readme_keras_3_accelerate_example_runs(tmp_path):
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    example = re.search(r"On Keras 3 the same call.*?```python\n(.*?)```", readme, re.S).group(1)
+    proc = run_fresh(example + "assert type(fast.layers[26]).__name__ == 'FusedLookup'\nprint('accelerated')\n", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "accelerated" in proc.stdout
 
 
 def test_low_precision_on_keras_3_says_it_is_not_supported_and_how_to_run_it():

@@ -32,3 +32,29 @@ def test_keras3_export_archive_layer_hook_is_still_there():
     except (ImportError, AttributeError, AssertionError) as err:
         pytest.fail(f"private Keras internal {module}.{cls}.{method} / _tf_trackable (ttf/_keras3.py: model.export() "
                     f"keeping ttf rows) changed in Keras {keras.__version__}: {err!r}")
+
+
+def test_keras3_trainer_compile_is_still_where_ttf_wraps_it():
+    module, cls = _keras3.TRAINER
+    trainer = getattr(importlib.import_module(module), cls)
+    assert keras.Model.compile is trainer.compile and "compile" not in vars(keras.Model), (
+        f"private Keras internal {module}.{cls}.compile (ttf/_keras3.py install_compile) moved in Keras "
+        f"{keras.__version__}")
+
+
+def test_keras3_functional_graph_internals_are_still_there():
+    """ttf.accelerate walks a Functional through _keras3.FunctionalGraph."""
+    from keras.src.models.functional import Functional
+    ids = keras.Input([1], dtype="int64", name="ids")
+    model = keras.Sequential([ids, keras.layers.Embedding(10, 2), keras.layers.Flatten()])
+    graph = _keras3.FunctionalGraph.functional(model)
+    try:
+        assert isinstance(graph, Functional)
+        node = graph._nodes_by_depth[0][0]
+        assert node.operation is model.layers[-1] and node.outputs and node.arguments.keras_tensors
+        assert _keras3.FunctionalGraph.producer(node.arguments.keras_tensors[0])[0] is model.layers[0]
+        assert graph._inputs_struct is not None and graph._outputs_struct is not None
+        node.arguments.fill_in({id(t): t for t in node.arguments.keras_tensors})
+    except (AttributeError, AssertionError, ImportError) as err:
+        pytest.fail(f"private Keras internals of functional models (ttf/_keras3.py FunctionalGraph, used by "
+                    f"ttf.accelerate) changed in Keras {keras.__version__}: {err!r}")
