@@ -3,6 +3,8 @@ when tf.keras resolves to it. Everything here is checked by tests/keras3/test_pr
 which fails naming the internal when a Keras release changes it.
 
 - Model.compile is wrapped where Keras 3 defines it (Trainer), see install_compile.
+- A replaced train_step (ttf.precision.use_adaptive_precision) updates the model's loss
+  metric itself, as Keras 3's own train_step does (track_loss).
 - Legacy HDF5 saving (model.save("m.h5")) writes the layers' variables only, so a model
   holding ttf tables is refused before anything is written (as ttf/_keras.py does for
   tf_keras); there is no public hook for it.
@@ -117,3 +119,11 @@ class FunctionalGraph:
         if not getattr(model, "compiled", False) or not hasattr(model, "_compile_config"):
             return None
         return dict(model._compile_config.config)  # pylint: disable=protected-access
+
+
+def track_loss(model, loss, x):
+    """What Keras 3's train_step does after compute_loss: the batch's loss into the model's
+    loss metric (the `loss` of fit's logs), weighted by the batch size."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    model._loss_tracker.update_state(loss, sample_weight=tf.shape(first)[0])  # pylint: disable=protected-access

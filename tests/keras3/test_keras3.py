@@ -249,11 +249,3 @@ def test_readme_keras_3_accelerate_example_runs(tmp_path):
     proc = run_fresh(example + "assert type(fast.layers[26]).__name__ == 'FusedLookup'\nprint('accelerated')\n", tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accelerated" in proc.stdout
-
-
-def test_low_precision_on_keras_3_says_it_is_not_supported_and_how_to_run_it():
-    model, _ = toy()
-    model(data(8)[0])
-    with pytest.raises(NotImplementedError, match="TF_USE_LEGACY_KERAS=1"):
-        with ttf.precision.low_precision(model):
-            pass

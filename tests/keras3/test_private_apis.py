@@ -58,3 +58,12 @@ def test_keras3_functional_graph_internals_are_still_there():
     except (AttributeError, AssertionError, ImportError) as err:
         pytest.fail(f"private Keras internals of functional models (ttf/_keras3.py FunctionalGraph, used by "
                     f"ttf.accelerate) changed in Keras {keras.__version__}: {err!r}")
+
+
+def test_keras3_loss_tracker_is_still_there():
+    ids = keras.Input([2])
+    model = keras.Model(ids, keras.layers.Dense(1)(ids))
+    model.compile("sgd", "mse")
+    assert hasattr(getattr(model, "_loss_tracker", None), "update_state"), (
+        f"private Keras internal Model._loss_tracker (ttf/_keras3.py track_loss: the loss in model.fit's logs "
+        f"under ttf.precision) changed in Keras {keras.__version__}")

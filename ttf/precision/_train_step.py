@@ -18,7 +18,6 @@ tf.function:
 import contextlib
 
 import tensorflow as tf
-from tf_keras.src.mixed_precision import autocast_variable
 
 from ttf._keras import KERAS3
 
@@ -44,7 +43,7 @@ def _keeps_float32(layer):
     anchor variable that must stay float32)."""
     if isinstance(layer, _NO_AUTOCAST_LAYERS):
         return True
-    if not isinstance(layer, tf.keras.Model) and getattr(layer, "_autocast", True) is False:
+    if not isinstance(layer, tf.keras.Model) and getattr(layer, "autocast" if KERAS3 else "_autocast", True) is False:
         return True
     return any(getattr(v, "_ttf_embedding", None) is not None for v in vars(layer).values()
                if isinstance(v, tf.Variable))
@@ -83,15 +82,17 @@ def low_precision(model, dtype=tf.bfloat16):
       >>> y.dtype.name, model(tf.ones((2, 3))).dtype.name
       ('bfloat16', 'float32')
     """
-    if KERAS3:
-        raise NotImplementedError(
-            "ttf.precision's low-precision steps cast through tf_keras' AutoCastVariable and do not support Keras 3 "
-            "models yet: set TF_USE_LEGACY_KERAS=1 before anything imports TensorFlow, or train in float32")
     dtype = tf.as_dtype(dtype)
     if dtype not in _MIXED_POLICY:
         raise ValueError(f"dtype must be bfloat16 or float16, got {dtype.name}")
     if not isinstance(model, tf.keras.layers.Layer):
         raise TypeError(f"model must be a tf.keras Layer or Model, got {type(model).__name__}")
+    if KERAS3:
+        with _keras3_low_precision(model, _MIXED_POLICY[dtype]):
+            yield model
+        return
+    from tf_keras.src.mixed_precision import autocast_variable  # pylint: disable=import-outside-toplevel
+
     mixed = tf.keras.mixed_precision.Policy(_MIXED_POLICY[dtype])
     saved_policies, saved_weights = [], []
     try:
@@ -110,6 +111,21 @@ def low_precision(model, dtype=tf.bfloat16):
             object.__setattr__(layer, name, value)
         for layer, policy in reversed(saved_policies):
             layer._set_dtype_policy(policy)  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def _keras3_low_precision(model, policy):
+    """Keras 3: a mixed policy on a layer is all it takes (its __call__ casts floating inputs
+    and reads its autocast variables in the compute dtype); the policies are put back after."""
+    saved = []
+    try:
+        for layer in _layers_to_cast(model):
+            saved.append((layer, layer.dtype_policy))
+            layer.dtype_policy = policy
+        yield
+    finally:
+        for layer, previous in reversed(saved):
+            layer.dtype_policy = previous
 
 
 def _current_learning_rate(optimizer):
@@ -374,8 +390,8 @@ class PrecisionTrainStep(tf.Module):
         finite = _all_finite(loss, grads)
         # tf.cond needs like structures in both branches: a None gradient (variable unused)
         # becomes zeros and is dropped again before the update; IndexedSlices (table row
-        # gradients) go through as (values, indices).
-        flat = [tf.zeros_like(v) if g is None else (g.values, g.indices) if isinstance(g, tf.IndexedSlices) else g
+        # gradients, Keras Embedding gradients) go through as (values, indices[, dense_shape]).
+        flat = [tf.zeros_like(v) if g is None else _slices_parts(g) if isinstance(g, tf.IndexedSlices) else g
                 for g, v in zip(grads, variables)]
         return loss, outputs, finite, flat
 
@@ -391,7 +407,7 @@ class PrecisionTrainStep(tf.Module):
         # back when the step is skipped; automatic control dependencies order these reads
         # before the forward's writes.
         state = self._forward_state()
-        saved_state = [tf.identity(v.read_value()) for v in state]
+        saved_state = [tf.identity(tf.convert_to_tensor(v)) for v in state]  # a Keras 3 Variable has no read_value
         grad_is_none = set()
         branch = lambda is_low: lambda: self._branch(  # noqa: E731
             features, labels, sample_weight, is_low, loss_fn, variables, grad_is_none)
@@ -445,7 +461,10 @@ class PrecisionTrainStep(tf.Module):
         def loss_fn(y_true, y_pred, w):
             return model.compute_loss(x, y_true, y_pred, w)
 
-        _, y_pred, low, skip = self._run(x, y, sample_weight, loss_fn, model.optimizer)
+        loss, y_pred, low, skip = self._run(x, y, sample_weight, loss_fn, model.optimizer)
+        if KERAS3:  # Keras 3's compute_loss leaves the loss metric to train_step
+            from ttf import _keras3  # pylint: disable=import-outside-toplevel
+            _keras3.track_loss(model, loss, x)
         logs = model.compute_metrics(x, y, y_pred, sample_weight)
         logs["low_precision"] = tf.cast(low, tf.float32)
         logs["skipped"] = tf.cast(skip, tf.float32)
@@ -457,6 +476,14 @@ class _TraceCounts:
 
     def __init__(self):
         self.counts = {"float32": 0, "low": 0}
+
+
+def _slices_parts(slices):
+    """An IndexedSlices as the tuple tf.IndexedSlices(*parts) rebuilds (Keras 3's optimizers
+    need the dense_shape that a Keras Embedding's gradient has)."""
+    if slices.dense_shape is None:
+        return slices.values, slices.indices
+    return slices.values, slices.indices, slices.dense_shape
 
 
 def _cast_floating(tensor, dtype):
