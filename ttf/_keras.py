@@ -17,7 +17,7 @@ import sys
 
 import tensorflow as tf
 
-from ttf.embedding import DynamicEmbedding, embedding_of
+from ttf.embedding import embedding_of, tables_in
 from ttf.optimizers import _TableUpdates, from_keras
 
 KERAS3 = not tf.keras.Model.__module__.startswith("tf_keras.")  # which Keras tf.keras resolved to
@@ -86,11 +86,6 @@ class _Always(dict):
 
     def __getitem__(self, key):
         return [dict.__getitem__(self, int(key) if isinstance(key, str) else key)]
-
-
-def tables_in(model):
-    """The ttf embedding layers inside a Keras model or layer (nested models included)."""
-    return [layer for layer in model._flatten_layers(include_self=True) if isinstance(layer, DynamicEmbedding)]
 
 
 def _compile(original):

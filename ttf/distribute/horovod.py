@@ -59,7 +59,7 @@ except ImportError as err:  # pragma: no cover (depends on the environment)
     ) from err
 
 from ttf._ops import ops
-from ttf.embedding import DynamicEmbedding, embedding_of, shard_of
+from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
 
 COMPRESSIONS = ("none", "fp16", "bf16")
 _WIRE_DTYPES = {"none": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
@@ -373,10 +373,7 @@ def gathered_tables(model, delta=None):
             layer.sharding._gathered.pop(id(layer), None)  # pylint: disable=protected-access
 
 
-def ttf_layers(model):
-    """The ttf embedding layers of a Keras model (or layer), in a fixed order."""
-    layers = model._flatten_layers(include_self=True, recursive=True)  # pylint: disable=protected-access
-    return [layer for layer in layers if isinstance(layer, DynamicEmbedding)]
+ttf_layers = tables_in  # the ttf embedding layers of a Keras model, in a fixed order (ttf.embedding.tables_in)
 
 
 def shard_tables(model, compression="none"):
@@ -497,7 +494,6 @@ def export_for_serving(model, path, **kwargs):
     (each table's rows are gathered from every rank, a collective); rank 0 alone writes the
     next version under `path`, once, and returns its folder (None on the other ranks).
     kwargs go to ttf.export_for_serving."""
-    from ttf._keras import tables_in  # noqa: PLC0415
     from ttf.serving import export_for_serving as export  # noqa: PLC0415 (serving imports this module's peers)
 
     written = None

@@ -379,3 +379,10 @@ def _exported_from_store(store, prefix):
         optimizer = optimizer.item()
         exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
     return exported
+
+
+def tables_in(model):
+    """The ttf embedding layers inside a Keras model or layer (nested models included), in
+    a fixed order: the one way ttf finds a model's tables (save, export, Horovod, compile)."""
+    layers = model._flatten_layers(include_self=True, recursive=True)  # pylint: disable=protected-access
+    return [layer for layer in layers if isinstance(layer, DynamicEmbedding)]

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from ttf._durable import fsync_path, fsync_tree
-from ttf._keras import tables_in
+from ttf.embedding import tables_in
 from ttf.embedding._logical import mix64, shard_of
 
 
