@@ -57,16 +57,17 @@ class RollingAUC:
 
     def record(self, labels, logits):
         """Adds a batch: labels [B] (0/1) and logits [B] or [B, 1] (any float dtype).
-        Returns the op (in a tf.function) that ran the update."""
+        Returns the rows recorded so far (int64 scalar), once the batch is in the ring."""
         labels = tf.reshape(tf.cast(tf.stop_gradient(labels), tf.float32), [-1])
         probs = tf.sigmoid(tf.reshape(tf.cast(tf.stop_gradient(logits), tf.float32), [-1]))
         batch = tf.size(labels, out_type=tf.int64)
         keep = tf.minimum(batch, self.capacity)  # a batch larger than the ring keeps its last rows
         labels, probs = labels[batch - keep:], probs[batch - keep:]
-        first = self._rows.assign_add(batch, read_value=True) - keep
-        slots = tf.math.floormod(first + tf.range(keep), self.capacity)[:, None]
-        return tf.group(self._probs.scatter_nd_update(slots, probs),
-                        self._labels.scatter_nd_update(slots, labels))
+        rows = self._rows.assign_add(batch, read_value=True)
+        slots = tf.math.floormod(rows - keep + tf.range(keep), self.capacity)[:, None]
+        with tf.control_dependencies([self._probs.scatter_nd_update(slots, probs),
+                                      self._labels.scatter_nd_update(slots, labels)]):
+            return tf.identity(rows)
 
     def rows(self):
         """Rows recorded so far (all of them, not only those still in the window)."""
