@@ -23,7 +23,7 @@ Example:
   >>> import numpy as np
   >>> stream = DriftingSynthetic(vocab_per_field=1000, drift_rate=1 / 24, new_id_rate=0.02)
   >>> first, later = stream.hour_rows(0, 5000), stream.hour_rows(24, 5000)
-  >>> seen = np.isin(later["ids"][:, 0], first["ids"][:, 0]).mean()  # rows of hour 24 whose field-0 id was seen
+  >>> seen = float(np.isin(later["ids"][:, 0], first["ids"][:, 0]).mean())  # rows of hour 24 whose field-0 id was seen
   >>> 0.35 < seen < 0.55  # 24 hours at 2% of the ranks per hour: about half the rows carry new ids
   True
   >>> best_auc(later["label"], later["probability"]) > 0.8
