@@ -152,8 +152,16 @@ def main(argv=None):
     os.makedirs(directory, exist_ok=True)
     hour, part = next_part(directory, args.files_per_hour) if args.out_dir else (0, 0)
     stopping = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.append(True))
+    previous = {sig: signal.signal(sig, lambda *_: stopping.append(True)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _produce(args, stream, sink, directory, hour, part, stopping)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _produce(args, stream, sink, directory, hour, part, stopping):
+    """Writes parts until --hours or a stop signal; returns the exit code."""
     base = args.rows_per_hour // args.files_per_hour
     print(f"[producer] from hour {hour} part {part}: {args.rows_per_hour:,} rows per simulated hour in "
           f"{args.files_per_hour} part(s), one every {args.interval:g}s, to "
