@@ -1,6 +1,7 @@
 """ttf.summary: the rolling-window AUC against a pairwise NumPy reference, the event files
 (read back with tf.data.TFRecordDataset), per-table row counts, and models/train.py --logdir
 in one process and (slow) on a local parameter-server cluster."""
+import doctest
 import json
 import os
 
@@ -20,6 +21,12 @@ def pairwise_auc(labels, scores):
     """P(score of a positive > score of a negative), ties one half: the definition, O(P x N)."""
     pos, neg = scores[labels > 0.5][:, None], scores[labels <= 0.5][None, :]
     return float(((pos > neg) + 0.5 * (pos == neg)).mean())
+
+
+@pytest.mark.parametrize("module", [ttf.summary, ttf.summary._scalars], ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_rolling_auc_is_the_auc_of_the_last_rows():

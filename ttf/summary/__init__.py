@@ -18,7 +18,8 @@ The tag names models/train.py writes are the constants below (README "TensorBoar
 Example:
   >>> import tempfile, numpy as np, tensorflow as tf, ttf
   >>> window = ttf.summary.RollingAUC(capacity=8)
-  >>> window.record(tf.constant([0., 1., 0., 1.]), tf.constant([-2., 1., -1., 2.]))
+  >>> int(window.record(tf.constant([0., 1., 0., 1.]), tf.constant([-2., 1., -1., 2.])))  # rows so far
+  4
   >>> window.auc()
   1.0
   >>> with ttf.summary.JobSummary(tempfile.mkdtemp()) as summary:
