@@ -5,8 +5,6 @@ import os
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
-from tensorflow.core.util import event_pb2
 
 from ttf.data._synthetic import best_auc
 
@@ -20,8 +18,8 @@ SKIPPED_STEPS = "train/skipped_steps"
 # What tf.summary.scalar (from the tensorboard package) tags a scalar with: TensorBoard's
 # scalars plugin, content version 0. Written through tf.summary.write, which is in
 # TensorFlow itself, so writing needs no tensorboard install (only viewing does).
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars", content=b""))
+_SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
+    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars", content=b""))
 
 
 class RollingAUC:
@@ -176,7 +174,7 @@ def read_scalars(logdir):
     found = {}
     for path in sorted(glob.glob(os.path.join(os.fspath(logdir), "**", "events.out.tfevents.*"), recursive=True)):
         for record in tf.data.TFRecordDataset(path):
-            event = event_pb2.Event.FromString(record.numpy())
+            event = tf.compat.v1.Event.FromString(record.numpy())
             for value in event.summary.value:
                 number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
                 found.setdefault(value.tag, []).append((int(event.step), number))
