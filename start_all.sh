@@ -45,6 +45,8 @@ Training:
   --export-dir D       after training, write a SavedModel for serving that needs only stock
                        TensorFlow (signature serving_default: ids, dense -> probability)
   --metrics-out FILE   write the final metrics as JSON
+  --logdir D           write TensorBoard scalars (loss, rolling AUC, examples/s, rows per table, ...)
+                       here, from the chief / rank 0; watch with `tensorboard --logdir D`
   --lenient            skip and count bad input lines instead of stopping at the first
   --verbose            show TensorFlow's own log lines (hidden by default)
 Local job (default: a parameter-server cluster on this host):
@@ -91,7 +93,7 @@ EOF
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
 table_args=()
-lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data=""
+lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data="" logdir=""
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 ckpt_every="" full_every="" export_dir=""
@@ -129,6 +131,7 @@ while [ $# -gt 0 ]; do
     --full-every) need_value "$@"; full_every=$2; shift ;;
     --export-dir) need_value "$@"; export_dir=$2; shift ;;
     --metrics-out) need_value "$@"; metrics=$2; shift ;;
+    --logdir) need_value "$@"; logdir=$2; shift ;;
     --ps) need_value "$@"; num_ps=$2; shift ;;
     --workers) need_value "$@"; num_workers=$2; shift ;;
     --role) need_value "$@"; role=$2; shift ;;
@@ -199,6 +202,7 @@ train_args+=("${table_args[@]}")  # checked by train.py (one usage line, exit 2)
 [ -n "$full_every" ] && train_args+=(--full-every "$full_every")
 [ -n "$export_dir" ] && train_args+=(--export-dir "$export_dir")
 [ -n "$metrics" ] && train_args+=(--metrics-out "$metrics")
+[ -n "$logdir" ] && train_args+=(--logdir "$logdir")
 [ -n "$schema" ] && train_args+=(--schema "$schema")
 [ -n "$synthetic_rows" ] && train_args+=(--synthetic-rows "$synthetic_rows")
 [ "$lenient" = 1 ] && train_args+=(--lenient)

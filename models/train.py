@@ -93,6 +93,7 @@ def parse_args(argv):
     p.add_argument("--metrics-out", default=None, help="write the final metrics as JSON to this file")
     p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
     add_checkpoint_args(p)
+    add_summary_args(p)
     p.add_argument("--verbose", action="store_true",
                    help="show TensorFlow's own log lines (sets TF_CPP_MIN_LOG_LEVEL=0); without it only this CLI's "
                         "lines are printed (TF_CPP_MIN_LOG_LEVEL=3)")
@@ -152,7 +153,8 @@ def parse_args(argv):
     cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
     if any(cluster_flags) and not all(cluster_flags):
         p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
-    for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every", "steps_per_call", "full_every"):
+    for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every", "steps_per_call", "full_every",
+                 "auc_window"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -211,6 +213,20 @@ def add_checkpoint_args(p):
     group.add_argument("--export-rows", choices=["fp32", "fp16"], default="fp32",
                        help="precision of the embedding rows in the serving export (default fp32: predictions equal "
                             "the trainer's; fp16 halves the rows' bytes)")
+
+
+def add_summary_args(p):
+    """Flags of the TensorBoard scalars (ttf.summary)."""
+    group = p.add_argument_group("TensorBoard (ttf.summary)")
+    group.add_argument("--logdir", default=None,
+                       help="write TensorBoard scalars here at every progress line (--log-every): train/loss, "
+                            "train/auc_window, train/examples_per_sec, train/bf16_share, train/skipped_steps and, "
+                            "with --tiacc, tables/<table>/rows (and rows_evicted, rows per tier); written by the "
+                            "chief of a parameter-server job and rank 0 of a Horovod job. Watch with "
+                            "`tensorboard --logdir DIR`. Example: --logdir runs/fm")
+    group.add_argument("--auc-window", type=int, default=65_536,
+                       help="train/auc_window is the AUC over the last this many training rows, on the predictions "
+                            "each step made before its update (default 65536)")
 
 
 _LOG_RANK = [0]  # in a Horovod job only rank 0 prints progress and results
@@ -343,18 +359,26 @@ def make_precision_policy(precision):
                                            interval_hold=10)
 
 
-def make_train_step(model, optimizer, policy, args, global_loss=None, finite_across=None):
+def make_train_step(model, optimizer, policy, args, global_loss=None, finite_across=None, auc_window=None):
     """The one-process (or one Horovod rank's) training step: sigmoid cross-entropy on the
     model's logits. global_loss (Horovod): the mean over the ranks, so every rank takes the
     same precision decision; its gradient leaves each rank's own gradient as is.
-    finite_across (Horovod): every rank skips a step where any rank's gradient is not finite."""
+    finite_across (Horovod): every rank skips a step where any rank's gradient is not finite.
+    auc_window (--logdir): a ttf.summary.RollingAUC that records each batch's predictions."""
     def loss_fn(labels, logits):
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        return loss if global_loss is None else global_loss(loss)
+        loss = loss if global_loss is None else global_loss(loss)
+        return loss if auc_window is None else with_recorded(auc_window, labels, logits, loss)
 
     return ttf.precision.make_train_step(ctr.Logits(model), loss_fn, optimizer, policy,
                                          max_non_finite_steps=args.max_non_finite_steps,
                                          finite_across=finite_across)
+
+
+def with_recorded(auc_window, labels, logits, loss):
+    """loss, once auc_window has recorded the batch's (label, prediction) pairs."""
+    with tf.control_dependencies([auc_window.record(labels, logits)]):
+        return tf.identity(loss)
 
 
 class Trainer:
@@ -391,6 +415,8 @@ class Trainer:
             self.position = ttf.data.InputPosition(self.num_shares)
             parts["input_position"] = self.position
             self.precision = make_precision_policy(args.precision)
+            # --logdir: the ring of recent (label, prediction) pairs, beside the job's variables (a ps task in a cluster).
+            self.auc_window = ttf.summary.RollingAUC(args.auc_window) if args.logdir else None
             if self.precision is not None:
                 parts["precision"] = self.precision
             self.train_step = self.guard = None
@@ -402,7 +428,7 @@ class Trainer:
                 self.train_step = make_train_step(
                     self.model, self.optimizer, self.precision, args,
                     global_loss=self.horovod.mean if self.horovod else None,
-                    finite_across=self.horovod.tdh.all_ranks if self.horovod else None)
+                    finite_across=self.horovod.tdh.all_ranks if self.horovod else None, auc_window=self.auc_window)
                 parts["train_step"] = self.train_step
             self.checkpoint = tf.train.Checkpoint(**parts)
         self.manager = None
@@ -422,6 +448,9 @@ class Trainer:
         self.timed_cpu = None  # one process: CPU seconds of this process over the timed steps
         self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
         self.examples_before = self.position.examples_trained()
+        # Only the chief (one process, a cluster's chief, Horovod rank 0) writes; the others' calls do nothing.
+        self.summary = ttf.summary.JobSummary(args.logdir, writer=_LOG_RANK[0] == 0) if args.logdir else None
+        self.step_before = self.step()
 
     def step(self):
         """The global step: steps applied, plus steps skipped as non-finite."""
@@ -492,6 +521,8 @@ class Trainer:
         with tf.GradientTape() as tape:
             logits = self.model.logits(features, training=True, compute_dtype=compute_dtype)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            if self.auc_window is not None:
+                loss = with_recorded(self.auc_window, labels, logits, loss)
         return loss, tape.gradient(loss, self.model.trainable_variables)
 
     def use_bf16(self, loss):
@@ -545,6 +576,7 @@ class Trainer:
                 ranks = f" ({self.horovod.size} ranks)" if self.horovod else ""
                 log(f"[train] step {step}: loss {loss:.4f}, {(step - last_log_step) / (now - last_log):.1f} steps/s"
                     + (f", {skipped} skipped as non-finite" if skipped else "") + self.table_progress() + ranks)
+                self.write_summary(step, loss, (step - last_log_step) / (now - last_log))
                 last_log, last_log_step = now, step
             self._maybe_checkpoint(step, every_chunk=per_call > 1)
             if ran < calls:  # the data ran out
@@ -634,9 +666,29 @@ class Trainer:
             now = time.perf_counter()
             log(f"[train] step {self.step()}: loss {losses[-1]:.4f}, {chunk / (now - last_log):.1f} global steps/s"
                 + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else ""))
+            self.write_summary(self.step(), losses[-1], chunk / (now - last_log))
             last_log = now
             self._maybe_checkpoint(self.step(), every_chunk=True)
         return self.step() - timed_from, time.perf_counter() - timed_start
+
+    def write_summary(self, step, loss, steps_per_sec):
+        """--logdir: the scalars of a progress line (ttf.summary). Every Horovod rank calls it
+        (the table counts are a collective); only the writer writes."""
+        if self.summary is None:
+            return
+        ranks = self.horovod.size if self.horovod else 1
+        values = {ttf.summary.LOSS: loss, ttf.summary.AUC: self.auc_window.auc(),
+                  ttf.summary.EXAMPLES_PER_SEC: steps_per_sec * self.args.batch_size * ranks,
+                  ttf.summary.BF16_SHARE: self.bf16_fraction(step - self.step_before),
+                  ttf.summary.SKIPPED_STEPS: self.skipped_steps()}
+        if self.path == "ttf":
+            layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
+            tables = ttf.summary.table_scalars(layers)
+            if self.horovod:  # each rank counted its own shards: add them up
+                per_rank = self.horovod.hvd.allgather_object(tables)
+                tables = {tag: sum(counts[tag] for counts in per_rank) for tag in tables}
+            values.update(tables)
+        self.summary.scalars(values, step)
 
     def _maybe_checkpoint(self, step, every_chunk=False):
         if self.manager is None:
@@ -709,6 +761,9 @@ def main(argv=None):
                 trainer.save_checkpoint(trainer.step())
             log(f"[train] checkpoint {trainer.manager.latest}")
         auc, logloss, eval_rows = trainer.evaluate()
+        if trainer.summary:  # --logdir: the eval numbers beside the training curves
+            trainer.summary.scalars({"eval/auc": auc, "eval/logloss": logloss}, trainer.step())
+            trainer.summary.close()
         if args.export_dir:
             version = trainer.export_for_serving(args.export_dir)
             log(f"[train] serving SavedModel (stock TensorFlow ops only) written to {version}")

@@ -20,10 +20,11 @@ from ttf.data._reader import CSV_HEADER, NUM_DENSE, NUM_FIELDS, CriteoReader, Re
 from ttf.data._shares import POSITION_FIELDS, InputPosition, plan_shares
 from ttf.data._schema import (AVAZU, CRITEO, FIELD_SHIFT, MISSING_VALUE, SCHEMAS, Categorical, Dense, Hour, Label,
                               MultiHot, Schema, Skip, field_key, load_schema)
+from ttf.data._drift import DriftingSynthetic
 from ttf.data._synthetic import (Synthetic, SyntheticCriteo, best_auc, cached_synthetic, synthetic_dataset,
                                  write_synthetic, write_synthetic_criteo)
 
 __all__ = ["AVAZU", "CRITEO", "CSV_HEADER", "FIELD_SHIFT", "MISSING_VALUE", "NUM_DENSE", "NUM_FIELDS", "SCHEMAS",
-           "Categorical", "CriteoReader", "InputPosition", "POSITION_FIELDS", "Dense", "Hour", "Label", "MultiHot", "Reader", "Schema", "Skip",
+           "Categorical", "CriteoReader", "DriftingSynthetic", "InputPosition", "POSITION_FIELDS", "Dense", "Hour", "Label", "MultiHot", "Reader", "Schema", "Skip",
            "Synthetic", "SyntheticCriteo", "best_auc", "cached_synthetic", "criteo_dataset", "field_key",
            "load_schema", "parse_lines", "plan_shares", "synthetic_dataset", "write_synthetic", "write_synthetic_criteo"]

@@ -139,6 +139,12 @@ class Synthetic:
         """Planted weights [D] of the centred dense features."""
         return np.random.default_rng(self.model_seed).normal(0.0, self.dense_weight_std, self.schema.num_dense)
 
+    def _population(self, field, ranks):
+        """The value (< 2^32) written for each popularity rank of a field: the rank itself
+        (DriftingSynthetic maps ranks to ids that change over time)."""
+        del field
+        return ranks
+
     def generate(self, num_rows, seed=0):
         """Draws num_rows rows.
 
@@ -171,6 +177,7 @@ class Synthetic:
             missing = (rng.random(n) < self.missing_rate) if self.missing_rate > 0 else np.zeros(n, bool)
             if column.kind == "categorical":
                 ranks = ((rng.zipf(self.zipf_exponent, size=n) - 1) % self.vocab_per_field).astype(np.int64)
+                ranks = self._population(field, ranks)
                 values = _string_keys(ranks) if column.values == "string" else ranks
                 ids[:, field] = tag(field, np.where(missing, MISSING_VALUE, values))
                 text[column.name] = ("int" if column.values == "int" else "hex", ranks, missing)
@@ -197,7 +204,7 @@ class Synthetic:
             elif column.kind == "multi_hot":
                 lengths = rng.integers(0, self.max_multi_hot + 1, n)
                 ranks = ((rng.zipf(self.zipf_exponent, size=int(lengths.sum())) - 1) % self.vocab_per_field)
-                ranks = ranks.astype(np.int64)
+                ranks = self._population(schema.num_fields + multi_index, ranks.astype(np.int64))
                 values = _string_keys(ranks) if column.values == "string" else ranks
                 keys = tag(schema.num_fields + multi_index, values)
                 weights = np.bincount(np.repeat(np.arange(n), lengths), self.key_weights(keys), minlength=n)
