@@ -1,0 +1,266 @@
+"""ttf.serving.Publisher and DeltaFollower: a base version plus deltas, applied in place.
+
+The reference is the trainer's own table: every key's row as TtfTableExport gives it (float32
+bit for bit; float16 rows equal the trainer's rows cast to float16), and the default row for
+every key the trainer deleted or never held.
+"""
+import errno
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ttf
+from ttf.serving import _publish
+
+DIM = 4
+
+
+class Clock:
+    """A clock the test moves by hand (publish intervals without sleeping)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make_model(shards=2):
+    ids = tf.keras.Input([2], dtype=tf.int64, name="ids")
+    embedded = ttf.FusedEmbedding(DIM, num_fields=2, name="sparse", shard_devices=["/cpu:0"] * shards)(ids)
+    out = tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(embedded))
+    model = tf.keras.Model(ids, out)
+    model(tf.constant([[1, 2]], tf.int64))
+    return model, ttf.optimizers.Adagrad(0.1)
+
+
+def train(model, optimizer, ids):
+    """One step on ids int64 [B, 2] (label 1)."""
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=tf.ones([len(ids), 1]), logits=model(tf.constant(ids, tf.int64), training=True)))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+
+def trainer_rows(layer):
+    """{key: row float32 [dim]} of every key the trainer's table holds."""
+    rows = {}
+    for table in layer.tables:
+        exported = table.export()
+        for key, row in zip(exported["keys"].numpy(), exported["values"].numpy()[:, :DIM]):
+            rows[int(key)] = row
+    return rows
+
+
+def assert_follower_equals_trainer(follower, layer, keys_ever, dtype=np.float32):
+    expected = trainer_rows(layer)
+    keys = np.array(sorted(set(keys_ever) | set(expected)), np.int64)
+    served = follower.lookup(layer.name, keys).numpy()
+    default = np.zeros([DIM], np.float32)
+    want = np.stack([expected[k].astype(dtype).astype(np.float32) if k in expected else default for k in keys])
+    np.testing.assert_array_equal(served, want)  # bit for bit: rows are copied, never recomputed
+    return len(expected), len(keys) - len(expected)
+
+
+def layer_keys(layer, ids):
+    return [int(k) for k in layer.keys_of(tf.constant(ids, tf.int64))[0].numpy().ravel()]
+
+
+@pytest.mark.parametrize("row_dtype", [tf.float32, tf.float16])
+def test_base_and_deltas_equal_the_trainers_table_deletes_included(tmp_path, row_dtype):
+    model, optimizer = make_model()
+    layer = model.get_layer("sparse")
+    clock = Clock()
+    publisher = ttf.serving.Publisher(model, tmp_path / "ctr", publish_every=5, dense_publish_every=10,
+                                      row_dtype=row_dtype, clock=clock)
+    rng = np.random.default_rng(0)
+    seen = []
+    for step in range(3):
+        ids = rng.integers(0, 200, size=[16, 2])
+        seen += layer_keys(layer, ids)
+        train(model, optimizer, ids)
+    layer.reset_deleted()  # a checkpoint's record of deleted keys starts here
+    assert publisher.maybe_publish() == (1, 0)  # the first publish is a base version
+    follower = ttf.serving.DeltaFollower(tmp_path / "ctr")
+    assert (follower.version, follower.sequence) == (1, 0)
+    evicted_total, evicted_keys = 0, set()
+    for delta in range(1, 5):
+        for _ in range(3):
+            ids = rng.integers(0, 400, size=[16, 2])
+            seen += layer_keys(layer, ids)
+            train(model, optimizer, ids)
+        # evict the ids not trained in the last 2 table steps: deletions the deltas carry
+        step = int(layer.tables[0].stats()[2])
+        before = set(trainer_rows(layer))
+        evicted_total += int(layer.evict(before_step=step - 1))
+        evicted_keys |= before - set(trainer_rows(layer))
+        assert publisher.maybe_publish() is None  # not due yet
+        clock.now += 5
+        assert publisher.maybe_publish() == (1, delta)
+        assert follower.sync() == 1 and follower.sequence == delta
+        held, absent = assert_follower_equals_trainer(follower, layer, seen, row_dtype.as_numpy_dtype)
+    assert evicted_total > 0 and absent > 0 and held > 0
+    # dense weights went out with the deltas at clock 10 and 20: predictions match the live model
+    ids = tf.constant(rng.integers(0, 400, size=[8, 2]), tf.int64)
+    if row_dtype == tf.float32:
+        np.testing.assert_allclose(follower.predict({"ids": ids})["probability"].numpy(),
+                                   model(ids, training=False).numpy(), rtol=0, atol=1e-6)
+    # the checkpoint's own record of deleted keys was never reset by publishing
+    deleted = np.concatenate([t.export(since_step=0)["deleted_keys"].numpy() for t in layer.tables])
+    assert set(deleted.tolist()) == evicted_keys
+    manifest = json.load(open(os.path.join(ttf.serving.delta_folder(str(tmp_path / "ctr"), 1, 4), "manifest.json")))
+    assert manifest["base_version"] == 1 and manifest["sequence"] == 4 and len(manifest["parts"]) == 2
+
+
+def publish_chain(base, deltas=3):
+    """A model, its publisher and a base + `deltas` deltas with new rows each."""
+    model, optimizer = make_model(shards=1)
+    clock = Clock()
+    publisher = ttf.serving.Publisher(model, base, publish_every=1, clock=clock)
+    train(model, optimizer, [[1, 2]])
+    publisher.publish()
+    for d in range(deltas):
+        train(model, optimizer, [[10 + d, 20 + d]])
+        clock.now += 1
+        publisher.publish()
+    return model, optimizer, publisher, clock
+
+
+def test_follower_refuses_a_gap_a_duplicate_and_a_wrong_base_then_resyncs(tmp_path, capfd):
+    base = str(tmp_path / "ctr")
+    model, optimizer, publisher, clock = publish_chain(base)
+    layer = model.get_layer("sparse")
+
+    follower = ttf.serving.DeltaFollower(base)  # loads the base and applies what follows
+    assert (follower.version, follower.sequence) == (1, 3) and follower.sync() == 0
+    assert not follower.apply(ttf.serving.delta_folder(base, 1, 2))  # duplicate
+    assert "duplicate" in follower.refused and follower.sequence == 3
+    assert capfd.readouterr().err.count("DeltaFollower refuses") == 1
+
+    # a gap: delta 2 is missing while 3 is there
+    gap = str(tmp_path / "gap")
+    shutil.copytree(base, gap)
+    shutil.rmtree(ttf.serving.delta_folder(gap, 1, 2))
+    behind = ttf.serving.DeltaFollower(gap)
+    assert behind.sequence == 1 and "gap" in behind.refused  # delta 1 applied, then refused
+    one = behind.lookup("sparse", layer_keys(layer, [[10, 20]])).numpy()
+    assert np.any(one != 0)  # delta 1's rows are served
+    assert np.all(behind.lookup("sparse", layer_keys(layer, [[11, 21]])).numpy() == 0)  # delta 2's are not
+
+    # a wrong base: a delta of version 1 under version 2
+    publisher.publish_base()  # version 2
+    wrong = ttf.serving.delta_folder(base, 2, 1)
+    shutil.copytree(ttf.serving.delta_folder(base, 1, 1), wrong)
+    fresh = ttf.serving.DeltaFollower(base)
+    assert fresh.version == 2 and "wrong base" in fresh.refused and fresh.sequence == 0
+    assert "wrong base" in capfd.readouterr().err
+
+    # re-sync from the next base: follower (refused a duplicate) moves to version 3 and its deltas
+    shutil.rmtree(wrong)
+    publisher.publish_base()
+    train(model, optimizer, [[7, 8]])
+    clock.now += 1
+    assert publisher.publish() == (3, 1)
+    assert follower.sync() == 1 and (follower.version, follower.sequence, follower.refused) == (3, 1, None)
+    assert_follower_equals_trainer(follower, layer, layer_keys(layer, [[7, 8], [1, 2]]))
+
+
+def test_a_half_written_delta_is_never_applied(tmp_path):
+    base = str(tmp_path / "ctr")
+    model, optimizer, publisher, clock = publish_chain(base, deltas=2)
+    layer = model.get_layer("sparse")
+    keep = str(tmp_path / "whole")
+    shutil.copytree(ttf.serving.delta_folder(base, 1, 2), keep)
+
+    # a publisher's temporary folder (no manifest, not renamed) and a delta without its manifest
+    shutil.copytree(keep, os.path.join(base, "deltas", "1", ".tmp-2-999"))
+    os.remove(os.path.join(ttf.serving.delta_folder(base, 1, 2), "manifest.json"))
+    follower = ttf.serving.DeltaFollower(base)
+    assert follower.sequence == 1 and follower.refused is None  # waits for delta 2 to be whole
+    shutil.copy(os.path.join(keep, "manifest.json"), ttf.serving.delta_folder(base, 1, 2))
+    assert follower.sync() == 1 and follower.sequence == 2
+    assert_follower_equals_trainer(follower, layer, [])
+
+    # a damaged part: refused by its checksum, nothing of it applied
+    train(model, optimizer, [[30, 31]])
+    clock.now += 1
+    publisher.publish()
+    part = os.path.join(ttf.serving.delta_folder(base, 1, 3), "sparse-0-0.delta")
+    data = open(part, "rb").read()
+    open(part, "wb").write(data[: len(data) // 2])
+    assert follower.sync() == 0 and "checksum" in follower.refused and follower.sequence == 2
+    assert np.all(follower.lookup("sparse", layer_keys(layer, [[30, 31]])).numpy() == 0)
+
+
+def test_a_full_disk_pauses_publishing_training_goes_on_and_it_resumes(tmp_path, monkeypatch, capfd):
+    """ENOSPC injected at the part write (ttf.serving._publish._write_file)."""
+    base = str(tmp_path / "ctr")
+    model, optimizer = make_model()
+    layer = model.get_layer("sparse")
+    clock = Clock()
+    publisher = ttf.serving.Publisher(model, base, publish_every=1, clock=clock)
+    train(model, optimizer, [[1, 2], [3, 4]])
+    publisher.publish()
+    follower = ttf.serving.DeltaFollower(base)
+    real_write = _publish._write_file
+
+    def full(path, blob):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(_publish, "_write_file", full)
+    seen = layer_keys(layer, [[1, 2], [3, 4]])
+    for i in range(3):  # training goes on; each publish fails and leaves nothing visible
+        ids = [[100 + i, 200 + i]]
+        seen += layer_keys(layer, ids)
+        train(model, optimizer, ids)
+        layer.evict(before_step=int(layer.tables[0].stats()[2]) - 1)  # deletions while the disk is full
+        clock.now += 1
+        assert publisher.maybe_publish() is None
+    err = capfd.readouterr().err
+    assert err.count("publishing to") == 1 and "No space left on device" in err and "paused" in err
+    assert publisher.paused and not os.listdir(os.path.join(base, "deltas", "1"))
+
+    monkeypatch.setattr(_publish, "_write_file", real_write)
+    clock.now += 1
+    assert publisher.maybe_publish() == (1, 1)
+    assert "resumed" in capfd.readouterr().err and publisher.paused is None
+    assert follower.sync() == 1
+    held, absent = assert_follower_equals_trainer(follower, layer, seen)
+    assert absent > 0  # the deletions made while paused reached the follower
+
+
+def test_publisher_rejects_bad_arguments(tmp_path):
+    model, _ = make_model(shards=1)
+    with pytest.raises(ValueError, match="publish_every must be > 0"):
+        ttf.serving.Publisher(model, tmp_path, publish_every=0)
+    with pytest.raises(ValueError, match="row_dtype"):
+        ttf.serving.Publisher(model, tmp_path, row_dtype=tf.bfloat16)
+    plain = tf.keras.Sequential([tf.keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match="holds no ttf table"):
+        ttf.serving.Publisher(plain, tmp_path)
+    with pytest.raises(ValueError, match="no base version yet"):
+        ttf.serving.Publisher(model, tmp_path).publish_delta()
+
+
+def test_delta_size_is_rows_only(tmp_path):
+    """A delta's part files hold keys and rows (no optimizer slots, no meta): at most
+    1.1 x touched x (8 + 4 x dim) bytes plus a fixed header."""
+    model, optimizer = make_model(shards=1)
+    layer = model.get_layer("sparse")
+    clock = Clock()
+    publisher = ttf.serving.Publisher(model, tmp_path, publish_every=1, clock=clock)
+    publisher.publish()
+    ids = np.arange(2000).reshape(-1, 2)
+    train(model, optimizer, ids)
+    clock.now += 1
+    publisher.publish()
+    manifest = json.load(open(os.path.join(ttf.serving.delta_folder(str(tmp_path), 1, 1), "manifest.json")))
+    touched = sum(p["rows"] for p in manifest["parts"])
+    assert touched == int(layer.size()) == 2000
+    size = sum(p["bytes"] for p in manifest["parts"])
+    assert size <= 1.1 * touched * (8 + 4 * DIM) + 256, size
