@@ -8,6 +8,8 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -71,7 +73,7 @@ def layer_keys(layer, ids):
     return [int(k) for k in layer.keys_of(tf.constant(ids, tf.int64))[0].numpy().ravel()]
 
 
-@pytest.mark.parametrize("row_dtype", [tf.float32, tf.float16])
+@pytest.mark.parametrize("row_dtype", [tf.float32, pytest.param(tf.float16, marks=pytest.mark.slow)])
 def test_base_and_deltas_equal_the_trainers_table_deletes_included(tmp_path, row_dtype):
     model, optimizer = make_model()
     layer = model.get_layer("sparse")
@@ -264,3 +266,51 @@ def test_delta_size_is_rows_only(tmp_path):
     assert touched == int(layer.size()) == 2000
     size = sum(p["bytes"] for p in manifest["parts"])
     assert size <= 1.1 * touched * (8 + 4 * DIM) + 256, size
+
+
+# A fresh interpreter that never imports ttf: drives apply_delta and lookup as TF Serving would.
+PLAIN_TF_APPLY = r"""
+import sys
+import numpy as np
+import tensorflow as tf
+
+path, arrays, out = sys.argv[1:]
+given = dict(np.load(arrays))
+loaded = tf.saved_model.load(path)
+apply = loaded.signatures["apply_delta"]
+delta = dict(keys_0=tf.constant(given["keys"]), rows_0=tf.constant(given["rows"]),
+             deleted_0=tf.constant(given["deleted"]))
+print(apply(sequence=tf.constant(1, tf.int64), base_version=tf.constant(1, tf.int64), **delta)["sequence"].numpy())
+for sequence, version in ((3, 1), (1, 1), (2, 7)):  # a gap, a duplicate, another base: refused in the graph
+    try:
+        apply(sequence=tf.constant(sequence, tf.int64), base_version=tf.constant(version, tf.int64), **delta)
+        raise SystemExit(f"apply_delta accepted sequence {sequence} of base {version}")
+    except tf.errors.InvalidArgumentError as error:
+        print("refused:", "gap or a duplicate" in error.message or "for base version" in error.message)
+np.save(out, loaded.signatures["lookup"](keys_0=tf.constant(given["probe"]))["rows_0"].numpy())
+assert not any(name.startswith("ttf") for name in sys.modules)
+"""
+
+
+def test_apply_delta_runs_in_plain_tensorflow(tmp_path):
+    model, optimizer = make_model(shards=1)
+    layer = model.get_layer("sparse")
+    train(model, optimizer, [[1, 2], [3, 4]])
+    path = ttf.export_for_serving(model, str(tmp_path / "ctr"))
+    held = trainer_rows(layer)
+    keys = sorted(held)
+    upserted = np.array([keys[0], 1 << 50], np.int64)  # one held key changed, one new key
+    rows = np.arange(2 * DIM, dtype=np.float32).reshape(2, DIM)
+    deleted = np.array([keys[1], keys[0]], np.int64)  # keys[0] deleted then re-added in the same delta
+    probe = np.array(keys + [1 << 50, 1 << 51], np.int64)
+    np.savez(tmp_path / "arrays.npz", keys=upserted, rows=rows, deleted=deleted, probe=probe)
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "PYTHONPATH")}
+    proc = subprocess.run([sys.executable, "-c", PLAIN_TF_APPLY, path, str(tmp_path / "arrays.npz"),
+                           str(tmp_path / "rows.npy")], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.split() == ["1", "refused:", "True", "refused:", "True", "refused:", "True"]
+    served = np.load(tmp_path / "rows.npy")
+    want = [rows[0] if k == keys[0] else np.zeros(DIM) if k == keys[1] else held[k] for k in keys]
+    want += [rows[1], np.zeros(DIM)]
+    np.testing.assert_array_equal(served, np.array(want, np.float32))

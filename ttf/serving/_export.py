@@ -292,7 +292,7 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     signatures = {"serving_default": signature, "apply_delta": _apply_delta_signature(module),
                   "apply_dense": _apply_dense_signature(module), "lookup": _lookup_signature(module)}
     info = {"version": version, "tables": [{"name": layer.name, "dim": layer.dim} for layer in layers],
-            "dense": [{"name": v.name, "shape": v.shape.as_list(), "dtype": v.dtype.name}
+            "dense": [{"name": v.name, "shape": list(v.shape), "dtype": tf.as_dtype(v.dtype).name}
                       for v in module.model_variables],
             "exported_steps": {layer.name: table.exported_steps.tolist() for layer, table in zip(layers, frozen)}}
     os.makedirs(base, exist_ok=True)

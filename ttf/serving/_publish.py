@@ -244,7 +244,7 @@ class Publisher:
     def _write_dense(self, folder):
         """The model's variables (export_for_serving's order) in one file; dense weights are small."""
         with tf.device("CPU:0"):
-            blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(v.read_value())
+            blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(tf.convert_to_tensor(v))
                                                     for v in self.model.variables]))
         path = os.path.join(folder, "dense.delta")
         _write_file(path, blob)
