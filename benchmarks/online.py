@@ -2,7 +2,7 @@
 freshness, with ttf.serving.Publisher and DeltaFollower on one process.
 
 - size: a table of --keys ids (dim --dim, Adagrad) is published as a base; then --touched
-  ids (half held, half new) are trained and one delta published. Reports the delta's bytes
+  ids (half held, half new) are trained in steps of --train-batch ids and one delta published. Reports the delta's bytes
   against 1.1 x rows x (8 + 4 x dim) (the target) for the rows it holds, and those rows
   against the distinct ids trained since the previous delta (a delta starts one table step
   before the previous snapshot, so it may repeat that step's rows).
@@ -128,6 +128,8 @@ def parse_args(argv):
     p.add_argument("--dim", type=int, default=16, help="row width (default 16)")
     p.add_argument("--touched", type=int, default=100_000, help="ids trained per delta, size and memory parts "
                    "(default 100,000)")
+    p.add_argument("--train-batch", type=int, default=4096, help="ids per training step while touching "
+                   "(default 4096; a delta may repeat the last step before the previous one)")
     p.add_argument("--deltas", type=int, default=5, help="deltas the memory part's follower applies (default 5)")
     p.add_argument("--rows", choices=["fp32", "fp16"], default="fp32", help="published row precision (default fp32)")
     p.add_argument("--publish-every", type=float, default=5.0, help="freshness: seconds between deltas (default 5)")
@@ -139,7 +141,7 @@ def parse_args(argv):
     p.add_argument("--workdir", default=None, help="publish folder parent (default a temporary folder)")
     p.add_argument("--out", default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
-    for name in ("keys", "dim", "touched", "deltas", "batch"):
+    for name in ("keys", "dim", "touched", "train_batch", "deltas", "batch"):
         if getattr(args, name) <= 0:
             p.error(f"--{name} must be > 0")
     for name in ("publish_every", "seconds", "rate", "poll"):
@@ -211,7 +213,7 @@ def size_and_memory(args, workdir, results):
     sizes = []
     for delta in range(args.deltas):
         ids = touched_ids(rng, args, delta)
-        trainer.train(ids)
+        trainer.train(ids, batch=args.train_batch)
         started = time.perf_counter()
         sequence = publisher.publish_delta()
         seconds = time.perf_counter() - started

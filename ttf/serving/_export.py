@@ -95,12 +95,13 @@ class HashedTable(tf.Module):
     the layer's default row, as its inference lookup does: no growth, no failure). Each shard
     is a HashedShard built from that shard's export only, under `tf.device` of that shard.
 
-    The overlay (`tf.lookup.experimental.MutableHashTable`, key -> [flag, row...] float32
-    [dim + 1]; flag 1: this row, -1: deleted, reads the default row) holds what the deltas
-    since the base changed (apply). A lookup reads the overlay first, then the base. It grows
-    with the keys touched until the next base only, by its own rehash: the frozen base is
-    never copied. The overlay is skipped while empty, so a base alone looks up as fast as
-    before.
+    The overlay holds what the deltas since the base changed (apply): `overlay_slots`, a
+    `tf.lookup.experimental.MutableHashTable` key -> int64 slot (-2: deleted, reads the default
+    row; absent: the base's row), and `overlay_rows` [slots, dim] (the rows' dtype), which
+    grows by doubling when a delta brings more new keys than it has room for. So it is bounded
+    by the keys touched until the next base, and growing copies the overlay only, never the
+    frozen base. A lookup reads the overlay first, then the base, and skips the overlay while
+    it is empty, so a base alone looks up as fast as before.
 
     Args:
       layer: a DynamicEmbedding (any sharding).
@@ -109,6 +110,8 @@ class HashedTable(tf.Module):
         the same snapshot (ttf.serving.Publisher's base); `exported_steps` then holds each
         shard's table step at that snapshot.
     """
+
+    DELETED = -2  # the overlay slot of a deleted key
 
     def __init__(self, layer, dtype=tf.float32, name=None, publish_record=False):
         super().__init__(name=name or f"{layer.name}_frozen")
@@ -134,8 +137,11 @@ class HashedTable(tf.Module):
                 self.shards.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
                                                dtype=dtype, name=f"shard_{i}"))
         self.exported_steps = np.array(steps, np.int64)  # not tracked: a numpy array
-        self.overlay = tf.lookup.experimental.MutableHashTable(
-            tf.int64, tf.float32, default_value=tf.zeros([layer.dim + 1], tf.float32), name=f"{layer.name}_overlay")
+        self.overlay_slots = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1,
+                                                                     name=f"{layer.name}_overlay_slots")
+        self.overlay_rows = tf.Variable(tf.zeros([0, layer.dim], dtype), shape=tf.TensorShape([None, layer.dim]),
+                                        trainable=False, name="overlay_rows")
+        self.overlay_used = tf.Variable(0, dtype=tf.int64, trainable=False, name="overlay_used")
 
     def lookup(self, keys):
         """keys int64 [K] -> rows float32 [K, dim]."""
@@ -149,21 +155,39 @@ class HashedTable(tf.Module):
             base = tf.dynamic_stitch(places, [shard.lookup(part) for shard, part in zip(self.shards, parts)])
 
         def overlaid():
-            found = self.overlay.lookup(keys)  # [K, dim + 1]: flag, row
-            flag = found[:, :1]
-            return tf.where(flag > 0, found[:, 1:], tf.where(flag < 0, self.default_row, base))
+            slots = self.overlay_slots.lookup(keys)[:, None]
+            rows = tf.cast(tf.gather(self.overlay_rows, tf.maximum(slots[:, 0], 0)), tf.float32)
+            return tf.where(slots >= 0, rows, tf.where(slots == self.DELETED, self.default_row, base))
 
-        return tf.cond(self.overlay.size() > 0, overlaid, lambda: tf.identity(base))
+        return tf.cond(self.overlay_slots.size() > 0, overlaid, lambda: tf.identity(base))
 
     def apply(self, keys, rows, deleted_keys):
         """One delta of this table: deleted_keys int64 [D] read the default row from now on, then
-        keys int64 [K] read rows float32 [K, dim] (a key both deleted and upserted in one delta
-        was re-added: the upsert comes second). Returns the op (stock TF ops only)."""
-        marker = tf.concat([-tf.ones([tf.size(deleted_keys), 1]), tf.zeros([tf.size(deleted_keys), self.dim])], 1)
-        removed = self.overlay.insert(deleted_keys, marker)
+        keys int64 [K] (distinct) read rows float32 [K, dim] (a key both deleted and upserted in
+        one delta was re-added: the upsert comes second). Returns the op (stock TF ops only)."""
+        removed = self.overlay_slots.insert(deleted_keys, tf.fill(tf.shape(deleted_keys), tf.constant(self.DELETED,
+                                                                                                      tf.int64)))
         with tf.control_dependencies([removed]):
-            flagged = tf.concat([tf.ones([tf.size(keys), 1]), tf.cast(rows, tf.float32)], 1)
-            return self.overlay.insert(keys, flagged)
+            held = self.overlay_slots.lookup(keys)
+        fresh = held < 0  # absent or deleted: a new slot
+        used = self.overlay_used.read_value()
+        slots = tf.where(fresh, used + tf.cumsum(tf.cast(fresh, tf.int64), exclusive=True), held)
+        needed = used + tf.reduce_sum(tf.cast(fresh, tf.int64))
+        capacity = tf.shape(self.overlay_rows, out_type=tf.int64)[0]
+
+        def grow():  # doubling: copies the overlay (never the base), amortised over the deltas
+            size = tf.maximum(needed, 2 * capacity)
+            extra = tf.zeros(tf.stack([size - capacity, self.dim]), self.overlay_rows.dtype)
+            return tf.identity(self.overlay_rows.assign(tf.concat([self.overlay_rows, extra], 0)).read_value()[:1, :1])
+
+        grown = tf.cond(needed > capacity, grow, lambda: tf.zeros([1, 1], self.overlay_rows.dtype))
+        with tf.control_dependencies([grown]):
+            # the rows first, then the keys: a concurrent lookup never reads a slot not yet written
+            written = self.overlay_rows.scatter_nd_update(slots[:, None], tf.cast(rows, self.overlay_rows.dtype))
+        with tf.control_dependencies([written]):
+            mapped = self.overlay_slots.insert(keys, slots)
+        with tf.control_dependencies([mapped]):
+            return self.overlay_used.assign(needed)
 
 
 FrozenTable = HashedTable  # the name ttf.serving exported before tables were hashed
@@ -278,12 +302,15 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         return outputs if isinstance(outputs, dict) else {output_name: outputs}
 
     for layer, table in zip(layers, frozen):
-        layer._serving_table = table  # the layers' inference lookups read the frozen tables while tracing
+        # The layers' inference lookups read the frozen tables while tracing. Set past Keras'
+        # attribute tracking: a tracked table's variables would join model.variables (the dense
+        # weights a Publisher sends and apply_dense assigns).
+        object.__setattr__(layer, "_serving_table", table)
     try:
         signature = serve.get_concrete_function()
     finally:
         for layer in layers:
-            layer._serving_table = None
+            object.__setattr__(layer, "_serving_table", None)
     module = tf.Module()
     module.frozen_tables = frozen
     module.model_variables = list(model.variables)  # dense weights; the ttf tables are not tracked
