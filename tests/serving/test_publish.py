@@ -314,3 +314,20 @@ def test_apply_delta_runs_in_plain_tensorflow(tmp_path):
     want = [rows[0] if k == keys[0] else np.zeros(DIM) if k == keys[1] else held[k] for k in keys]
     want += [rows[1], np.zeros(DIM)]
     np.testing.assert_array_equal(served, np.array(want, np.float32))
+
+
+@pytest.mark.slow
+def test_ps_cluster_each_ps_writes_its_own_rows_and_the_follower_equals_the_trainer():
+    """2 real PS servers: each part's rows are serialized on the shard's PS (never on the
+    chief), and base + 3 deltas (evictions included) serve every key bit for bit."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, os.path.join(here, "ps_cluster_publish.py")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["sequence"] == 3 and found["refused"] is None and found["equal"], found
+    assert found["keys"] > found["held"] > 0  # some keys were deleted
+    assert len(found["parts"]) == 3 * 2, found  # 3 deltas x 2 shards
+    for name, device in found["parts"]:
+        shard = int(name.split("-")[1])
+        assert f"/job:ps/replica:0/task:{shard}/" in device, found

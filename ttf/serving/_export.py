@@ -96,8 +96,8 @@ class HashedTable(tf.Module):
     is a HashedShard built from that shard's export only, under `tf.device` of that shard.
 
     The overlay holds what the deltas since the base changed (apply): `overlay_slots`, a
-    `tf.lookup.experimental.MutableHashTable` key -> int64 slot (-2: deleted, reads the default
-    row; absent: the base's row), and `overlay_rows` [slots, dim] (the rows' dtype), which
+    `tf.lookup.experimental.DenseHashTable` key -> int64 slot (-2: deleted, reads the default
+    row; absent: the base's row; keys -2^63 and -2^63 + 1 are reserved by it), and `overlay_rows` [slots, dim] (the rows' dtype), which
     grows by doubling when a delta brings more new keys than it has room for. So it is bounded
     by the keys touched until the next base, and growing copies the overlay only, never the
     frozen base. A lookup reads the overlay first, then the base, and skips the overlay while
@@ -112,6 +112,7 @@ class HashedTable(tf.Module):
     """
 
     DELETED = -2  # the overlay slot of a deleted key
+    EMPTY_KEY = -(1 << 63)  # reserved by the overlay's hash table (with EMPTY_KEY + 1)
 
     def __init__(self, layer, dtype=tf.float32, name=None, publish_record=False):
         super().__init__(name=name or f"{layer.name}_frozen")
@@ -137,8 +138,12 @@ class HashedTable(tf.Module):
                 self.shards.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
                                                dtype=dtype, name=f"shard_{i}"))
         self.exported_steps = np.array(steps, np.int64)  # not tracked: a numpy array
-        self.overlay_slots = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1,
-                                                                     name=f"{layer.name}_overlay_slots")
+        # Open addressing, values in one array: lookups and inserts of a delta's keys run several
+        # times faster than MutableHashTable's node map. Its two reserved keys (EMPTY_KEY and
+        # EMPTY_KEY + 1) cannot be applied: apply_delta refuses them (InvalidArgument).
+        self.overlay_slots = tf.lookup.experimental.DenseHashTable(
+            tf.int64, tf.int64, default_value=-1, empty_key=self.EMPTY_KEY, deleted_key=self.EMPTY_KEY + 1,
+            initial_num_buckets=1024, name=f"{layer.name}_overlay_slots")
         self.overlay_rows = tf.Variable(tf.zeros([0, layer.dim], dtype), shape=tf.TensorShape([None, layer.dim]),
                                         trainable=False, name="overlay_rows")
         self.overlay_used = tf.Variable(0, dtype=tf.int64, trainable=False, name="overlay_used")
