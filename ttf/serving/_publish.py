@@ -43,10 +43,17 @@ def delta_folder(base, version, sequence):
     return os.path.join(base, DELTAS, str(version), f"{sequence:010d}")
 
 
+@tf.function(autograph=False)
+def _write_on_device(path, blob):
+    with tf.control_dependencies([tf.io.write_file(path, blob)]):
+        return tf.strings.length(blob)
+
+
 def _write_file(path, blob):
-    """Writes `blob` at `path` (on the device of the enclosing tf.device scope); the one write
-    of a part, so a test can inject a full disk here."""
-    return tf.io.write_file(path, blob)
+    """Writes `blob` at `path` on the device of the enclosing tf.device scope, and waits for
+    it (eager ops on a remote PS run asynchronously); the one write of a part, so a test can
+    inject a full disk here."""
+    return int(_write_on_device(tf.constant(path), blob))
 
 
 def _fingerprint(blob):
