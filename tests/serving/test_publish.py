@@ -331,3 +331,49 @@ def test_ps_cluster_each_ps_writes_its_own_rows_and_the_follower_equals_the_trai
     for name, device in found["parts"]:
         shard = int(name.split("-")[1])
         assert f"/job:ps/replica:0/task:{shard}/" in device, found
+
+
+@pytest.mark.slow
+def test_a_real_full_tmpfs_pauses_publishing_and_freeing_room_resumes_it(tmp_path, capfd):
+    """The same on a real 4 MiB tmpfs (mount needs root: skipped otherwise), filled to the
+    last byte by a filler file that is then removed."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        base = str(disk / "ctr")
+        model, optimizer = make_model(shards=1)
+        layer = model.get_layer("sparse")
+        clock = Clock()
+        publisher = ttf.serving.Publisher(model, base, publish_every=1, clock=clock)
+        train(model, optimizer, [[1, 2]])
+        assert publisher.publish() == (1, 0)
+        follower = ttf.serving.DeltaFollower(base)
+        filler = disk / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)  # unbuffered: every page left
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as error:
+            assert error.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        seen = layer_keys(layer, [[1, 2]])
+        for i in range(2):
+            ids = np.arange(64).reshape(32, 2) + 100 * (i + 1)
+            seen += layer_keys(layer, ids)
+            train(model, optimizer, ids)
+            clock.now += 1
+            assert publisher.maybe_publish() is None
+        err = capfd.readouterr().err
+        assert err.count("ttf: publishing to") == 1 and "paused" in err, err
+        filler.unlink()
+        clock.now += 1
+        assert publisher.maybe_publish() == (1, 1)
+        assert "resumed" in capfd.readouterr().err
+        assert follower.sync() == 1
+        assert_follower_equals_trainer(follower, layer, seen)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
