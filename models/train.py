@@ -150,6 +150,11 @@ def parse_args(argv):
         p.error("--hvd-compression needs --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:
         p.error("--hvd-compression bf16 needs --tiacc (the native path uses horovod's DistributedOptimizer: none or fp16)")
+    if args.publish_dir and (args.horovod or not args.tiacc):
+        p.error("--publish-dir publishes ttf tables (--tiacc) from one process or a parameter-server job, not --horovod")
+    for name in ("publish_every", "dense_publish_every", "rebase_every"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
     cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
     if any(cluster_flags) and not all(cluster_flags):
         p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
@@ -211,8 +216,27 @@ def add_checkpoint_args(p):
                             "D/<N>/ (N one more than the largest there), written to a temporary folder and renamed "
                             "into place. Example: --export-dir /tmp/ctr_serving")
     group.add_argument("--export-rows", choices=["fp32", "fp16"], default="fp32",
-                       help="precision of the embedding rows in the serving export (default fp32: predictions equal "
-                            "the trainer's; fp16 halves the rows' bytes)")
+                       help="precision of the embedding rows in the serving export and in published deltas (default "
+                            "fp32: predictions equal the trainer's; fp16 halves the rows' bytes)")
+    add_publish_args(p)
+
+
+def add_publish_args(p):
+    """Flags of online publishing to serving (ttf.serving.Publisher)."""
+    group = p.add_argument_group("publishing to serving while training (ttf.serving.Publisher)")
+    group.add_argument("--publish-dir", default=None, metavar="BASE",
+                       help="publish the model for serving while it trains: a base version BASE/<N>/ (TF Serving's "
+                            "layout, as --export-dir), then every --publish-every seconds a delta BASE/deltas/<N>/<seq>/ "
+                            "of the rows touched and the ids deleted, written by each parameter server for its own "
+                            "rows; ttf.serving.DeltaFollower(BASE) serves it (docs/serving.md). --tiacc only, not "
+                            "--horovod. Example: --publish-dir /tmp/ctr_online --publish-every 5")
+    group.add_argument("--publish-every", type=float, default=10.0,
+                       help="seconds between deltas (default 10)")
+    group.add_argument("--dense-publish-every", type=float, default=300.0,
+                       help="seconds between deltas that also carry the dense weights (default 300)")
+    group.add_argument("--rebase-every", type=float, default=3600.0,
+                       help="seconds between new base versions, so a follower never replays more than that "
+                            "(default 3600)")
 
 
 def add_summary_args(p):
@@ -500,6 +524,24 @@ class Trainer:
             return self.horovod.tdh.export_for_serving(self.model, base, row_dtype=row_dtype)
         return ttf.export_for_serving(self.model, base, row_dtype=row_dtype)
 
+    # -- publishing to serving (--publish-dir): the loops call maybe_publish, main a final publish
+
+    def maybe_publish(self, final=False):
+        """A base, then a delta every --publish-every seconds (ttf.serving.Publisher: each PS
+        writes its own rows); final: publish now. A full disk pauses it with one line, never
+        stops training."""
+        if not self.args.publish_dir:
+            return None
+        if getattr(self, "publisher", None) is None:
+            self.publisher = ttf.serving.Publisher(
+                self.model, self.args.publish_dir, publish_every=self.args.publish_every,
+                dense_publish_every=self.args.dense_publish_every, rebase_every=self.args.rebase_every,
+                row_dtype=tf.float16 if self.args.export_rows == "fp16" else tf.float32)
+        published = self.publisher.publish() if final else self.publisher.maybe_publish()
+        if published is not None and final:
+            log(f"[train] published to {self.args.publish_dir}: base {published[0]}, sequence {published[1]}")
+        return published
+
     def dataset(self, share):
         """Batches (features, labels, position) of this worker's / rank's share of --data."""
         args = self.args
@@ -579,6 +621,7 @@ class Trainer:
                 self.write_summary(step, loss, (step - last_log_step) / (now - last_log))
                 last_log, last_log_step = now, step
             self._maybe_checkpoint(step, every_chunk=per_call > 1)
+            self.maybe_publish()
             if ran < calls:  # the data ran out
                 break
         if timed_start is None:  # shorter than the warm-up: time everything
@@ -669,6 +712,7 @@ class Trainer:
             self.write_summary(self.step(), losses[-1], chunk / (now - last_log))
             last_log = now
             self._maybe_checkpoint(self.step(), every_chunk=True)
+            self.maybe_publish()
         return self.step() - timed_from, time.perf_counter() - timed_start
 
     def write_summary(self, step, loss, steps_per_sec):
@@ -760,6 +804,7 @@ def main(argv=None):
             if trainer.horovod or trainer.manager.last_step != trainer.step():
                 trainer.save_checkpoint(trainer.step())
             log(f"[train] checkpoint {trainer.manager.latest}")
+        trainer.maybe_publish(final=True)
         auc, logloss, eval_rows = trainer.evaluate()
         if trainer.summary:  # --logdir: the eval numbers beside the training curves
             trainer.summary.scalars({"eval/auc": auc, "eval/logloss": logloss}, trainer.step())

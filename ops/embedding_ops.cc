@@ -234,6 +234,7 @@ REGISTER_OP("TtfTableExport")
     .Output("slot_init: float")
     .Output("step: int64")
     .Attr("reset_deleted: bool = false")
+    .Attr("record: {'checkpoint', 'publish'} = 'checkpoint'")
     .SetShapeFn(ExportShape)
     .Doc(R"doc(
 Everything a checkpoint needs: keys [N], values [N, dim * (1 + S)] (row then S optimizer
@@ -242,7 +243,8 @@ optimizer owning the slots, the slots' initial values [S] and the table step.
 One consistent snapshot (every shard locked shared while it is taken: writers wait,
 readers go on), written straight into the outputs. reset_deleted=true also clears the
 record of deleted keys in the same snapshot and starts recording (the base of a chain of
-TtfTableExportDelta).
+TtfTableExportDelta). record: whose record (each reader keeps its own, reset by it only:
+"checkpoint" for delta checkpoints, "publish" for deltas published to serving).
 )doc");
 
 REGISTER_OP("TtfTableExportDelta")
@@ -258,6 +260,7 @@ REGISTER_OP("TtfTableExportDelta")
     .Output("step: int64")
     .Output("deleted_keys: int64")
     .Attr("reset_deleted: bool = true")
+    .Attr("record: {'checkpoint', 'publish'} = 'checkpoint'")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(ScalarInput(c, 1));
       return ExportShape(c);
@@ -270,20 +273,23 @@ distinct; empty until a reset started the record). With reset_deleted the record
 cleared in the same snapshot. Restore = Import of the full export, then per delta:
 TtfTableRemove(deleted_keys), then TtfTableImport(merge=true).
 Lookups after a save at table step t mark rows last-seen t: pass since_step = t - 1 to
-catch every change made after that save.
+catch every change made after that save. record: whose deleted-key record is read and
+reset ("checkpoint" or "publish", see TtfTableExport).
 )doc");
 
 REGISTER_OP("TtfTableDeletedKeys")
     .Input("table: resource")
     .Output("deleted_keys: int64")
     .Attr("reset: bool = false")
+    .Attr("record: {'checkpoint', 'publish'} = 'checkpoint'")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       return OkStatus();
     })
     .Doc(R"doc(
 The keys removed from the table since the record was last reset (sorted, distinct). The
-record is off (empty) until the first reset; reset=true clears and starts it.
+record is off (empty) until the first reset; reset=true clears and starts it. record:
+whose record ("checkpoint" or "publish", see TtfTableExport).
 )doc");
 
 REGISTER_OP("TtfTableRemove")

@@ -322,9 +322,17 @@ class TableEvictOp : public TableOpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableEvict").Device(DEVICE_CPU), TableEvictOp);
 
+// The "record" attr: whose deleted-key record an op reads or resets (DeletedRecord).
+Status GetRecordAttr(OpKernelConstruction* ctx, int* record) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("record", &name));
+  *record = name == "publish" ? kPublishRecord : kCheckpointRecord;  // the registration allows only these two
+  return OkStatus();
+}
+
 // Export (all rows, or since a step), writing straight into the outputs.
 void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step, bool with_deleted,
-                bool reset_deleted) {
+                bool reset_deleted, int record) {
   ExportLayout layout;
   auto allocate = [&](const ExportLayout& l, ExportBuffers* out) -> Status {
     layout = l;
@@ -342,7 +350,7 @@ void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step,
     return OkStatus();
   };
   std::vector<int64_t> deleted;
-  OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, with_deleted ? &deleted : nullptr, reset_deleted));
+  OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, with_deleted ? &deleted : nullptr, reset_deleted, record));
   Tensor* opt = nullptr;
   OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &opt));
   opt->scalar<tstring>()() = layout.optimizer;
@@ -361,13 +369,15 @@ class TableExportOp : public TableOpKernel {
  public:
   explicit TableExportOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("reset_deleted", &reset_deleted_));
+    OP_REQUIRES_OK(ctx, GetRecordAttr(ctx, &record_));
   }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
-    ExportInto(ctx, table, std::numeric_limits<int64_t>::min(), false, reset_deleted_);
+    ExportInto(ctx, table, std::numeric_limits<int64_t>::min(), false, reset_deleted_, record_);
   }
 
  private:
   bool reset_deleted_;
+  int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableExport").Device(DEVICE_CPU), TableExportOp);
 
@@ -375,6 +385,7 @@ class TableExportDeltaOp : public TableOpKernel {
  public:
   explicit TableExportDeltaOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("reset_deleted", &reset_deleted_));
+    OP_REQUIRES_OK(ctx, GetRecordAttr(ctx, &record_));
   }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     const Tensor& since = ctx->input(1);
@@ -382,11 +393,12 @@ class TableExportDeltaOp : public TableOpKernel {
                 errors::InvalidArgument("since_step must be a scalar, got shape ", since.shape().DebugString()));
     const int64_t since_step = since.scalar<int64_t>()();
     OP_REQUIRES(ctx, since_step >= -1, errors::InvalidArgument("since_step must be >= -1, got ", since_step));
-    ExportInto(ctx, table, since_step, true, reset_deleted_);
+    ExportInto(ctx, table, since_step, true, reset_deleted_, record_);
   }
 
  private:
   bool reset_deleted_;
+  int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableExportDelta").Device(DEVICE_CPU), TableExportDeltaOp);
 
@@ -394,10 +406,11 @@ class TableDeletedKeysOp : public TableOpKernel {
  public:
   explicit TableDeletedKeysOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("reset", &reset_));
+    OP_REQUIRES_OK(ctx, GetRecordAttr(ctx, &record_));
   }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     std::vector<int64_t> deleted;
-    table->DeletedKeys(reset_, &deleted);
+    table->DeletedKeys(reset_, &deleted, record_);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(deleted.size())}), &out));
     std::copy(deleted.begin(), deleted.end(), out->flat<int64_t>().data());
@@ -405,6 +418,7 @@ class TableDeletedKeysOp : public TableOpKernel {
 
  private:
   bool reset_;
+  int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableDeletedKeys").Device(DEVICE_CPU), TableDeletedKeysOp);
 

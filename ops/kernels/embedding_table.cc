@@ -548,7 +548,8 @@ int64_t EmbeddingTable::MemoryBytes() const {
   for (const auto& sh : shards_) {
     std::shared_lock<std::shared_mutex> lock(sh->mu);
     total += sizeof(TableShard) + sh->rows.index.bytes() + sh->rows.store.bytes() + sh->candidates.index.bytes() +
-             sh->candidates.store.bytes() + sh->deleted_keys.capacity() * sizeof(int64_t);
+             sh->candidates.store.bytes() +
+             (sh->deleted_keys[0].capacity() + sh->deleted_keys[1].capacity()) * sizeof(int64_t);
   }
   return total;
 }
@@ -603,33 +604,34 @@ int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
   return removed;
 }
 
-void EmbeddingTable::CollectDeleted(bool reset, std::vector<int64_t>* deleted) {
+void EmbeddingTable::CollectDeleted(bool reset, std::vector<int64_t>* deleted, int record) {
   if (deleted != nullptr) {
     size_t total = 0;
-    for (const auto& sh : shards_) total += sh->deleted_keys.size();
+    for (const auto& sh : shards_) total += sh->deleted_keys[record].size();
     deleted->clear();
     deleted->reserve(total);
-    for (const auto& sh : shards_) deleted->insert(deleted->end(), sh->deleted_keys.begin(), sh->deleted_keys.end());
+    for (const auto& sh : shards_)
+      deleted->insert(deleted->end(), sh->deleted_keys[record].begin(), sh->deleted_keys[record].end());
     std::sort(deleted->begin(), deleted->end());
     deleted->erase(std::unique(deleted->begin(), deleted->end()), deleted->end());
   }
   if (reset) {
     // Appends hold a shard lock exclusively and we hold every shard lock (at least shared),
     // so no append runs while the record is cleared.
-    for (auto& sh : shards_) std::vector<int64_t>().swap(sh->deleted_keys);
-    track_deleted_.store(true, std::memory_order_relaxed);
+    for (auto& sh : shards_) std::vector<int64_t>().swap(sh->deleted_keys[record]);
+    track_deleted_[record].store(true, std::memory_order_relaxed);
   }
 }
 
-void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted) {
+void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted, int record) {
   std::lock_guard<std::mutex> record_lock(deleted_mu_);
   std::vector<std::shared_lock<std::shared_mutex>> locks;
   for (auto& sh : shards_) locks.emplace_back(sh->mu);
-  CollectDeleted(reset, deleted);
+  CollectDeleted(reset, deleted, record);
 }
 
 Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                              bool reset_deleted) {
+                              bool reset_deleted, int record) {
   std::unique_lock<std::mutex> record_lock(deleted_mu_, std::defer_lock);
   if (deleted != nullptr || reset_deleted) record_lock.lock();
   // Every shard locked shared for the whole export: one slot layout, exact counts, and the
@@ -677,7 +679,7 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
       ++c;
     });
   }
-  if (deleted != nullptr || reset_deleted) CollectDeleted(reset_deleted, deleted);
+  if (deleted != nullptr || reset_deleted) CollectDeleted(reset_deleted, deleted, record);
   return OkStatus();
 }
 
@@ -824,7 +826,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
       sh.candidates.store.meta(static_cast<uint32_t>(j)) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
     }
     sh.candidates_dropped = 0;
-    std::vector<int64_t>().swap(sh.deleted_keys);  // a restored table starts a new history
+    for (auto& record : sh.deleted_keys) std::vector<int64_t>().swap(record);  // a restored table starts a new history
     ReleaseFreedMemory();
   }
   optimizer_ = src.optimizer;

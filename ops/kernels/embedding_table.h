@@ -213,8 +213,14 @@ struct TableShard {
   int64_t candidates_dropped = 0;     // by the max_candidates bound
   int64_t rows_evicted = 0;           // by the capacity and TTL (not by explicit Evict/Remove)
   int64_t next_ttl_sweep = 0;         // the step at which TTL next scans this shard
-  std::vector<int64_t> deleted_keys;  // removed rows and candidates, while the table tracks them
+  // Removed rows and candidates, one record per reader (DeletedRecord) while it tracks them.
+  std::vector<int64_t> deleted_keys[2];
 };
+
+// The readers of deleted keys, each with its own record, reset by that reader only: delta
+// checkpoints (reset at each save) and serving publication (reset at each published delta),
+// so neither disturbs the other's chain.
+enum DeletedRecord : int { kCheckpointRecord = 0, kPublishRecord = 1, kNumDeletedRecords = 2 };
 
 // Where Export writes, allocated by the caller once the counts are known (all shard locks
 // are held meanwhile, so the counts stay exact): keys [rows], values [rows, stride],
@@ -319,10 +325,11 @@ class EmbeddingTable : public ResourceBase {
   // `allocate` returns. With `deleted` non-null, also the keys removed since the deleted-key
   // record was last reset (sorted, distinct); reset_deleted clears the record in the same
   // snapshot and starts it if it was off.
+  // `record` (a DeletedRecord) names whose record of deleted keys is read and reset.
   Status Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                bool reset_deleted);
-  // Returns (and with reset, clears and starts) the deleted-key record.
-  void DeletedKeys(bool reset, std::vector<int64_t>* deleted);
+                bool reset_deleted, int record);
+  // Returns (and with reset, clears and starts) the deleted-key record `record`.
+  void DeletedKeys(bool reset, std::vector<int64_t>* deleted, int record);
   // Replaces the content (or upserts into it, src.merge) from an export; validates `src`
   // completely before anything changes.
   Status Import(const ImportSource& src);
@@ -336,9 +343,10 @@ class EmbeddingTable : public ResourceBase {
   // the freed chunks (and a too-large index) go back to the system. Lock held exclusively.
   void CompactIfSparse(TableShard* sh);
   void RecordDeleted(TableShard* sh, int64_t key) {
-    if (track_deleted_.load(std::memory_order_relaxed)) sh->deleted_keys.push_back(key);
+    for (int r = 0; r < kNumDeletedRecords; ++r)
+      if (track_deleted_[r].load(std::memory_order_relaxed)) sh->deleted_keys[r].push_back(key);
   }
-  void CollectDeleted(bool reset, std::vector<int64_t>* deleted);  // all shard locks held
+  void CollectDeleted(bool reset, std::vector<int64_t>* deleted, int record);  // all shard locks held
   // With `lock` held exclusively on shard `s`, makes room for `extra` more keys in `ks`.
   // Allocation happens with the lock released; returns with it held again. The caller
   // must re-probe afterwards: other threads may have changed the shard meanwhile.
@@ -354,7 +362,7 @@ class EmbeddingTable : public ResourceBase {
   // The deleted-key record is off until the first reset (nobody reads it before), so a
   // table that never makes delta checkpoints does not grow it. Its reads and resets are
   // serialised by deleted_mu_ (taken before any shard lock); appends hold the shard lock.
-  std::atomic<bool> track_deleted_{false};
+  std::atomic<bool> track_deleted_[kNumDeletedRecords] = {{false}, {false}};
   std::mutex deleted_mu_;
 };
 

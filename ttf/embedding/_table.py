@@ -176,7 +176,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         return ops().ttf_table_evict(self.resource_handle, tf.cast(min_last_seen, tf.int64),
                                      tf.cast(min_count, tf.int64))
 
-    def export(self, since_step=None, reset_deleted=False):
+    def export(self, since_step=None, reset_deleted=False, record="checkpoint"):
         """The table's content as a dict: keys [N], values [N, dim * (1 + S)] (row then S
         optimizer slots), meta [N, 2] (count, last-seen step), candidate_keys [C],
         candidate_meta [C, 2], optimizer (string), slot_init [S], step. One consistent
@@ -187,13 +187,16 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
           record of deletions was last reset.
         reset_deleted: clear and (re)start that record in the same snapshot (the base of
           a chain of deltas).
+        record: whose record of deleted keys: "checkpoint" (delta checkpoints) or
+          "publish" (deltas published to serving, ttf.serving.Publisher). Each reader keeps
+          its own, reset only by it, so publishing never disturbs a checkpoint chain.
         """
         with tf.device(self._resource_device):
             if since_step is None:
                 return dict(zip(EXPORT_FIELDS, ops().ttf_table_export(self.resource_handle,
-                                                                      reset_deleted=reset_deleted)))
+                                                                      reset_deleted=reset_deleted, record=record)))
             exported = ops().ttf_table_export_delta(self.resource_handle, tf.cast(since_step, tf.int64),
-                                                    reset_deleted=reset_deleted)
+                                                    reset_deleted=reset_deleted, record=record)
         return dict(zip(EXPORT_FIELDS + ("deleted_keys",), exported))
 
     def restore(self, export, num_partitions=1, partition=0):
@@ -210,10 +213,10 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             with tf.control_dependencies([removed]):
                 return ops().ttf_table_import(self.resource_handle, *fields, merge=True, **partitioned)
 
-    def reset_deleted(self):
-        """Clears and (re)starts the record of deleted keys (see export)."""
+    def reset_deleted(self, record="checkpoint"):
+        """Clears and (re)starts the record of deleted keys `record` (see export)."""
         with tf.device(self._resource_device):
-            return ops().ttf_table_deleted_keys(self.resource_handle, reset=True)
+            return ops().ttf_table_deleted_keys(self.resource_handle, reset=True, record=record)
 
     # -- SavedModel: a loaded table is a new table (tables are not shared by name)
 

@@ -5,7 +5,14 @@ bucketed hash table in plain tensors, rows only, float32 or float16) and writes 
 version `base/<N>/` of TF Serving's layout, atomically (a temporary folder renamed into
 place). Its `serving_default` signature takes the model's input features by name.
 TensorFlow Serving, or any process with plain TensorFlow, loads it without ttf's op library.
+
+Online serving: `Publisher(model, base)` writes a base version and then deltas (rows touched,
+keys deleted) every few seconds; `DeltaFollower(base)` serves the newest base and applies the
+deltas in place through the export's `apply_delta` signature (docs/serving.md).
 """
 from ttf.serving._export import FrozenTable, HashedShard, HashedTable, bucket_hash, export_for_serving, versions
+from ttf.serving._follow import DeltaFollower
+from ttf.serving._publish import Publisher, delta_folder
 
-__all__ = ["FrozenTable", "HashedShard", "HashedTable", "bucket_hash", "export_for_serving", "versions"]
+__all__ = ["DeltaFollower", "FrozenTable", "HashedShard", "HashedTable", "Publisher", "bucket_hash", "delta_folder",
+           "export_for_serving", "versions"]

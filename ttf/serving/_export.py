@@ -7,6 +7,7 @@ rule (ttf.embedding.shard_of), and each shard is a bucketed hash table in plain 
 holding the shard, and its variables are placed there, so no process ever holds the whole
 table and TF's saver writes each shard's rows where they are.
 """
+import json
 import os
 import shutil
 
@@ -87,43 +88,111 @@ class HashedShard(tf.Module):
 
 
 class HashedTable(tf.Module):
-    """A read-only copy of a DynamicEmbedding's table in stock TF ops, shard by shard.
+    """A copy of a DynamicEmbedding's table in stock TF ops, shard by shard, plus an overlay
+    that published deltas update in place.
 
     Keys go to shard `shard_of(key, shards)` (the layer's own routing; ids it never held read
     the layer's default row, as its inference lookup does: no growth, no failure). Each shard
     is a HashedShard built from that shard's export only, under `tf.device` of that shard.
 
+    The overlay holds what the deltas since the base changed (apply): `overlay_slots`, a
+    `tf.lookup.experimental.DenseHashTable` key -> int64 slot (-2: deleted, reads the default
+    row; absent: the base's row; keys -2^63 and -2^63 + 1 are reserved by it), and `overlay_rows` [slots, dim] (the rows' dtype), which
+    grows by doubling when a delta brings more new keys than it has room for. So it is bounded
+    by the keys touched until the next base, and growing copies the overlay only, never the
+    frozen base. A lookup reads the overlay first, then the base, and skips the overlay while
+    it is empty, so a base alone looks up as fast as before.
+
     Args:
       layer: a DynamicEmbedding (any sharding).
       dtype: tf.float32, or tf.float16 to halve the rows (looked up as float32).
+      publish_record: export each shard with its "publish" record of deleted keys reset in
+        the same snapshot (ttf.serving.Publisher's base); `exported_steps` then holds each
+        shard's table step at that snapshot.
     """
 
-    def __init__(self, layer, dtype=tf.float32, name=None):
+    DELETED = -2  # the overlay slot of a deleted key
+    EMPTY_KEY = -(1 << 63)  # reserved by the overlay's hash table (with EMPTY_KEY + 1)
+
+    def __init__(self, layer, dtype=tf.float32, name=None, publish_record=False):
         super().__init__(name=name or f"{layer.name}_frozen")
         if dtype not in (tf.float32, tf.float16):
             raise ValueError(f"serving rows must be float32 or float16, got {dtype}")
         self.dim = layer.dim
         default_row = tf.fill([1, layer.dim], tf.constant(layer.tables[0].default_value, tf.float32))
+        self.default_row = tf.Variable(default_row, trainable=False, name="default_row")
         self.shards = []
+        steps = []
         # Horovod: a rank holds only its own shard, so the layer's logical export (gathered) is
         # one shard here; elsewhere every shard of the layer is in reach of this process.
         horovod = getattr(layer, "sharding", None) is not None
+        if horovod and publish_record:
+            raise ValueError("ttf.serving.Publisher does not publish tables sharded over Horovod ranks yet")
         for i, table in enumerate([None] if horovod else layer.tables):
             with tf.device("" if horovod else table._resource_device):  # built and kept where the shard's rows are
-                exported = layer.export_table() if horovod else table.export()
+                if horovod:
+                    exported = layer.export_table()
+                else:
+                    exported = table.export(reset_deleted=publish_record, record="publish")
+                steps.append(int(exported["step"]))
                 self.shards.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
                                                dtype=dtype, name=f"shard_{i}"))
+        self.exported_steps = np.array(steps, np.int64)  # not tracked: a numpy array
+        # Open addressing, values in one array: lookups and inserts of a delta's keys run several
+        # times faster than MutableHashTable's node map. Its two reserved keys (EMPTY_KEY and
+        # EMPTY_KEY + 1) cannot be applied: apply_delta refuses them (InvalidArgument).
+        self.overlay_slots = tf.lookup.experimental.DenseHashTable(
+            tf.int64, tf.int64, default_value=-1, empty_key=self.EMPTY_KEY, deleted_key=self.EMPTY_KEY + 1,
+            initial_num_buckets=1024, name=f"{layer.name}_overlay_slots")
+        self.overlay_rows = tf.Variable(tf.zeros([0, layer.dim], dtype), shape=tf.TensorShape([None, layer.dim]),
+                                        trainable=False, name="overlay_rows")
+        self.overlay_used = tf.Variable(0, dtype=tf.int64, trainable=False, name="overlay_used")
 
     def lookup(self, keys):
         """keys int64 [K] -> rows float32 [K, dim]."""
         keys = tf.convert_to_tensor(keys, tf.int64)
         if len(self.shards) == 1:
-            return self.shards[0].lookup(keys)
-        owner = shard_of(keys, len(self.shards))
-        parts = tf.dynamic_partition(keys, owner, len(self.shards))
-        places = tf.dynamic_partition(tf.range(tf.size(keys)), owner, len(self.shards))
-        rows = [shard.lookup(part) for shard, part in zip(self.shards, parts)]
-        return tf.dynamic_stitch(places, rows)
+            base = self.shards[0].lookup(keys)
+        else:
+            owner = shard_of(keys, len(self.shards))
+            parts = tf.dynamic_partition(keys, owner, len(self.shards))
+            places = tf.dynamic_partition(tf.range(tf.size(keys)), owner, len(self.shards))
+            base = tf.dynamic_stitch(places, [shard.lookup(part) for shard, part in zip(self.shards, parts)])
+
+        def overlaid():
+            slots = self.overlay_slots.lookup(keys)[:, None]
+            rows = tf.cast(tf.gather(self.overlay_rows, tf.maximum(slots[:, 0], 0)), tf.float32)
+            return tf.where(slots >= 0, rows, tf.where(slots == self.DELETED, self.default_row, base))
+
+        return tf.cond(self.overlay_slots.size() > 0, overlaid, lambda: tf.identity(base))
+
+    def apply(self, keys, rows, deleted_keys):
+        """One delta of this table: deleted_keys int64 [D] read the default row from now on, then
+        keys int64 [K] (distinct) read rows float32 [K, dim] (a key both deleted and upserted in
+        one delta was re-added: the upsert comes second). Returns the op (stock TF ops only)."""
+        removed = self.overlay_slots.insert(deleted_keys, tf.fill(tf.shape(deleted_keys), tf.constant(self.DELETED,
+                                                                                                      tf.int64)))
+        with tf.control_dependencies([removed]):
+            held = self.overlay_slots.lookup(keys)
+        fresh = held < 0  # absent or deleted: a new slot
+        used = self.overlay_used.read_value()
+        slots = tf.where(fresh, used + tf.cumsum(tf.cast(fresh, tf.int64), exclusive=True), held)
+        needed = used + tf.reduce_sum(tf.cast(fresh, tf.int64))
+        capacity = tf.shape(self.overlay_rows, out_type=tf.int64)[0]
+
+        def grow():  # doubling: copies the overlay (never the base), amortised over the deltas
+            size = tf.maximum(needed, 2 * capacity)
+            extra = tf.zeros(tf.stack([size - capacity, self.dim]), self.overlay_rows.dtype)
+            return tf.identity(self.overlay_rows.assign(tf.concat([self.overlay_rows, extra], 0)).read_value()[:1, :1])
+
+        grown = tf.cond(needed > capacity, grow, lambda: tf.zeros([1, 1], self.overlay_rows.dtype))
+        with tf.control_dependencies([grown]):
+            # the rows first, then the keys: a concurrent lookup never reads a slot not yet written
+            written = self.overlay_rows.scatter_nd_update(slots[:, None], tf.cast(rows, self.overlay_rows.dtype))
+        with tf.control_dependencies([written]):
+            mapped = self.overlay_slots.insert(keys, slots)
+        with tf.control_dependencies([mapped]):
+            return self.overlay_used.assign(needed)
 
 
 FrozenTable = HashedTable  # the name ttf.serving exported before tables were hashed
@@ -162,8 +231,11 @@ def versions(base):
     return sorted(int(name) for name in os.listdir(base) if name.isdigit() and os.path.isdir(os.path.join(base, name)))
 
 
+SERVING_INFO = "assets.extra/ttf_serving.json"  # what DeltaFollower needs to know of a version
+
+
 def export_for_serving(model, base, version=None, input_signature=None, output_name="probability",
-                       row_dtype=tf.float32):
+                       row_dtype=tf.float32, publish_record=False):
     """Writes `model` for inference that needs only stock TensorFlow, as version `version`
     of TF Serving's layout: the SavedModel is `base/<version>/`.
 
@@ -174,6 +246,12 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     inputs by name (a dict input by its keys, e.g. `ids` int64 [B, 26] and `dense` float32
     [B, 13] for models/ctr.py; a functional model by its Input names) and returns
     {output_name: model(inputs, training=False)} (or the model's own dict of outputs).
+
+    Two more signatures let a server follow published deltas without reloading (see
+    docs/serving.md, ttf.serving.Publisher and DeltaFollower): `apply_delta` (sequence,
+    base_version, then keys_<i>, rows_<i>, deleted_<i> for the i-th table in the order of
+    `assets.extra/ttf_serving.json`) and `apply_dense` (dense_<j>: the model's variables);
+    `lookup` (keys_<i> -> rows_<i>) reads the rows served.
 
     Atomic: the version is written into `base/.tmp-<version>-<pid>`, its files fsynced, then
     renamed to `base/<version>`, so a server polling `base` never sees a half-written version.
@@ -187,6 +265,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         it was never called.
       output_name: the signature's output key for a single-tensor output.
       row_dtype: tf.float32 (default; predictions equal the live model's) or tf.float16.
+      publish_record: reset each table shard's "publish" record of deleted keys in the
+        export's snapshot (for ttf.serving.Publisher, whose deltas start there).
 
     Returns:
       the version's folder, `base/<version>`.
@@ -215,7 +295,10 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         raise ValueError(f"export_for_serving: {final} exists; TF Serving never reloads a version in place: pass "
                          "another version (the default takes the next free one)")
     layers = tables_in(model)
-    frozen = [HashedTable(layer, dtype=row_dtype) for layer in layers]
+    if len({layer.name for layer in layers}) != len(layers):
+        raise ValueError(f"export_for_serving: the model's ttf layers need distinct names (deltas name their "
+                         f"tables), got {[layer.name for layer in layers]}")
+    frozen = [HashedTable(layer, dtype=row_dtype, publish_record=publish_record) for layer in layers]
     structure, specs = _input_specs(model, input_signature)
 
     @tf.function(input_signature=specs, autograph=False)
@@ -224,20 +307,34 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         return outputs if isinstance(outputs, dict) else {output_name: outputs}
 
     for layer, table in zip(layers, frozen):
-        layer._serving_table = table  # the layers' inference lookups read the frozen tables while tracing
+        # The layers' inference lookups read the frozen tables while tracing. Set past Keras'
+        # attribute tracking: a tracked table's variables would join model.variables (the dense
+        # weights a Publisher sends and apply_dense assigns).
+        object.__setattr__(layer, "_serving_table", table)
     try:
         signature = serve.get_concrete_function()
     finally:
         for layer in layers:
-            layer._serving_table = None
+            object.__setattr__(layer, "_serving_table", None)
     module = tf.Module()
     module.frozen_tables = frozen
     module.model_variables = list(model.variables)  # dense weights; the ttf tables are not tracked
+    module.base_version = tf.Variable(version, dtype=tf.int64, trainable=False, name="base_version")
+    module.sequence = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequence")  # the last delta applied
+    signatures = {"serving_default": signature, "apply_delta": _apply_delta_signature(module),
+                  "apply_dense": _apply_dense_signature(module), "lookup": _lookup_signature(module)}
+    info = {"version": version, "tables": [{"name": layer.name, "dim": layer.dim} for layer in layers],
+            "dense": [{"name": v.name, "shape": list(v.shape), "dtype": tf.as_dtype(v.dtype).name}
+                      for v in module.model_variables],
+            "exported_steps": {layer.name: table.exported_steps.tolist() for layer, table in zip(layers, frozen)}}
     os.makedirs(base, exist_ok=True)
     temporary = os.path.join(base, f".tmp-{version}-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     try:
-        tf.saved_model.save(module, temporary, signatures={"serving_default": signature})
+        tf.saved_model.save(module, temporary, signatures=signatures)
+        os.makedirs(os.path.join(temporary, os.path.dirname(SERVING_INFO)), exist_ok=True)
+        with open(os.path.join(temporary, SERVING_INFO), "w") as f:
+            json.dump(info, f)
         foreign = _ttf_ops_in(temporary)
         if foreign:
             raise ValueError(f"export_for_serving: the serving graph still uses ttf ops {sorted(foreign)}; a layer "
@@ -248,6 +345,61 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     return final
+
+
+def _apply_delta_signature(module):
+    """apply_delta(sequence, base_version, keys_<i>, rows_<i>, deleted_<i>): applies one delta
+    to every table's overlay, refusing (InvalidArgument) another base version or a sequence
+    other than the next; the sequence variable is updated last."""
+    specs = [tf.TensorSpec([], tf.int64, name="sequence"), tf.TensorSpec([], tf.int64, name="base_version")]
+    for i, table in enumerate(module.frozen_tables):
+        specs += [tf.TensorSpec([None], tf.int64, name=f"keys_{i}"),
+                  tf.TensorSpec([None, table.dim], tf.float32, name=f"rows_{i}"),
+                  tf.TensorSpec([None], tf.int64, name=f"deleted_{i}")]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def apply_delta(sequence, base_version, *tensors):
+        checked = [
+            tf.debugging.Assert(tf.equal(base_version, module.base_version),
+                                ["apply_delta: the delta is for base version", base_version, "but this model is version",
+                                 module.base_version]),
+            tf.debugging.Assert(tf.equal(sequence, module.sequence + 1),
+                                ["apply_delta: delta sequence", sequence, "is not the next one after",
+                                 module.sequence, "(a gap or a duplicate): load the next base version"]),
+        ]
+        applied = []
+        with tf.control_dependencies(checked):
+            for i, table in enumerate(module.frozen_tables):
+                keys, rows, deleted = tensors[3 * i: 3 * i + 3]
+                applied.append(table.apply(keys, rows, deleted))
+        with tf.control_dependencies(applied):
+            return {"sequence": tf.identity(module.sequence.assign(sequence))}
+
+    return apply_delta.get_concrete_function()
+
+
+def _lookup_signature(module):
+    """lookup(keys_<i>) -> {rows_<i>}: the rows served for each table's keys (base + overlay)."""
+    specs = [tf.TensorSpec([None], tf.int64, name=f"keys_{i}") for i in range(len(module.frozen_tables))]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def lookup(*keys):
+        return {f"rows_{i}": table.lookup(k) for i, (table, k) in enumerate(zip(module.frozen_tables, keys))}
+
+    return lookup.get_concrete_function()
+
+
+def _apply_dense_signature(module):
+    """apply_dense(dense_<j>): assigns the model's dense variables (j in model_variables order)."""
+    specs = [tf.TensorSpec(v.shape, v.dtype, name=f"dense_{j}") for j, v in enumerate(module.model_variables)]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def apply_dense(*values):
+        assigned = [v.assign(value) for v, value in zip(module.model_variables, values)]
+        with tf.control_dependencies(assigned):
+            return {"assigned": tf.constant(len(assigned), tf.int64)}
+
+    return apply_dense.get_concrete_function()
 
 
 def _ttf_ops_in(path):

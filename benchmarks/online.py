@@ -1,0 +1,314 @@
+"""Online serving targets (issue 23): delta size, the follower's memory and apply speed, and
+freshness, with ttf.serving.Publisher and DeltaFollower on one process.
+
+- size: a table of --keys ids (dim --dim, Adagrad) is published as a base; then --touched
+  ids (half held, half new) are trained in steps of --train-batch ids and one delta published. Reports the delta's bytes
+  against 1.1 x rows x (8 + 4 x dim) (the target) for the rows it holds, and those rows
+  against the distinct ids trained since the previous delta (a delta starts one table step
+  before the previous snapshot, so it may repeat that step's rows).
+- memory: a follower in its own process (DeltaFollower, no trainer in it) loads the base,
+  serves one batch (steady state: VmRSS), then applies --deltas deltas of --touched rows
+  each; its peak RSS while applying (VmHWM after /proc/self/clear_refs) against the steady
+  state (target 1.1x), and rows applied per second (read, checksum, parse and apply_delta;
+  target 1M rows/s). For comparison, the peak while loading a second copy of the base next
+  to the first (what a version swap costs).
+- freshness: the trainer (this process) trains batches of --batch new ids at --rate
+  batches/s and publishes every --publish-every seconds for --seconds; a follower process
+  polls every --poll seconds and, for each id, notes when its prediction first differs from
+  an unseen id's (its row reached serving). Freshness = that time - the batch's arrival at
+  the trainer (wall clock, same machine). p50 and p99.
+
+Examples:
+  python benchmarks/online.py --keys 1000000
+  python benchmarks/online.py --keys 10000000 --publish-every 5 --seconds 120 --parts freshness
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ttf  # noqa: E402
+
+NEW_IDS = 1 << 40  # ids at or above this were never in the prefilled table
+
+# The follower for the memory part: its own process, so its RSS is the follower's alone.
+FOLLOW_MEMORY = r"""
+import json, os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+sys.path.insert(0, sys.argv[3])
+import numpy as np, tensorflow as tf
+from ttf.serving import DeltaFollower
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field))
+
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+base, batch = sys.argv[1], int(sys.argv[2])
+os.rename(os.path.join(base, "deltas"), os.path.join(base, "deltas.hold"))  # the base alone first
+follower = DeltaFollower(base)
+os.rename(os.path.join(base, "deltas.hold"), os.path.join(base, "deltas"))
+ids = tf.constant(np.arange(batch, dtype=np.int64)[:, None])
+follower.predict({"ids": ids})
+steady = status("VmRSS")
+reset_peak()
+start = time.perf_counter()
+applied = follower.sync()
+seconds = time.perf_counter() - start
+peak_apply = status("VmHWM")
+rows = sum(p["rows"] for s in range(1, follower.sequence + 1)
+           for p in json.load(open(os.path.join(base, "deltas", str(follower.version), f"{s:010d}",
+                                                "manifest.json")))["parts"])
+follower.predict({"ids": ids})
+after = status("VmRSS")
+reset_peak()
+second = tf.saved_model.load(os.path.join(base, str(follower.version)))  # a version swap loads the new one first
+second.signatures["serving_default"](ids=ids)
+peak_swap = status("VmHWM")
+print(json.dumps({"deltas": applied, "rows": rows, "seconds": seconds, "steady": steady, "peak_apply": peak_apply,
+                  "after_apply": after, "peak_swap": peak_swap}))
+"""
+
+# The follower for the freshness part: polls, predicts the ids that arrived, notes when each shows.
+FOLLOW_FRESH = r"""
+import json, os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+sys.path.insert(0, sys.argv[4])
+import numpy as np, tensorflow as tf
+from ttf.serving import DeltaFollower
+
+base, arrivals_file, poll = sys.argv[1], sys.argv[2], float(sys.argv[3])
+while True:
+    try:
+        follower = DeltaFollower(base)
+        break
+    except (FileNotFoundError, ValueError):
+        time.sleep(poll)
+unseen = tf.constant([[(1 << 62) + 12345]], tf.int64)
+pending, seen_lines, fresh = {}, 0, []
+while True:
+    follower.sync()
+    with open(arrivals_file) as f:
+        lines = f.read().splitlines()
+    for line in lines[seen_lines:]:
+        if line == "end":
+            print(json.dumps({"freshness": fresh, "pending": len(pending), "sequence": follower.sequence}))
+            sys.exit(0)
+        record = json.loads(line)
+        pending[record["id"]] = record["arrived"]
+    seen_lines = len(lines)
+    if pending:
+        default = follower.predict({"ids": unseen})["probability"].numpy()[0, 0]
+        ids = np.array(sorted(pending), np.int64)
+        now = time.time()
+        predicted = follower.predict({"ids": tf.constant(ids[:, None])})["probability"].numpy()[:, 0]
+        for key, p in zip(ids, predicted):
+            if p != default:
+                fresh.append(now - pending.pop(int(key)))
+    time.sleep(poll)
+"""
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=int, default=1_000_000, help="ids in the table before publishing (default 1,000,000)")
+    p.add_argument("--dim", type=int, default=16, help="row width (default 16)")
+    p.add_argument("--touched", type=int, default=100_000, help="ids trained per delta, size and memory parts "
+                   "(default 100,000)")
+    p.add_argument("--train-batch", type=int, default=4096, help="ids per training step while touching "
+                   "(default 4096; a delta may repeat the last step before the previous one)")
+    p.add_argument("--deltas", type=int, default=5, help="deltas the memory part's follower applies (default 5)")
+    p.add_argument("--rows", choices=["fp32", "fp16"], default="fp32", help="published row precision (default fp32)")
+    p.add_argument("--publish-every", type=float, default=5.0, help="freshness: seconds between deltas (default 5)")
+    p.add_argument("--seconds", type=float, default=60.0, help="freshness: seconds of training (default 60)")
+    p.add_argument("--rate", type=float, default=10.0, help="freshness: batches of new ids per second (default 10)")
+    p.add_argument("--batch", type=int, default=256, help="freshness: new ids per batch (default 256)")
+    p.add_argument("--poll", type=float, default=0.5, help="freshness: follower poll interval, seconds (default 0.5)")
+    p.add_argument("--parts", default="size,memory,freshness", help="comma-separated parts to run (default all)")
+    p.add_argument("--workdir", default=None, help="publish folder parent (default a temporary folder)")
+    p.add_argument("--out", default=None, help="also write the results as JSON here")
+    args = p.parse_args(argv)
+    for name in ("keys", "dim", "touched", "train_batch", "deltas", "batch"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name} must be > 0")
+    for name in ("publish_every", "seconds", "rate", "poll"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0")
+    unknown = set(args.parts.split(",")) - {"size", "memory", "freshness"}
+    if unknown:
+        p.error(f"--parts: unknown {sorted(unknown)}; choose from size, memory, freshness")
+    return args
+
+
+class Trainer:
+    """A one-field model (ids [B, 1] -> FusedEmbedding -> Dense) trained with Adagrad."""
+
+    def __init__(self, dim):
+        ids = tf.keras.Input([1], dtype=tf.int64, name="ids")
+        self.layer = ttf.FusedEmbedding(dim, num_fields=1, name="sparse")
+        out = tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(self.layer(ids)))
+        self.model = tf.keras.Model(ids, out)
+        self.model(tf.constant([[0]], tf.int64))
+        self.optimizer = ttf.optimizers.Adagrad(0.1)
+
+        @tf.function(reduce_retracing=True)
+        def step(ids):
+            with tf.GradientTape() as tape:
+                logits = self.model(ids[:, None], training=True)
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.ones_like(logits),
+                                                                              logits=logits))
+            grads = tape.gradient(loss, self.model.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+            return loss
+
+        self.step = step
+
+    def train(self, ids, batch=65536):
+        for start in range(0, len(ids), batch):
+            self.step(tf.constant(ids[start:start + batch], tf.int64))
+
+
+def publisher_for(trainer, base, args, **kwargs):
+    return ttf.serving.Publisher(trainer.model, base, row_dtype=tf.float16 if args.rows == "fp16" else tf.float32,
+                                 **kwargs)
+
+
+def manifest(base, version, sequence):
+    with open(os.path.join(ttf.serving.delta_folder(base, version, sequence), "manifest.json")) as f:
+        return json.load(f)
+
+
+def touched_ids(rng, args, delta):
+    held = rng.choice(args.keys, args.touched // 2, replace=False)
+    new = NEW_IDS + delta * args.touched + np.arange(args.touched - args.touched // 2)
+    return np.concatenate([held, new]).astype(np.int64)
+
+
+def size_and_memory(args, workdir, results):
+    trainer = Trainer(args.dim)
+    rng = np.random.default_rng(0)
+    started = time.perf_counter()
+    trainer.train(rng.permutation(args.keys).astype(np.int64))
+    print(f"[online] table of {int(trainer.layer.size())} ids filled in {time.perf_counter() - started:.1f} s",
+          flush=True)
+    base = os.path.join(workdir, "size")
+    publisher = publisher_for(trainer, base, args, dense_publish_every=1e9)
+    started = time.perf_counter()
+    version = publisher.publish_base()
+    print(f"[online] base version {version} in {time.perf_counter() - started:.1f} s", flush=True)
+    publisher.publish_delta()  # absorbs the rows of the step before the base's snapshot
+    sizes = []
+    for delta in range(args.deltas):
+        ids = touched_ids(rng, args, delta)
+        trainer.train(ids, batch=args.train_batch)
+        started = time.perf_counter()
+        sequence = publisher.publish_delta()
+        seconds = time.perf_counter() - started
+        parts = manifest(base, version, sequence)["parts"]
+        rows, size = sum(p["rows"] for p in parts), sum(p["bytes"] for p in parts)
+        sizes.append({"sequence": sequence, "distinct_ids_trained": len(ids), "rows": rows, "bytes": size,
+                      "bytes_per_row": size / max(rows, 1), "publish_seconds": seconds,
+                      "target_bytes": 1.1 * rows * (8 + 4 * args.dim),
+                      "ratio_to_rows_x_row_bytes": size / max(rows * (8 + 4 * args.dim), 1)})
+        print(f"[online] delta {sequence}: {rows} rows ({len(ids)} ids trained), {size / 2**20:.2f} MiB, "
+              f"{size / max(rows, 1):.1f} bytes/row ({sizes[-1]['ratio_to_rows_x_row_bytes']:.3f} x (8 + 4 x dim); "
+              f"target <= 1.1), written in {seconds:.2f} s", flush=True)
+    results["size"] = sizes
+    if "memory" not in args.parts:
+        return
+    proc = subprocess.run([sys.executable, "-c", FOLLOW_MEMORY, base, "4096", ROOT], capture_output=True, text=True,
+                          timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"[online] follower failed:\n{proc.stderr[-3000:]}")
+    memory = json.loads(proc.stdout.strip().splitlines()[-1])
+    memory["peak_apply_over_steady"] = memory["peak_apply"] / memory["steady"]
+    memory["peak_swap_over_steady"] = memory["peak_swap"] / memory["steady"]
+    memory["rows_per_second"] = memory["rows"] / memory["seconds"]
+    results["memory"] = memory
+    mib = 1 << 20
+    print(f"[online] follower: steady {memory['steady'] / mib:.0f} MiB; applying {memory['deltas']} deltas "
+          f"({memory['rows']} rows): peak {memory['peak_apply'] / mib:.0f} MiB = "
+          f"{memory['peak_apply_over_steady']:.3f}x steady (target <= 1.1), after {memory['after_apply'] / mib:.0f} MiB; "
+          f"{memory['rows_per_second'] / 1e6:.2f}M rows/s (target >= 1M); a second copy of the base (version swap): "
+          f"peak {memory['peak_swap_over_steady']:.2f}x steady", flush=True)
+
+
+def freshness(args, workdir, results):
+    trainer = Trainer(args.dim)
+    rng = np.random.default_rng(1)
+    trainer.train(rng.permutation(args.keys).astype(np.int64))
+    base = os.path.join(workdir, "fresh")
+    arrivals = os.path.join(workdir, "arrivals.jsonl")
+    open(arrivals, "w").close()
+    publisher = publisher_for(trainer, base, args, publish_every=args.publish_every)
+    publisher.publish()  # the base
+    follower = subprocess.Popen([sys.executable, "-c", FOLLOW_FRESH, base, arrivals, str(args.poll), ROOT],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        next_id, start, batches = NEW_IDS, time.time(), 0
+        with open(arrivals, "a") as log:
+            while time.time() - start < args.seconds:
+                arrived = time.time()
+                ids = np.arange(next_id, next_id + args.batch, dtype=np.int64)
+                next_id += args.batch
+                trainer.step(tf.constant(ids))
+                # one id per batch is watched (all of a batch arrive and publish together)
+                log.write(json.dumps({"id": int(ids[0]), "arrived": arrived}) + "\n")
+                log.flush()
+                publisher.maybe_publish()
+                batches += 1
+                time.sleep(max(0.0, start + batches / args.rate - time.time()))
+            drain = time.time()
+            while time.time() - drain < 2 * args.publish_every + 5:  # publish what is left, then let it follow
+                publisher.maybe_publish()
+                time.sleep(0.2)
+            log.write("end\n")
+        out, err = follower.communicate(timeout=600)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    if follower.returncode != 0:
+        raise SystemExit(f"[online] follower failed:\n{err[-3000:]}")
+    report = json.loads(out.strip().splitlines()[-1])
+    fresh = np.array(report["freshness"])
+    results["freshness"] = {"ids_watched": batches, "reflected": len(fresh), "not_reflected": report["pending"],
+                            "p50": float(np.percentile(fresh, 50)), "p99": float(np.percentile(fresh, 99)),
+                            "max": float(fresh.max()), "publish_every": args.publish_every, "poll": args.poll,
+                            "table_ids": args.keys, "sequence": report["sequence"]}
+    f = results["freshness"]
+    print(f"[online] freshness over {f['reflected']} of {f['ids_watched']} watched ids (publish every "
+          f"{args.publish_every:g} s, poll {args.poll:g} s, {args.keys} ids in the table): p50 {f['p50']:.2f} s, "
+          f"p99 {f['p99']:.2f} s, max {f['max']:.2f} s (targets: p50 <= 10 s, p99 <= 30 s)", flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    results = {"args": vars(args)}
+    workdir = args.workdir or tempfile.mkdtemp(prefix="ttf-online-")
+    os.makedirs(workdir, exist_ok=True)
+    parts = args.parts.split(",")
+    if "size" in parts or "memory" in parts:
+        size_and_memory(args, workdir, results)
+    if "freshness" in parts:
+        freshness(args, workdir, results)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

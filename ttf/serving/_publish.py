@@ -1,0 +1,266 @@
+"""Publisher: a base version in TF Serving's layout, then a numbered sequence of deltas.
+
+    BASE/<version>/                          a SavedModel (export_for_serving, publish_record=True)
+    BASE/deltas/<version>/<sequence>/        one delta, sequence 1, 2, ... (10 digits)
+        manifest.json                        written last: base version, sequence, parts, checksums
+        <table>-<shard>-<piece>.delta        one shard's piece: keys, rows, deleted keys
+        dense.delta                          the dense variables (every dense_publish_every)
+
+A part file is `tf.io.serialize_tensor` of a string vector [3]: the serialized keys int64 [K],
+rows [K, dim] (float32 or float16) and deleted keys int64 [D]; its checksum is
+`tf.fingerprint` (farmhash64) of the whole file, so a follower checks it with stock TF.
+
+Each table shard's part is exported, serialized and written by ops placed on the shard's
+device (a parameter server writes its own rows); the publishing process gets back only
+counts and checksums. A delta is written in `deltas/<version>/.tmp-<sequence>-<pid>/`, each
+file fsynced, the manifest last, then renamed into place: a follower never sees part of one.
+
+The rows of a delta are those touched since the last delta (each shard's own "since" marker,
+the table step at its last published snapshot), and the deleted keys come from the shard's
+"publish" record of deleted keys, which only the Publisher resets: checkpoints keep their own
+record and step, so publishing never disturbs a chain of delta checkpoints.
+"""
+import json
+import os
+import shutil
+import sys
+import time
+
+import tensorflow as tf
+
+from ttf._durable import fsync_path
+from ttf._keras import tables_in
+from ttf.serving._export import export_for_serving, versions
+
+DELTAS = "deltas"
+MANIFEST = "manifest.json"
+PIECE_BYTES = 64 << 20  # the most rows (keys + rows) one part file holds
+FORMAT = 1
+
+
+def delta_folder(base, version, sequence):
+    """The folder of delta `sequence` of base `version` under `base`."""
+    return os.path.join(base, DELTAS, str(version), f"{sequence:010d}")
+
+
+@tf.function(autograph=False)
+def _write_on_device(path, blob):
+    with tf.control_dependencies([tf.io.write_file(path, blob)]):
+        return tf.strings.length(blob)
+
+
+def _write_file(path, blob):
+    """Writes `blob` at `path` on the device of the enclosing tf.device scope, and waits for
+    it (eager ops on a remote PS run asynchronously); the one write of a part, so a test can
+    inject a full disk here."""
+    return int(_write_on_device(tf.constant(path), blob))
+
+
+def _fingerprint(blob):
+    """farmhash64 of a scalar string tensor, as 16 hex digits (stock TF: the follower's check)."""
+    return bytes(tf.fingerprint(tf.reshape(blob, [1]))[0].numpy()).hex()
+
+
+class Publisher:
+    """Publishes a Keras model's ttf tables for a DeltaFollower (and TF Serving): a base
+    version, then deltas of the rows touched and the keys deleted, every few seconds.
+
+    Call `maybe_publish()` from the training loop (it returns at once unless a publish is
+    due) and `publish()` at the end. The first call writes a base version (the next free
+    version under `base`, so a restarted trainer starts a new base that followers switch
+    to); a new base follows every `rebase_every` seconds, so a follower that fell behind
+    never replays more than that. Dense weights go into a delta every
+    `dense_publish_every` seconds. A write that fails (a full disk) prints one line and
+    pauses publishing; training goes on, each later call retries, and the first that
+    succeeds says so and publishes everything since the last whole delta (no row or
+    deletion is lost: markers advance only when a delta is whole).
+
+    Args:
+      model: a built Keras model with ttf tables (one process or parameter servers).
+      base: the publish folder (TF Serving's base path).
+      publish_every, dense_publish_every, rebase_every: seconds (> 0).
+      row_dtype: tf.float32 or tf.float16 rows, in the base and in the deltas.
+      keep_versions: base versions kept (older ones and their deltas are removed).
+      clock: the time source (seconds), for tests.
+
+    Raises:
+      ValueError: no ttf table in the model, a table sharded over Horovod ranks, or a bad
+        argument.
+
+    Example:
+      >>> import ttf, tensorflow as tf, tempfile
+      >>> ids = tf.keras.Input([2], dtype=tf.int64, name="ids")
+      >>> out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=2)(ids)))
+      >>> model = tf.keras.Model(ids, out)
+      >>> _ = model(tf.constant([[1, 2]], tf.int64))
+      >>> publisher = ttf.serving.Publisher(model, tempfile.mkdtemp())
+      >>> publisher.publish()  # the base: (version, sequence)
+      (1, 0)
+      >>> publisher.publish()  # a delta
+      (1, 1)
+    """
+
+    def __init__(self, model, base, publish_every=10.0, dense_publish_every=300.0, rebase_every=3600.0,
+                 row_dtype=tf.float32, keep_versions=2, clock=time.monotonic):
+        for name, value in (("publish_every", publish_every), ("dense_publish_every", dense_publish_every),
+                            ("rebase_every", rebase_every)):
+            if not value > 0:
+                raise ValueError(f"Publisher: {name} must be > 0 seconds, got {value!r}")
+        if row_dtype not in (tf.float32, tf.float16):
+            raise ValueError(f"Publisher: row_dtype must be tf.float32 or tf.float16, got {row_dtype!r}")
+        if not isinstance(keep_versions, int) or keep_versions < 1:
+            raise ValueError(f"Publisher: keep_versions must be an int >= 1, got {keep_versions!r}")
+        self.layers = tables_in(model)
+        if not self.layers:
+            raise ValueError(f"Publisher: {model.name} holds no ttf table: nothing to publish (use "
+                             "ttf.export_for_serving for a model without tables)")
+        if any(getattr(layer, "sharding", None) is not None for layer in self.layers):
+            raise ValueError("Publisher: tables sharded over Horovod ranks are not published yet (each rank would "
+                             "write its own part); publish from a one-process or parameter-server job")
+        self.model, self.base = model, os.fspath(base)
+        self.publish_every, self.dense_publish_every, self.rebase_every = publish_every, dense_publish_every, rebase_every
+        self.row_dtype, self.keep_versions, self.clock = row_dtype, keep_versions, clock
+        self.version = None  # the current base version
+        self.sequence = 0  # the last whole delta of that base
+        self.paused = None  # the cause, while writes fail
+        self._since = {}  # (table name, shard) -> table step: rows last seen after it go in the next delta
+        self._pending_deleted = {}  # (table name, shard) -> deleted keys (on the shard's device) not yet published
+        self._need_base = True
+        self._last_base = self._last_publish = self._last_dense = None
+
+    # -- the loop's calls
+
+    def maybe_publish(self):
+        """Publishes if one is due (a base, or a delta every publish_every seconds); returns
+        (version, sequence) when something was published, else None. Never raises for a
+        failed write: it prints one line and retries at the next interval."""
+        now = self.clock()
+        if not self._need_base and self._last_publish is not None and now - self._last_publish < self.publish_every:
+            return None
+        return self.publish()
+
+    def publish(self):
+        """Publishes now (a base if one is due, else a delta); returns (version, sequence), or
+        None when the write failed (see maybe_publish)."""
+        now = self.clock()
+        self._last_publish = now
+        try:
+            if self._need_base or now - self._last_base >= self.rebase_every:
+                self.publish_base()
+            else:
+                self.publish_delta(dense=now - self._last_dense >= self.dense_publish_every)
+        except (OSError, tf.errors.OpError) as error:
+            cause = getattr(error, "message", None) or str(error)
+            if self.paused is None:
+                print(f"ttf: publishing to {self.base} paused: {cause.splitlines()[0]}; training goes on and each "
+                      f"publish retries (free space there to resume)", file=sys.stderr, flush=True)
+            self.paused = cause
+            return None
+        if self.paused is not None:
+            print(f"ttf: publishing to {self.base} resumed: base {self.version}, sequence {self.sequence}",
+                  file=sys.stderr, flush=True)
+            self.paused = None
+        return self.version, self.sequence
+
+    # -- what a publish writes
+
+    def publish_base(self):
+        """Writes a new base version (every table shard's "publish" record of deleted keys
+        restarts in that snapshot); deltas then start again at sequence 1."""
+        self._need_base = True  # until the base is whole: the records were reset by the export
+        path = export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True)
+        with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
+            steps = json.load(f)["exported_steps"]
+        # Updates racing the snapshot at table step t may still stamp t: start the deltas at t - 1.
+        self._since = {(layer.name, i): step - 1 for layer in self.layers for i, step in enumerate(steps[layer.name])}
+        self._pending_deleted = {}
+        self.version, self.sequence = int(os.path.basename(path)), 0
+        self._need_base = False
+        now = self.clock()
+        self._last_base = self._last_dense = now
+        self._remove_old_versions()
+        return self.version
+
+    def publish_delta(self, dense=False):
+        """Writes delta sequence + 1 of the current base: each shard's rows touched since its
+        marker and its deleted keys (and the dense variables when `dense`); returns the
+        sequence. A failure leaves no visible delta and loses nothing (see maybe_publish)."""
+        if self.version is None:
+            raise ValueError("Publisher.publish_delta: no base version yet; call publish() first")
+        sequence = self.sequence + 1
+        folder = os.path.join(self.base, DELTAS, str(self.version))
+        temporary = os.path.join(folder, f".tmp-{sequence}-{os.getpid()}")
+        shutil.rmtree(temporary, ignore_errors=True)
+        os.makedirs(temporary)
+        try:
+            parts, since = [], {}
+            for layer in self.layers:
+                for i, table in enumerate(layer.tables):
+                    key = (layer.name, i)
+                    with tf.device(table._resource_device):  # pylint: disable=protected-access
+                        exported = table.export(since_step=self._since[key], reset_deleted=True, record="publish")
+                        deleted = exported["deleted_keys"]
+                        if key in self._pending_deleted:  # from deltas that failed: kept until one is whole
+                            deleted = tf.concat([self._pending_deleted[key], deleted], 0)
+                        self._pending_deleted[key] = deleted
+                        rows = tf.cast(exported["values"][:, : layer.dim], self.row_dtype)
+                        since[key] = int(exported["step"]) - 1
+                        parts += self._write_shard(temporary, layer, i, exported["keys"], rows, deleted)
+            dense_part = self._write_dense(temporary) if dense else None
+            manifest = {"format": FORMAT, "base_version": self.version, "sequence": sequence,
+                        "row_dtype": self.row_dtype.name, "published_at": time.time(),
+                        "tables": [layer.name for layer in self.layers], "parts": parts, "dense": dense_part}
+            with open(os.path.join(temporary, MANIFEST), "w") as f:
+                json.dump(manifest, f)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_path(temporary)
+            os.rename(temporary, delta_folder(self.base, self.version, sequence))  # whole, or not there
+            fsync_path(folder)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+        self._since.update(since)
+        self._pending_deleted = {}
+        self.sequence = sequence
+        if dense:
+            self._last_dense = self.clock()
+        return sequence
+
+    def _write_shard(self, folder, layer, shard, keys, rows, deleted):
+        """Writes one shard's rows in pieces of at most PIECE_BYTES, on the current device
+        (the shard's); returns their manifest entries. Only shapes and checksums come back."""
+        count = int(keys.shape[0])
+        row_bytes = 8 + layer.dim * self.row_dtype.size
+        per_piece = max(1, PIECE_BYTES // row_bytes)
+        entries = []
+        for piece, start in enumerate(range(0, max(count, 1), per_piece)):
+            end = min(count, start + per_piece)
+            piece_deleted = deleted if piece == 0 else tf.zeros([0], tf.int64)
+            blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(keys[start:end]),
+                                                    tf.io.serialize_tensor(rows[start:end]),
+                                                    tf.io.serialize_tensor(piece_deleted)]))
+            name = f"{layer.name}-{shard}-{piece}.delta"
+            path = os.path.join(folder, name)
+            _write_file(path, blob)
+            fsync_path(path)
+            entries.append({"file": name, "table": layer.name, "shard": shard, "rows": end - start,
+                            "deleted": int(piece_deleted.shape[0]), "bytes": os.path.getsize(path),
+                            "fingerprint": _fingerprint(blob)})
+        return entries
+
+    def _write_dense(self, folder):
+        """The model's variables (export_for_serving's order) in one file; dense weights are small."""
+        with tf.device("CPU:0"):
+            blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(tf.convert_to_tensor(v))
+                                                    for v in self.model.variables]))
+        path = os.path.join(folder, "dense.delta")
+        _write_file(path, blob)
+        fsync_path(path)
+        return {"file": "dense.delta", "variables": len(self.model.variables), "bytes": os.path.getsize(path),
+                "fingerprint": _fingerprint(blob)}
+
+    def _remove_old_versions(self):
+        """Keeps the keep_versions newest base versions (and their deltas)."""
+        for version in versions(self.base)[: -self.keep_versions]:
+            shutil.rmtree(os.path.join(self.base, str(version)), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.base, DELTAS, str(version)), ignore_errors=True)
