@@ -148,6 +148,7 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
         self.mode = None
         self.saved_step = None
         self.pending_step = None
+        self.rank_parts = None  # Horovod, during a save on rank 0: every rank's written bundles (_format.py)
         self.restored = False  # set when a checkpoint restore reaches this entry
         self.saved_model_save = False  # inside tf.saved_model.save: the whole-table entry, once
 
@@ -163,8 +164,8 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
             raise ValueError(
                 f"tf.saved_model.save of {self.layer.name}, a table sharded over Horovod ranks, would write this "
                 "rank's ids only. For serving, call ttf.distribute.horovod.export_for_serving(model, path) on every "
-                "rank (the whole table, written once by rank 0); for a checkpoint, a CheckpointManager save inside "
-                "ttf.distribute.horovod.gathered_tables(model) on every rank.")
+                "rank (the whole table, written once by rank 0); for a checkpoint, "
+                "ttf.distribute.horovod.save_checkpoint(manager, step) on every rank (each writes its part).")
         object_map[self] = _SavedModelLogicalTable(self._layer(), object_map)
         self.saved_model_save = True
         return []
