@@ -6,11 +6,13 @@ checkpoint stores the union of the shards, keyed by key, never by shard position
 restore sends each key to the shard its lookup uses. So one process, N parameter servers
 and N Horovod ranks restore each other's checkpoints.
 
-The hook for a new topology is the pair of DynamicEmbedding methods the checkpoint calls:
-`export_table()` (the logical table as one dict of tensors) and `import_table(tensors)`
-(route every key to its shard). A layer whose shards live in other processes (Horovod:
-rank r holds shard r of size n) overrides them: export gathers the shards (an allgather of
-`merge_exports`' inputs), import keeps its own part with
+A checkpoint is written and read shard by shard where the rows live (ttf/checkpoint/_format.py;
+on Horovod each rank writes its own shard: ttf.distribute.horovod.save_checkpoint). The
+whole-table path (tf.saved_model.save, .keras files, serving export) goes through the pair of
+DynamicEmbedding methods `export_table()` (the logical table as one dict of tensors) and
+`import_table(tensors)` (route every key to its shard). A layer whose shards live in other
+processes (Horovod: rank r holds shard r of size n) overrides them: export gathers the shards
+(an allgather of `merge_exports`' inputs), import keeps its own part with
 `table.restore(tensors, num_partitions=n, partition=r)` (the Import op takes only those
 keys, reading the input in place). Delta checkpoints (ttf.checkpoint) go through the same
 two methods: `export_table(since_step=S)` adds `deleted_keys`, and import_table applies
