@@ -1,6 +1,6 @@
 """Horovod checkpoints written by the ranks themselves (tdh.save_checkpoint: each rank writes
 its own shard, rank 0 merges and records the chain), full and delta, restore bit for bit into
-2 ranks, one process and 3 shards, and a one-process checkpoint restores into 2 ranks; a save
+2 ranks, one process and 3 shards, and a 3-shard checkpoint restores into 2 ranks; a save
 failing on one rank raises on every rank and leaves the last checkpoint the latest (real
 Horovod: horovodrun --gloo, 2 ranks; the ranks run tests/distribute/hvd_save.py)."""
 import json
@@ -92,9 +92,9 @@ def test_each_rank_writes_its_part_and_any_topology_restores_the_chain(tmp_path)
         assert_same_rows(by_key(layer.export_table()), want)
 
 
-def test_one_process_checkpoint_with_deltas_restores_into_two_ranks(tmp_path):
+def test_three_shard_checkpoint_with_deltas_restores_into_two_ranks(tmp_path):
     directory = tmp_path / "ckpt"
-    model, layer, optimizer, manager = one_process(directory)
+    model, layer, optimizer, manager = one_process(directory, ["/CPU:0"] * 3)  # written as 3 PS write it
     for step in range(1, 4):  # a full checkpoint, then two deltas
         ids = tf.constant(np.arange(60).reshape(20, 3) + 1000 * step, tf.int64)
         with tf.GradientTape() as tape:

@@ -37,7 +37,10 @@ def test_chief_killed_mid_epoch_resumes_from_the_checkpointed_position(tmp_path)
     os.kill(child_pid(proc.pid, "models/train.py"), signal.SIGKILL)
     out += finish(proc)
     assert not metrics.exists(), out[-3000:]
-    saved = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
+    # The checkpoint a resume restores: the chain's (the kill may land inside the next save, after
+    # TensorFlow's own `checkpoint` file names it but before ttf's chain does).
+    chain = json.loads((ckpt / "ttf_chain.json").read_text())
+    saved = tf.train.load_checkpoint(str(ckpt / chain["full"]))
     names = [n for n in saved.get_variable_to_shape_map() if n.startswith("input_position/counts/")]
     per_share = [int(saved.get_tensor(name)) for name in sorted(names)]
     at_checkpoint = sum(per_share)
