@@ -17,9 +17,18 @@ copies.
     .venv/bin/python benchmarks/scale.py --keys 5000000            # what RESULTS.md shows here
     .venv/bin/python benchmarks/scale.py --keys 100000000 --dim 8   # the issue's target size
     .venv/bin/python benchmarks/scale.py --keys 200000 --json        # a quick run, one JSON line
+    .venv-tf2.16/bin/python benchmarks/scale.py --horovod 2 --keys 2000000   # the Horovod case
 
-Flags: --keys N (default 5,000,000), --dim D (8), --ps N (3), --dir PATH (a temporary
-folder under the current one; removed at the end), --json (print one JSON line only).
+--horovod N: the same table on N Horovod ranks instead (horovodrun --gloo, this host; needs
+horovod, so TensorFlow 2.16's venv): each rank fills the ids it owns, then
+ttf.distribute.horovod.save_checkpoint on every rank (each writes its own part, rank 0 merges)
+and manager.restore_latest on every rank; reported per rank: its part's table memory, peak
+extra RSS during save and restore (and save / part), and the checksums of the ranks' tables
+before and after, and of rank 0 restoring the whole checkpoint alone.
+
+Flags: --keys N (default 5,000,000), --dim D (8), --ps N (3), --horovod N (0: the PS case),
+--dir PATH (a temporary folder under the current one; removed at the end), --json (print
+one JSON line only).
 Exit codes: 0 done, 2 bad usage, 1 failure (a checksum differs, a process died).
 """
 import argparse
@@ -157,23 +166,115 @@ def chief_main(args, cluster, procs):
     }
 
 
+def hvd_main(args):
+    """One Horovod rank of --horovod: fills its ids, saves, restores; rank 0 writes the JSON."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tdh.shard_tables takes a tf_keras layer
+    import numpy as np
+    import ttf
+    import tensorflow as tf
+    import ttf.distribute.horovod as tdh
+    from ttf._ops import ops
+
+    hvd = tdh.hvd
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+
+    def sharded_layer():
+        layer = ttf.DynamicEmbedding(args.dim, seed=1, name="emb")
+        layer(tf.constant([[0]], tf.int64))
+        tdh.shard_tables(layer)
+        return layer
+
+    source = sharded_layer()
+    table = source.tables[0]
+    for start in range(0, args.keys, BATCH):
+        keys = np.arange(start, min(start + BATCH, args.keys), dtype=np.int64) * 2654435761
+        mine = keys[ttf.embedding.shard_of(keys, size).numpy() == rank]
+        ops().ttf_table_find_or_insert(table.resource_handle, mine, dim=args.dim)
+        ops().ttf_table_apply_adagrad(table.resource_handle, mine, np.ones((len(mine), args.dim), np.float32),
+                                      0.1, 1e-7, 1)
+    del keys, mine
+    part_mib = int(table.stats()[1]) / (1 << 20)
+    want = hvd.allgather_object(ttf.embedding.table_summary(source), name="scale_want")
+    manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=source), args.dir)
+    hvd.allreduce(tf.constant(0), name="scale_ready")
+    with PeakWatch({"rank": os.getpid()}) as save:
+        tdh.save_checkpoint(manager, 1)
+    del source, table, manager  # this rank's part, freed before the restore
+    restored = sharded_layer()
+    with PeakWatch({"rank": os.getpid()}) as restore:
+        ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=restored), args.dir).restore_latest()
+    got = hvd.allgather_object(ttf.embedding.table_summary(restored), name="scale_got")
+    per_rank = hvd.allgather_object({"part_mib": part_mib, "save_seconds": save.seconds,
+                                     "save_peak_extra_mib": save.extra_mib["rank"],
+                                     "save_extra_vs_part": save.extra_mib["rank"] / part_mib,
+                                     "restore_peak_extra_mib": restore.extra_mib["rank"],
+                                     "restore_seconds": restore.seconds}, name="scale_ranks")
+    if rank != 0:
+        return 0
+    del restored
+    one = ttf.DynamicEmbedding(args.dim, seed=1, name="emb")  # rank 0 alone: the whole table in one process
+    one(tf.constant([[0]], tf.int64))
+    ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=one), args.dir).restore_latest()
+    want, got, got1 = ttf.embedding.table_summary(*want), ttf.embedding.table_summary(*got), \
+        ttf.embedding.table_summary(one)
+    result = {"keys": args.keys, "dim": args.dim, "optimizer": "adagrad", "horovod_ranks": size,
+              "checkpoint_mib": du_bytes(args.dir) / (1 << 20), "per_rank": per_rank,
+              "max_save_extra_vs_part": max(r["save_extra_vs_part"] for r in per_rank),
+              "summary_source": want, "summary_ranks": got, "summary_1": got1,
+              "checksums_equal": want[:2] == got[:2] == got1[:2]}
+    with open(args.out, "w") as out:
+        json.dump(result, out)
+    return 0
+
+
+def horovod_main(args):
+    """--horovod N: runs this script's hvd role on N ranks; prints rank 0's result."""
+    out = os.path.join(args.dir, "result.json")
+    launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [sys.executable, launcher, "--gloo", "-np", str(args.horovod), "-H", f"localhost:{args.horovod}",
+           sys.executable, os.path.abspath(__file__), "--role", "hvd", "--keys", str(args.keys), "--dim",
+           str(args.dim), "--dir", args.dir, "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not os.path.exists(out):
+        print(f"scale.py: the Horovod run failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    with open(out) as f:
+        return json.load(f)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keys", type=int, default=5_000_000, help="keys in the table (default 5,000,000)")
     parser.add_argument("--dim", type=int, default=8, help="row width (default 8)")
     parser.add_argument("--ps", type=int, default=3, help="parameter servers started (>= 3; default 3)")
+    parser.add_argument("--horovod", type=int, default=0,
+                        help="N > 0: the Horovod case on N ranks of this host instead of the PS one (default 0)")
     parser.add_argument("--dir", default=None, help="checkpoint folder (default: a temporary one here, removed)")
     parser.add_argument("--json", action="store_true", help="print one JSON line only")
     parser.add_argument("--role", default="chief", help=argparse.SUPPRESS)
     parser.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role == "ps":
         return ps_main(args.cluster, args.index)
-    if args.keys < 1 or args.dim < 1 or args.ps < 3:
-        parser.error("--keys and --dim must be >= 1 and --ps >= 3")
+    if args.role == "hvd":
+        return hvd_main(args)
+    if args.keys < 1 or args.dim < 1 or args.ps < 3 or args.horovod < 0:
+        parser.error("--keys and --dim must be >= 1, --ps >= 3 and --horovod >= 0")
     cleanup = args.dir is None
     args.dir = args.dir or tempfile.mkdtemp(prefix="scale_ckpt_", dir=".")
+    if args.horovod:
+        try:
+            result = horovod_main(args)
+        finally:
+            if cleanup:
+                shutil.rmtree(args.dir, ignore_errors=True)
+        if result is None:
+            return 1
+        print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+        return 0 if result["checksums_equal"] else 1
     cluster = {"chief": [f"localhost:{free_port()}"], "ps": [f"localhost:{free_port()}" for _ in range(args.ps)]}
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "ps", "--cluster", json.dumps(cluster),
                                "--index", str(i)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

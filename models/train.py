@@ -314,17 +314,14 @@ class HorovodRanks:
     def shape(self):
         return {"horovod_ranks": self.size, "compression": self.compression}
 
-    def save(self, manager, model, step, position):
-        # Rank 0 writes; every rank exports its part, of the kind (full or delta) rank 0 picks,
-        # and none does when rank 0 has saved this step already (only its manager knows).
-        saved, plan = self.hvd.broadcast_object(
-            (manager.last_step == step, manager.delta_plan()) if self.rank == 0 else None, name="ttf_save_plan")
+    def save(self, manager, step, position):
+        # Every rank writes its part of the tables, rank 0 the rest; none when rank 0 has saved
+        # this step already (only its manager knows).
+        saved = self.hvd.broadcast_object(manager.last_step == step if self.rank == 0 else None,
+                                          name="ttf_save_done")
         self.tdh.gather_input_position(position)
-        if saved:
-            return
-        with self.tdh.gathered_tables(model, delta=plan):
-            if self.rank == 0:
-                manager.save(step)
+        if not saved:
+            self.tdh.save_checkpoint(manager, step)
 
     def wire_metrics(self, steps_run):
         """Bytes this rank sent to other ranks per training step (rank 0's count, in its wire precision)."""
@@ -634,7 +631,14 @@ class Trainer:
         workers = len(self.cluster.worker_hosts)
 
         def dataset_fn(context):
-            return self.dataset(context.input_pipeline_id)
+            # Not context.input_pipeline_id: ParameterServerStrategy gives every worker 0 (each
+            # worker then read share 0). This function is traced once for every worker: the
+            # worker's index is a tensor, known where the dataset is made, and picks its share.
+            del context
+            worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+            return tf.data.Dataset.choose_from_datasets([self.dataset(share) for share in range(workers)],
+                                                        tf.data.Dataset.from_tensors(worker).repeat(),
+                                                        stop_on_empty_dataset=True)
 
         per_worker = coordinator.create_per_worker_dataset(
             lambda: strategy.distribute_datasets_from_function(dataset_fn))
@@ -665,10 +669,15 @@ class Trainer:
                     losses.append(loss)
                     skipped.append(skip)
                     ran.append(has)
-                return tf.stack(losses), tf.stack(skipped), tf.stack(ran)
+                worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+                return tf.stack(losses), tf.stack(skipped), tf.stack(ran), worker
             return worker_steps
 
         worker_fns = {}
+        # --epochs: workers whose share ran out. The job ends when every worker's has: a chunk
+        # whose closures all found no batch may have run on the finished workers only (any free
+        # worker takes a closure), while another still has batches.
+        finished = set()
 
         def run(low, steps):
             """Runs `steps` global steps in the precision `low` picks; returns (losses, skipped)
@@ -683,7 +692,8 @@ class Trainer:
                 steps -= k
             coordinator.join()
             fetched = [result.fetch() for result in results]  # numpy arrays
-            ran = [(float(loss), bool(skip)) for losses, skips, has in fetched
+            finished.update(int(worker) for _, _, has, worker in fetched if not has.all())
+            ran = [(float(loss), bool(skip)) for losses, skips, has, _ in fetched
                    for loss, skip, h in zip(losses, skips, has) if h]
             losses, skipped = [loss for loss, _ in ran], [skip for _, skip in ran]
             guard.observe(skipped, first_step)
@@ -701,8 +711,10 @@ class Trainer:
         while target is None or self.step() < target:
             chunk = self.args.log_every if target is None else min(self.args.log_every, target - self.step())
             losses, skipped = run(low, chunk)
-            if not losses:  # --epochs: every worker's share ran out (each closure found no batch)
-                break
+            if not losses:
+                if len(finished) == workers:  # --epochs: every worker's share ran out
+                    break
+                continue  # this chunk's closures all ran on finished workers
             self.low_steps += len(losses) * int(low)
             for loss, skip in zip(losses, skipped):  # the switch sees every loss; its last call sets the next chunk's
                 low = self.use_bf16(float("nan") if skip else loss)  # a skipped step holds float32
@@ -744,8 +756,8 @@ class Trainer:
             self.save_checkpoint(step)
 
     def save_checkpoint(self, step):
-        if self.horovod:  # every rank gathers the tables (a collective); rank 0 writes them
-            self.horovod.save(self.manager, self.model, step, self.position)
+        if self.horovod:  # every rank writes its part of the tables (a collective); rank 0 the rest
+            self.horovod.save(self.manager, step, self.position)
         else:
             self.manager.save(step)
 

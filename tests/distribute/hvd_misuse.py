@@ -3,7 +3,8 @@ instead of hanging or silently keeping 1/N of a table.
 
   stall: rank 0 calls tdh.table_size alone: it raises CollectiveMisuseError after the
          collective timeout, and rank 1's next collective raises too.
-  misc:  restore on rank 0 then broadcast raises on every rank; tf.saved_model.save of a
+  misc:  manager.save of a sharded table refuses, naming tdh.save_checkpoint; restore on rank 0
+         then broadcast raises on every rank; tf.saved_model.save of a
          sharded model refuses naming the fix; tdh.export_for_serving writes once (rank 0).
 
     horovodrun --gloo -np 2 python tests/distribute/hvd_misuse.py MODE OUT_PREFIX
@@ -55,9 +56,8 @@ if mode == "stall":
 elif mode == "misc":
     ckpt_dir = f"{prefix}-ckpt"
     manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(model=model), ckpt_dir)
-    with tdh.gathered_tables(model):
-        if rank == 0:
-            manager.save(1)
+    result["plain_save"] = outcome(lambda: manager.save(1))  # a sharded table is saved by every rank
+    tdh.save_checkpoint(manager, 1)
     result["table_size"] = tdh.table_size(model)
     result["saved_model"] = outcome(lambda: tf.saved_model.save(model, f"{prefix}-saved-{rank}"))
     version = tdh.export_for_serving(model, f"{prefix}-serving-{rank}")  # rank 0: base/1; others: None

@@ -39,6 +39,9 @@ def test_restore_then_broadcast_saved_model_and_serving_export(tmp_path):
         assert result["saved_model"]["error"] == "ValueError"
         assert "tdh.export_for_serving" in result["saved_model"]["message"] or \
             "ttf.distribute.horovod.export_for_serving" in result["saved_model"]["message"]
+        # manager.save alone would write this rank's ids: refused, naming the call that saves all.
+        assert result["plain_save"]["error"] == "ValueError", result["plain_save"]
+        assert "ttf.distribute.horovod.save_checkpoint(manager, step) on every rank" in result["plain_save"]["message"]
         # Restore on rank 0 only, then broadcast: an error on both ranks, not 1/N of the rows.
         assert result["idiom"]["error"] == "CollectiveMisuseError", result["idiom"]
         assert result["idiom"]["seconds"] < 60

@@ -1,10 +1,12 @@
 """The sharded, streamed table format: a TF registered checkpoint saver for LogicalTable.
 
 Save: for each table, each shard (source i) is exported on its own device (a PS writes its
-part; in one process, one source per shard; on Horovod the gathered logical table is one
-source) and written there by SaveV2 in pieces of at most PIECE_BYTES, one small bundle per
-piece; the pieces are merged (MergeV2Checkpoints: index merge + renames, no row copy) into
-this saver's prefix, which TensorFlow merges into the checkpoint. Tensors, under the
+part; in one process, one source per shard) and written there by SaveV2 in pieces of at most
+PIECE_BYTES, one small bundle per piece; the pieces are merged (MergeV2Checkpoints: index
+merge + renames, no row copy) into this saver's prefix, which TensorFlow merges into the
+checkpoint. On Horovod, source i is rank i's shard: each rank writes its own pieces first
+(write_rank_part, called by ttf.distribute.horovod.save_checkpoint on every rank) into the
+checkpoint's folder, and rank 0's save merges every rank's bundles (_rank_parts). Tensors, under the
 table's object name `<obj>`:
 
   <obj>/ttf/kind                       "full" or "delta"
@@ -53,38 +55,93 @@ def _sources(logical):
     """[(device, export)] of one save: each shard exported where it lives."""
     layer, mode = logical.layer, logical.mode
     since = None if mode is None or not mode.delta else logical.saved_step  # the plan of CheckpointManager.delta_plan
-    if layer.sharding is not None:  # Horovod: the logical table, gathered before the save
-        return [("", layer.export_table(since_step=since))]
     return [(table._resource_device, table.export(since_step=since)) for table in layer.tables]  # pylint: disable=protected-access
 
 
 def _save_table(name, logical, tmp):
-    sources = _sources(logical)
-    delta = "deleted_keys" in sources[0][1]
-    prefixes, strides = [], []
-    for i, (device, export) in enumerate(sources):
-        with tf.device(device):  # every op touching the shard's rows runs where they are
-            strides.append(tf.shape(export["values"])[1])
-            base = f"{name}/ttf/src-{i}"
-            parts, num_parts = _save_parts(tf.strings.join([tmp, f"-s{i}"]), base, export)
-            names = [f"{base}/num_parts"] + ([f"{base}/deleted_keys"] if delta else [])
-            values = [num_parts] + ([export["deleted_keys"]] if delta else [])
-            header = tf.strings.join([tmp, f"-s{i}-header"])
-            prefixes += [parts, [_save_v2(header, names, values)]]
-    exports = [export for _, export in sources]
-    strides = tf.stack(strides)
+    delta = logical.mode is not None and logical.mode.delta
+    if logical.layer.sharding is not None:  # Horovod: every rank has written its own part already
+        prefixes, layouts = _rank_parts(name, logical, delta)
+    else:
+        prefixes, layouts = [], []
+        for i, (device, export) in enumerate(_sources(logical)):
+            with tf.device(device):  # every op touching the shard's rows runs where they are
+                written, layout = _write_source(tf.strings.join([tmp, f"-s{i}"]), f"{name}/ttf/src-{i}", export)
+            prefixes.append(written)
+            layouts.append(layout)
+    strides = tf.stack([layout["stride"] for layout in layouts])
     widest = tf.argmax(strides)  # a shard holding the optimizer's slots, if any does
     dim = logical.layer.dim
-    layout = {"kind": tf.constant("delta" if delta else "full"), "num_sources": tf.constant(len(sources), tf.int64),
-              "optimizer": tf.gather(tf.stack([e["optimizer"] for e in exports]), widest),
-              "slot_init": tf.concat([e["slot_init"] for e in exports], 0)[: tf.reduce_max(strides) // dim - 1],
-              "step": tf.reduce_max(tf.stack([e["step"] for e in exports]))}
+    layout = {"kind": tf.constant("delta" if delta else "full"), "num_sources": tf.constant(len(layouts), tf.int64),
+              "optimizer": tf.gather(tf.stack([s["optimizer"] for s in layouts]), widest),
+              "slot_init": tf.concat([s["slot_init"] for s in layouts], 0)[: tf.reduce_max(strides) // dim - 1],
+              "step": tf.reduce_max(tf.stack([s["step"] for s in layouts]))}
     with tf.device("CPU:0"):
         header = tf.strings.join([tmp, "-layout"])
         prefixes.append([_save_v2(header, [f"{name}/ttf/{k}" for k in layout], list(layout.values()))])
     if tf.executing_eagerly():
         logical.pending_step = int(layout["step"])
     return prefixes
+
+
+def _write_source(prefix, base, export):
+    """Writes one source (a shard's export) under `base` (`<obj>/ttf/src-<i>`) in bundles
+    `prefix`-p<k> and `prefix`-header; returns (their prefixes [num_parts + 1], its layout:
+    optimizer, slot_init, step and stride, the row width with slots)."""
+    parts, num_parts = _save_parts(prefix, base, export)
+    delta = "deleted_keys" in export
+    names = [f"{base}/num_parts"] + ([f"{base}/deleted_keys"] if delta else [])
+    values = [num_parts] + ([export["deleted_keys"]] if delta else [])
+    header = _save_v2(tf.strings.join([prefix, "-header"]), names, values)
+    layout = {"optimizer": export["optimizer"], "slot_init": export["slot_init"], "step": export["step"],
+              "stride": tf.shape(export["values"])[1]}
+    return tf.concat([parts, [header]], 0), layout
+
+
+def table_names(checkpoint):
+    """[(object name, LogicalTable)] of `checkpoint`: the names TensorFlow's save gives the
+    tables' entries (`<obj>` above), found the way it finds them (a breadth-first walk)."""
+    from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415 (private, TF 2.16 through 2.21)
+    from tensorflow.python.trackable import trackable_utils  # noqa: PLC0415
+
+    objects, paths = graph_view.ObjectGraphView(checkpoint).breadth_first_traversal()
+    return [(trackable_utils.object_path_to_string(paths[obj]), obj) for obj in objects
+            if isinstance(obj, LogicalTable)]
+
+
+def write_rank_part(name, logical, prefix, rank, since_step):
+    """Horovod: writes this rank's shard of the table `logical` (named `name` in the
+    checkpoint) as source `rank`, in pieces of at most PIECE_BYTES, into bundles `prefix`-*
+    (eager, on this rank: no row leaves it). since_step: None (full) or the delta's start.
+    Returns (the bundles' prefixes, the source's layout as plain Python / NumPy values)
+    for rank 0, which merges every rank's bundles into the checkpoint (_rank_parts)."""
+    table = logical.layer.tables[0]
+    with tf.device(table._resource_device):  # pylint: disable=protected-access
+        export = table.export(since_step=since_step)
+        written, layout = _write_source(tf.constant(prefix), f"{name}/ttf/src-{rank}", export)
+        del export  # the rows' copy: freed before the next table's
+    layout = {"optimizer": layout["optimizer"].numpy(), "slot_init": layout["slot_init"].numpy(),
+              "step": int(layout["step"]), "stride": int(layout["stride"])}
+    return [p.decode() for p in written.numpy()], layout
+
+
+def _rank_parts(name, logical, delta):
+    """(prefixes, layouts) of the bundles every Horovod rank wrote for this table (set by
+    ttf.distribute.horovod.save_checkpoint on rank 0 as logical.rank_parts)."""
+    staged = logical.rank_parts
+    if staged is None:
+        raise ValueError(
+            f"{logical.layer.name} is sharded over {logical.layer.sharding.size} Horovod ranks, and each rank writes "
+            "its own part of a checkpoint: call ttf.distribute.horovod.save_checkpoint(manager, step) on every rank "
+            "(not manager.save or checkpoint.write, which would write this rank's ids only)")
+    if staged["delta"] != delta:
+        raise RuntimeError(f"{name}: the ranks wrote {'delta' if staged['delta'] else 'full'} parts for a "
+                           f"{'delta' if delta else 'full'} save; report this as a ttf bug")
+    prefixes = [tf.constant(p, tf.string) for p in staged["prefixes"][name]]
+    layouts = [{"optimizer": tf.constant(s["optimizer"]), "slot_init": tf.constant(s["slot_init"], tf.float32),
+                "step": tf.constant(s["step"], tf.int64), "stride": tf.constant(s["stride"], tf.int32)}
+               for s in staged["layouts"][name]]
+    return prefixes, layouts
 
 
 def _save_v2(prefix, names, tensors):
@@ -163,8 +220,9 @@ def _restore_table(name, logical, prefix):
         targets = _targets(layer)
         if layer.sharding is not None:  # Horovod: broadcast_variables refuses a restore on some ranks only
             layer.sharding.note_restore(layer)
-        tf.cond(tf.not_equal(num_sources, len(targets)),
-                lambda: tf.print(f"ttf: restoring {layer.name} from", num_sources, f"shards into {len(targets)}",
+        shards = targets[0][1]  # the layer's shards over every process (Horovod: ranks)
+        tf.cond(tf.not_equal(num_sources, shards),
+                lambda: tf.print(f"ttf: restoring {layer.name} from", num_sources, f"shards into {shards}",
                                  output_stream=sys.stderr),
                 tf.no_op)
     dim = layer.dim

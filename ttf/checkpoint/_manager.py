@@ -87,7 +87,7 @@ class CheckpointManager:
     def delta_plan(self):
         """What the next save() writes: None for a full checkpoint, else {layer name: table
         step the delta starts after} for each ttf table. On Horovod every rank exports its
-        part of the same kind: tdh.gathered_tables(model, delta=plan) with rank 0's plan."""
+        part of the same kind: tdh.save_checkpoint(manager, step) does it with rank 0's plan."""
         if not (self._chain is not None and self._last_step is not None and self.full_every > 1
                 and len(self._chain["deltas"]) + 1 < self.full_every
                 and all(t.saved_step is not None for t in self._tables())):

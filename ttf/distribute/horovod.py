@@ -36,6 +36,7 @@ the embedding rows, their gradients and the dense allreduce (summed in float32 o
 import contextlib
 import hashlib
 import json
+import os
 import threading
 import warnings
 
@@ -49,6 +50,9 @@ import tensorflow as tf
 # fire on this build with Gloo. After the shutdown, every other rank's next collective raises.
 # Raise it when a rank legitimately works alone longer before joining one.
 COLLECTIVE_TIMEOUT_SECONDS = 45.0
+# The same for the two waits of save_checkpoint after its first collective: for the slowest
+# rank's pieces (a large part takes minutes to write), and for rank 0's merge and fsync.
+SAVE_TIMEOUT_SECONDS = 1800.0
 
 try:
     import horovod.tensorflow as hvd
@@ -72,16 +76,17 @@ class CollectiveMisuseError(RuntimeError):
 
 
 @contextlib.contextmanager
-def collective(what):
-    """Runs (eager) Horovod collectives for `what`. When they wait longer than
-    COLLECTIVE_TIMEOUT_SECONDS for the other ranks, Horovod is shut down on this rank (every
+def collective(what, timeout=None):
+    """Runs (eager) Horovod collectives for `what`. When they wait longer than `timeout`
+    (default COLLECTIVE_TIMEOUT_SECONDS) for the other ranks, Horovod is shut down on this rank (every
     other rank's next collective then fails too); a Horovod error inside (that shutdown, or
     another collective on another rank) becomes CollectiveMisuseError naming the call and the
     fix instead of a hang or a bare Horovod error."""
     done, timed_out, rank = threading.Event(), [], hvd.rank()  # hvd.rank() fails once Horovod is shut down
+    timeout = COLLECTIVE_TIMEOUT_SECONDS if timeout is None else timeout
 
     def watchdog():
-        if not done.wait(COLLECTIVE_TIMEOUT_SECONDS):
+        if not done.wait(timeout):
             timed_out.append(True)
             hvd.shutdown()  # fails the collective this rank waits in
 
@@ -92,12 +97,12 @@ def collective(what):
         message = str(err)
         if "horovod" not in message.lower():  # not a Horovod op's error
             raise
-        waited = (f"waited {COLLECTIVE_TIMEOUT_SECONDS:g}s for the other ranks (ttf shut Horovod down)" if timed_out
+        waited = (f"waited {timeout:g}s for the other ranks (ttf shut Horovod down)" if timed_out
                   else "failed")
         raise CollectiveMisuseError(
             f"ttf (rank {rank}): {what} {waited}: it is a Horovod collective, and the ranks did not all join it "
             "alike. Call it on every rank, in the same order (not under `if hvd.rank() == 0:`); only the writing of "
-            "files is rank 0's, as tdh.gathered_tables and tdh.export_for_serving do it. Horovod said: "
+            "files is rank 0's, as tdh.save_checkpoint and tdh.export_for_serving do it. Horovod said: "
             f"{message.strip().splitlines()[0][:300]}") from err
     finally:
         done.set()
@@ -162,7 +167,6 @@ class TableSharding:
         self.wire_dtype = _check_compression(compression)
         self.compression = compression
         self.rank, self.size = hvd.rank(), hvd.size()
-        self._gathered = {}
         self._restores = {}  # layer name -> restores on this rank
         self._grouped = {}  # id(layer) -> [(training, keys shape, embeddings)] while a grouped model runs
 
@@ -294,25 +298,17 @@ class TableSharding:
                 grads.append(tf.IndexedSlices(summed / self.size, keys_t))
         return grads
 
-    # -- checkpoints: the logical table (every id of every rank) is what gets saved
+    # -- checkpoints: each rank writes and reads its own part (save_checkpoint, ttf/checkpoint/_format.py)
 
     def note_restore(self, layer):
         """Counts restores of `layer` on this rank (broadcast_variables checks every rank restored)."""
         self._restores[layer.name] = self._restores.get(layer.name, 0) + 1
 
     def export_table(self, layer, since_step=None, reset_deleted=False):
-        """The logical table of `layer` for a checkpoint (a delta with since_step): gathered
-        before the save by gathered_tables (so only rank 0 needs to write), else gathered
-        now (a collective)."""
-        saved = self._gathered.get(id(layer))
-        if saved is None:
-            return self.gather_export(layer, since_step, reset_deleted)
-        if ("deleted_keys" in saved) != (since_step is not None):
-            raise RuntimeError(
-                f"{layer.name}: the save asked for a {'delta' if since_step is not None else 'full'} export but "
-                f"gathered_tables gathered a {'delta' if 'deleted_keys' in saved else 'full'} one; pass rank 0's "
-                "manager.delta_plan() to tdh.gathered_tables(model, delta=...) on every rank")
-        return saved
+        """The logical table of `layer` (every rank's ids), for tf.saved_model.save's refusal,
+        export_for_serving and model.save: gathered now (a collective). A checkpoint does not
+        come here: each rank writes its own part (save_checkpoint)."""
+        return self.gather_export(layer, since_step, reset_deleted)
 
     def import_table(self, layer, tensors):
         """Restores this rank's part of a logical table written by any topology (a full
@@ -329,48 +325,112 @@ class TableSharding:
             raise ValueError(
                 f"{layer.name} is sharded over {self.size} Horovod ranks: its export gathers every rank's ids (a "
                 "collective) and cannot be traced into a graph. Use ttf.distribute.horovod.export_for_serving(model, "
-                "path) on every rank for serving, or a CheckpointManager save inside "
-                "tdh.gathered_tables(model) on every rank for a checkpoint")
+                "path) on every rank for serving, or ttf.distribute.horovod.save_checkpoint(manager, step) on "
+                "every rank for a checkpoint")
         local = layer.tables[0].export(since_step, reset_deleted)
         gathered = dict(local)
-        with collective(f"gathering {layer.name} (a checkpoint save or restore, model.save, export_for_serving)"):
+        with collective(f"gathering {layer.name} (model.save, export_for_serving)"):
             for field in ("keys", "values", "meta", "candidate_keys", "candidate_meta", "deleted_keys"):
                 if field in local:
                     gathered[field] = hvd.allgather(local[field], name=f"ttf_{layer.name}_export_{field}")
         return gathered
 
 
-@contextlib.contextmanager
-def gathered_tables(model, delta=None):
-    """Gathers every sharded table of `model` from all ranks (every rank must enter, layers in
-    the same order); inside, a checkpoint save on any rank writes the logical tables, every id
-    of every rank. Restoring any checkpoint sends each id to its owner.
+def save_checkpoint(manager, step):
+    """Saves a ttf.checkpoint.CheckpointManager checkpoint of a model sharded over the ranks,
+    each rank writing its own part: call it on every rank (a collective), each with its own
+    manager on the same shared `directory`. Returns the path of the checkpoint (every rank).
 
-    delta: None (a full save; each rank also restarts its record of deleted ids, the base
-    of later deltas), or ttf.checkpoint.CheckpointManager.delta_plan() of the rank that
-    saves, which every rank must be given (hvd.broadcast_object): each rank then exports
-    the rows changed since that step and the ids it deleted.
+    1. Rank 0 picks a full checkpoint or a delta (its manager's delta_plan) and tells every rank.
+    2. Each rank exports its shard of each table and writes it with SaveV2 into
+       `<directory>/ttf-parts-<step>/` in pieces of at most 64 MiB (the checkpoint format's
+       source `rank`), then fsyncs them: no rank holds another rank's rows.
+    3. A barrier; rank 0's manager.save(step) writes the dense state and merges every rank's
+       pieces into the checkpoint (MergeV2Checkpoints: an index merge and renames, no copy of
+       rows), fsyncs, then records the chain (ttf_chain.json) last.
+    4. Every rank learns the outcome; then each restarts its record of deleted ids (the next
+       delta's base). A failure on any rank raises on every rank, naming the rank and the
+       cause, and leaves the previous checkpoint the latest.
 
-    Example (every rank runs it):
-        plan = hvd.broadcast_object(manager.delta_plan() if hvd.rank() == 0 else None)
-        with tdh.gathered_tables(model, delta=plan):
-            if hvd.rank() == 0:
-                manager.save(step)
+    Restore: manager.restore_latest() on every rank; each keeps the ids it owns (any topology's
+    checkpoint). Other state (dense variables, InputPosition) is rank 0's: make it agree first
+    (tdh.gather_input_position).
+
+    Raises:
+      RuntimeError: the save failed on some rank (every rank raises).
+      CollectiveMisuseError: some rank did not call it (within COLLECTIVE_TIMEOUT_SECONDS of the
+        first; the waits for the pieces and for rank 0's merge allow SAVE_TIMEOUT_SECONDS).
     """
-    layers = [layer for layer in ttf_layers(model) if layer.sharding is not None]
-    missing = sorted({layer.name for layer in layers} - set(delta)) if delta is not None else []
-    if missing:
-        raise ValueError(f"the delta plan names no start step for {', '.join(missing)}: is it the plan of "
-                         "this model's CheckpointManager?")
-    for layer in layers:
-        since = None if delta is None else delta[layer.name]
-        layer.sharding._gathered[id(layer)] = layer.sharding.gather_export(  # pylint: disable=protected-access
-            layer, since, reset_deleted=True)
+    from ttf._durable import fsync_path  # noqa: PLC0415
+    from ttf.checkpoint._format import table_names, write_rank_part  # noqa: PLC0415
+
+    rank = hvd.rank()
+    with collective("save_checkpoint"):
+        plan = hvd.broadcast_object(manager.delta_plan() if rank == 0 else None, root_rank=0, name="ttf_save_plan")
+    tables = [(name, logical) for name, logical in table_names(manager.checkpoint)
+              if logical.layer.sharding is not None]
+    folder = os.path.join(manager.directory, f"ttf-parts-{int(step)}")  # removed by the merge once empty
+    written = {"prefixes": {}, "layouts": {}, "error": None}
     try:
-        yield
-    finally:
-        for layer in layers:
-            layer.sharding._gathered.pop(id(layer), None)  # pylint: disable=protected-access
+        tf.io.gfile.makedirs(folder)
+        _remove_parts(folder, rank, remove_folder=False)  # a killed earlier save's pieces
+        for j, (name, logical) in enumerate(tables):
+            if plan is not None and logical.layer.name not in plan:
+                raise ValueError(f"rank 0's delta plan names no start step for {logical.layer.name}: do the ranks "
+                                 "build the same model?")
+            since = None if plan is None else plan[logical.layer.name]
+            prefixes, layout = write_rank_part(name, logical, os.path.join(folder, f"r{rank}-t{j}"), rank, since)
+            written["prefixes"][name], written["layouts"][name] = prefixes, layout
+        for name in tf.io.gfile.glob(os.path.join(folder, f"r{rank}-*")):
+            fsync_path(name)
+    except Exception as err:  # noqa: BLE001 (every rank must reach the barrier below, then all raise)
+        written["error"] = f"{type(err).__name__}: {str(err).strip()[:500]}"
+    with collective("save_checkpoint", SAVE_TIMEOUT_SECONDS):  # the barrier: every rank's pieces written (or failed)
+        every = hvd.allgather_object(written, name="ttf_save_parts")
+    failed = [(r, w["error"]) for r, w in enumerate(every) if w["error"]]
+    outcome = None
+    if rank == 0:
+        if failed:
+            outcome = {"error": "; ".join(f"rank {r}: {e}" for r, e in failed)}
+        else:
+            for name, logical in tables:
+                logical.rank_parts = {"delta": plan is not None,
+                                      "prefixes": {name: [p for w in every for p in w["prefixes"][name]]},
+                                      "layouts": {name: [w["layouts"][name] for w in every]}}
+            try:
+                outcome = {"path": manager.save(step)}
+            except Exception as err:  # noqa: BLE001 (every rank learns it below, then all raise)
+                outcome = {"error": f"rank 0: {type(err).__name__}: {str(err).strip()[:500]}"}
+            finally:
+                for _, logical in tables:
+                    logical.rank_parts = None
+    with collective("save_checkpoint", SAVE_TIMEOUT_SECONDS):  # rank 0's merge, fsync and chain
+        outcome = hvd.broadcast_object(outcome, root_rank=0, name="ttf_save_outcome")
+    if "error" in outcome:
+        _remove_parts(folder, rank)
+        raise RuntimeError(f"ttf: the Horovod save of step {int(step)} into {manager.directory} failed (nothing "
+                           f"recorded; the last complete checkpoint is intact): {outcome['error']}")
+    if rank != 0:  # rank 0's manager did this once the save was durable
+        for name, logical in tables:
+            logical.saved_step = max(w["layouts"][name]["step"] for w in every)
+            logical.layer.reset_deleted()
+    return outcome["path"]
+
+
+def _remove_parts(folder, rank, remove_folder=True):
+    """Removes this rank's pieces of a failed or killed save (and the folder once empty)."""
+    for name in tf.io.gfile.glob(os.path.join(folder, f"r{rank}-*")):
+        try:
+            tf.io.gfile.remove(name)
+        except tf.errors.NotFoundError:
+            pass
+    if not remove_folder:
+        return
+    try:
+        if not tf.io.gfile.listdir(folder):
+            tf.io.gfile.rmtree(folder)
+    except (OSError, tf.errors.OpError):
+        pass  # another rank's pieces are still there, or another rank removed it
 
 
 ttf_layers = tables_in  # the ttf embedding layers of a Keras model, in a fixed order (ttf.embedding.tables_in)
@@ -618,6 +678,6 @@ def check_same_config(config, what="flags"):
         raise ValueError(f"the ranks were started with different {what}: " + "; ".join(diffs))
 
 
-__all__ = ["COMPRESSIONS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
-           "all_ranks", "check_same_config", "gather_rows", "gathered_tables", "mean_over_ranks", "rank_slice", "shard_tables", "table_size",
+__all__ = ["COMPRESSIONS", "SAVE_TIMEOUT_SECONDS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
+           "all_ranks", "check_same_config", "gather_rows", "mean_over_ranks", "rank_slice", "save_checkpoint", "shard_tables", "table_size",
            "ttf_layers", "wire_bytes"]

@@ -6,11 +6,13 @@ checkpoint stores the union of the shards, keyed by key, never by shard position
 restore sends each key to the shard its lookup uses. So one process, N parameter servers
 and N Horovod ranks restore each other's checkpoints.
 
-The hook for a new topology is the pair of DynamicEmbedding methods the checkpoint calls:
-`export_table()` (the logical table as one dict of tensors) and `import_table(tensors)`
-(route every key to its shard). A layer whose shards live in other processes (Horovod:
-rank r holds shard r of size n) overrides them: export gathers the shards (an allgather of
-`merge_exports`' inputs), import keeps its own part with
+A checkpoint is written and read shard by shard where the rows live (ttf/checkpoint/_format.py;
+on Horovod each rank writes its own shard: ttf.distribute.horovod.save_checkpoint). The
+whole-table path (tf.saved_model.save, .keras files, serving export) goes through the pair of
+DynamicEmbedding methods `export_table()` (the logical table as one dict of tensors) and
+`import_table(tensors)` (route every key to its shard). A layer whose shards live in other
+processes (Horovod: rank r holds shard r of size n) overrides them: export gathers the shards
+(an allgather of `merge_exports`' inputs), import keeps its own part with
 `table.restore(tensors, num_partitions=n, partition=r)` (the Import op takes only those
 keys, reading the input in place). Delta checkpoints (ttf.checkpoint) go through the same
 two methods: `export_table(since_step=S)` adds `deleted_keys`, and import_table applies
@@ -148,6 +150,7 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
         self.mode = None
         self.saved_step = None
         self.pending_step = None
+        self.rank_parts = None  # Horovod, during a save on rank 0: every rank's written bundles (_format.py)
         self.restored = False  # set when a checkpoint restore reaches this entry
         self.saved_model_save = False  # inside tf.saved_model.save: the whole-table entry, once
 
@@ -163,8 +166,8 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
             raise ValueError(
                 f"tf.saved_model.save of {self.layer.name}, a table sharded over Horovod ranks, would write this "
                 "rank's ids only. For serving, call ttf.distribute.horovod.export_for_serving(model, path) on every "
-                "rank (the whole table, written once by rank 0); for a checkpoint, a CheckpointManager save inside "
-                "ttf.distribute.horovod.gathered_tables(model) on every rank.")
+                "rank (the whole table, written once by rank 0); for a checkpoint, "
+                "ttf.distribute.horovod.save_checkpoint(manager, step) on every rank (each writes its part).")
         object_map[self] = _SavedModelLogicalTable(self._layer(), object_map)
         self.saved_model_save = True
         return []
