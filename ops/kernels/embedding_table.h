@@ -90,6 +90,11 @@ struct TableConfig {
   int64_t capacity = 0;
   EvictPolicy evict_policy = EvictPolicy::kLru;
   int64_t ttl_steps = 0;
+  // DRAM + SSD tier (both set, or neither): rows beyond `dram_budget` bytes of DRAM rows
+  // (value, slots, metadata and their index entry) live in files under `ssd_dir`.
+  int64_t dram_budget = 0;
+  std::string ssd_dir;
+  bool tiered() const { return dram_budget > 0; }
   bool operator==(const TableConfig& o) const;
   std::string DebugString() const;
 };
@@ -205,6 +210,48 @@ struct KeyedStore {
   }
 };
 
+// A shard's disk tier: rows of fixed-size records [key, count, last_seen | stride floats] in
+// one file, addressed by slot, with the key -> slot index in RAM (12 bytes per index entry,
+// 16-32 bytes per key). Freed slots are reused, so the file never needs compaction. The file
+// is unlinked as soon as it is opened: it is a cache that only this process can see, gone
+// when the process ends (a kill -9 included); a checkpoint holds every row, the disk tier's too.
+// Writes happen under the shard lock held exclusively, reads under it held at least shared
+// (pread/pwrite: no shared file offset).
+class DiskTier {
+ public:
+  static constexpr int64_t kHeaderWords = 3;  // key, count, last_seen (int64 each)
+  DiskTier() = default;
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+  // Creates the (unlinked) file under dir for rows of `stride` floats.
+  Status Open(const std::string& dir, int64_t stride);
+  bool open() const { return fd_ >= 0; }
+  int64_t stride() const { return stride_; }
+  int64_t record_bytes() const { return kHeaderWords * 8 + stride_ * 4; }
+  // Writes a row and adds its key (absent from this tier); on failure the tier is unchanged.
+  Status Put(int64_t key, uint64_t hash, const RowMeta& meta, const float* row);
+  // Overwrites the record of a key held here.
+  Status Overwrite(uint32_t slot, int64_t key, const RowMeta& meta, const float* row);
+  // Reads `floats` floats of the row of `slot` (from its first float), and its meta if non-null.
+  Status Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) const;
+  void Remove(int64_t key, uint64_t hash);
+  void Clear();  // drops every row and truncates the file
+  // Rewrites every record with a wider stride (old floats, then fill_per_slot[f / dim - 1]).
+  Status Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+  int64_t file_bytes() const { return static_cast<int64_t>(next_slot_) * record_bytes(); }
+  KeyIndex index;  // key -> slot
+
+ private:
+  Status WriteRecord(uint32_t slot, int64_t key, const RowMeta& meta, const float* row);
+  std::string dir_;
+  int fd_ = -1;
+  int64_t stride_ = 0;
+  std::vector<uint32_t> free_slots_;
+  uint32_t next_slot_ = 0;
+  mutable std::vector<char> scratch_;  // exclusive-lock paths only (Put/Overwrite/Widen)
+};
+
 struct TableShard {
   explicit TableShard(int64_t stride) : rows(stride), candidates(0) {}
   mutable std::shared_mutex mu;
@@ -214,6 +261,10 @@ struct TableShard {
   int64_t rows_evicted = 0;           // by the capacity and TTL (not by explicit Evict/Remove)
   int64_t next_ttl_sweep = 0;         // the step at which TTL next scans this shard
   std::vector<int64_t> deleted_keys;  // removed rows and candidates, while the table tracks them
+  DiskTier disk;                      // cold rows (tiered tables only)
+  int64_t rows_demoted = 0, rows_promoted = 0;
+  // Lookups of keys with a row, by tier (atomics: lookups hold the lock shared).
+  std::atomic<int64_t> dram_hits{0}, disk_hits{0};
 };
 
 // Where Export writes, allocated by the caller once the counts are known (all shard locks
@@ -285,18 +336,24 @@ class EmbeddingTable : public ResourceBase {
   // at this sighting (always without admission), else the default row; without `training`
   // (inference), always the default row. Nothing is inserted or counted: a step that never
   // reaches its update (a skipped, non-finite step) leaves the table as it was.
-  void Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
+  // A key whose row is on the disk tier reads it from there (promotion happens at apply).
+  Status Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
   // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
   // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a
   // row gets count + 1 and last_seen = now; a missing key gets a row (initializer, then the
   // slots' initial values) or, under admission, counts as a candidate until admitted. ids[i]
   // is the key's row id, KeyIndex::kNone for a key not (yet) admitted. The optimizer apply
   // ops call it for the keys they update, so insertion happens at apply, never in forward.
-  void TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys, const uint64_t* hashes,
+  // Tiered: a key on disk is promoted (read back into DRAM, meta and all), and first, when
+  // this update would take DRAM past its budget, the least recently updated rows not in this
+  // update are demoted to disk. A failed disk read or write (a full disk) returns the error
+  // with the shard consistent: every row is in exactly one tier, none changed by this call
+  // unless the error comes from a read of a promotion (keys before it are then counted).
+  Status TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys, const uint64_t* hashes,
                  int64_t n, int64_t now, uint32_t* ids);
   // TouchKeys at the table step, then copies each key's value into `out` (the default row for
   // a key not yet admitted): fills a table outside training (TtfTableFindOrInsert).
-  void FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
+  Status FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
 
   // Makes rows hold `slot_init.size()` optimizer slots for `optimizer`, widening every row
   // (slot j filled with slot_init[j]) the first time. Fails if another optimizer's slots
@@ -307,6 +364,13 @@ class EmbeddingTable : public ResourceBase {
   int64_t CandidateCount() const;
   int64_t CandidatesDropped() const;
   int64_t RowsEvicted() const;  // by the capacity and TTL policy
+  // Creates the disk tier's files (tiered tables; before first use).
+  Status OpenTier();
+  struct TierStats {
+    int64_t dram_rows = 0, disk_rows = 0, dram_hits = 0, disk_hits = 0, demoted = 0, promoted = 0;
+    int64_t dram_bytes = 0, disk_index_bytes = 0, disk_file_bytes = 0, dram_row_limit = 0;
+  };
+  TierStats Tiers() const;
   int64_t MemoryBytes() const;
   // Removes keys whose last-seen step is below min_last_seen or whose count is below
   // min_count; candidates go by last-seen only. Returns the number of rows removed.
@@ -344,6 +408,11 @@ class EmbeddingTable : public ResourceBase {
   // must re-probe afterwards: other threads may have changed the shard meanwhile.
   void ReserveRoom(std::unique_lock<std::shared_mutex>& lock, KeyedStore* ks, int64_t extra);
   void FillDefault(float* out) const;
+  // The most DRAM rows a shard of a tiered table keeps, for rows of `stride` floats.
+  int64_t DramRowLimit(int64_t stride) const;
+  // Tiered, lock held exclusively: moves least recently updated rows to disk until the shard
+  // holds at most `limit` DRAM rows, never one whose key is in `keep` (sorted).
+  Status Demote(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep);
 
   const TableConfig config_;
   std::vector<std::unique_ptr<TableShard>> shards_;
