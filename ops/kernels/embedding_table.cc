@@ -449,6 +449,7 @@ Status EmbeddingTable::Demote(TableShard* sh, int64_t limit, const std::vector<i
     sh->rows.Remove(key, h);
     ++sh->rows_demoted;
   }
+  CompactIfSparse(sh);  // the demoted rows' chunks go back to the system once half are free
   return OkStatus();
 }
 
@@ -458,6 +459,18 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
   const int64_t candidates_per_shard = std::max<int64_t>(1, config_.max_candidates / num_shards());
+  if (config_.tiered()) {
+    // Make DRAM room for this update's missing keys first, so a failed write (a full disk)
+    // returns before any key of this update changed. This update's own rows never leave.
+    // Demote may compact the store (new ids): the probes below come after it.
+    const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
+    const int64_t limit = std::max<int64_t>(0, DramRowLimit(sh.rows.store.stride()) - missing);
+    if (sh.rows.index.size() > limit) {
+      std::vector<int64_t> keep(keys, keys + n);
+      std::sort(keep.begin(), keep.end());
+      TF_RETURN_IF_ERROR(Demote(&sh, limit, keep));
+    }
+  }
   while (true) {
     // Probe every key once, remembering its row id. Repeated after a ReserveRoom, which
     // releases the lock (other threads may insert or evict meanwhile).
@@ -476,18 +489,6 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
   // Room is reserved for every missing key: from here on nothing allocates.
   const int64_t stride = sh.rows.store.stride();
   const bool tiered = config_.tiered();
-  if (tiered) {
-    // Make DRAM room for this update's missing keys first, so a failed write (a full disk)
-    // returns before any key of this update changed. This update's own rows never leave.
-    int64_t missing = 0;
-    for (int64_t i = 0; i < n; ++i) missing += ids[i] == KeyIndex::kNone;
-    const int64_t limit = std::max<int64_t>(0, DramRowLimit(stride) - missing);
-    if (sh.rows.index.size() > limit) {
-      std::vector<int64_t> keep(keys, keys + n);
-      std::sort(keep.begin(), keep.end());
-      TF_RETURN_IF_ERROR(Demote(&sh, limit, keep));
-    }
-  }
   for (int64_t i = 0; i < n; ++i) {
     if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
     if (ids[i] != KeyIndex::kNone) {
