@@ -313,6 +313,16 @@ Status DiskTier::Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) 
     }
     return OkStatus();
   };
+  if (meta != nullptr && floats > 0) {  // a whole record: one read
+    thread_local std::vector<char> record;
+    record.resize(kHeaderWords * 8 + floats * sizeof(float));
+    TF_RETURN_IF_ERROR(read_all(record.data(), record.size(), offset));
+    int64_t header[kHeaderWords];
+    std::memcpy(header, record.data(), sizeof(header));
+    *meta = RowMeta{header[1], header[2]};
+    std::memcpy(row, record.data() + sizeof(header), floats * sizeof(float));
+    return OkStatus();
+  }
   if (meta != nullptr) {
     int64_t header[kHeaderWords];
     TF_RETURN_IF_ERROR(read_all(reinterpret_cast<char*>(header), sizeof(header), offset));
