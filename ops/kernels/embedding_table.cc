@@ -267,110 +267,124 @@ Status DiskTier::Open(const std::string& dir, int64_t stride) {
   return OkStatus();
 }
 
-Status DiskTier::WriteRecord(uint32_t slot, int64_t key, const RowMeta& meta, const float* row) {
-  const int64_t bytes = record_bytes();
-  scratch_.resize(bytes);
-  const int64_t header[kHeaderWords] = {key, meta.count, meta.last_seen};
-  std::memcpy(scratch_.data(), header, sizeof(header));
-  std::memcpy(scratch_.data() + sizeof(header), row, stride_ * sizeof(float));
-  const off_t offset = static_cast<off_t>(slot) * bytes;
+namespace {
+// Writes `bytes` at `offset`, retrying short writes; a full disk comes back as the error.
+Status WriteAll(int fd, const std::string& dir, const char* data, int64_t bytes, off_t offset) {
   for (int64_t done = 0; done < bytes;) {
-    const ssize_t w = ::pwrite(fd_, scratch_.data() + done, bytes - done, offset + done);
+    const ssize_t w = ::pwrite(fd, data + done, bytes - done, offset + done);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return DiskError(dir_, "writing a row", w < 0 ? errno : ENOSPC);
+    if (w <= 0) return DiskError(dir, "writing rows", w < 0 ? errno : ENOSPC);
     done += w;
   }
   return OkStatus();
 }
+Status ReadAll(int fd, const std::string& dir, char* data, int64_t bytes, off_t offset) {
+  for (int64_t done = 0; done < bytes;) {
+    const ssize_t r = ::pread(fd, data + done, bytes - done, offset + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return DiskError(dir, "reading rows", r < 0 ? errno : EIO);
+    done += r;
+  }
+  return OkStatus();
+}
+}  // namespace
 
-Status DiskTier::Put(int64_t key, uint64_t hash, const RowMeta& meta, const float* row) {
-  const bool reuse = !free_slots_.empty();
-  const uint32_t slot = reuse ? free_slots_.back() : next_slot_;
-  TF_RETURN_IF_ERROR(WriteRecord(slot, key, meta, row));
-  if (reuse) free_slots_.pop_back();
-  else ++next_slot_;
-  if (!index.HasRoom(1)) {  // grows under the lock: demotion already pays a write per row
-    KeyIndex bigger(KeyIndex::CapacityFor(index.size() + 1));
+Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows) {
+  const int64_t bytes = record_bytes();
+  if (static_cast<int64_t>(next_slot_) + n >= static_cast<int64_t>(KeyIndex::kNone))
+    return errors::ResourceExhausted("the SSD tier of one table shard holds at most 2^32 - 1 records; ",
+                                     "use more num_shards");
+  buffer_.resize(n * bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    char* record = buffer_.data() + i * bytes;
+    const int64_t header[kHeaderWords] = {keys[i], metas[i]->count, metas[i]->last_seen};
+    std::memcpy(record, header, sizeof(header));
+    std::memcpy(record + sizeof(header), rows[i], stride_ * sizeof(float));
+  }
+  TF_RETURN_IF_ERROR(WriteAll(fd_, dir_, buffer_.data(), n * bytes, static_cast<off_t>(next_slot_) * bytes));
+  if (!index.HasRoom(n)) {  // grows under the lock: a demotion already pays a write
+    KeyIndex bigger(KeyIndex::CapacityFor(index.size() + n));
     index.MoveAllInto(&bigger);
     std::swap(index, bigger);
   }
-  index.Insert(key, hash, slot);
+  for (int64_t i = 0; i < n; ++i) index.Insert(keys[i], HashKey(keys[i]), next_slot_++);
   return OkStatus();
-}
-
-Status DiskTier::Overwrite(uint32_t slot, int64_t key, const RowMeta& meta, const float* row) {
-  return WriteRecord(slot, key, meta, row);
 }
 
 Status DiskTier::Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) const {
   const off_t offset = static_cast<off_t>(slot) * record_bytes();
-  auto read_all = [&](char* dst, int64_t bytes, off_t at) -> Status {
-    for (int64_t done = 0; done < bytes;) {
-      const ssize_t r = ::pread(fd_, dst + done, bytes - done, at + done);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return DiskError(dir_, "reading a row", r < 0 ? errno : EIO);
-      done += r;
-    }
-    return OkStatus();
-  };
+  int64_t header[kHeaderWords];
   if (meta != nullptr && floats > 0) {  // a whole record: one read
     thread_local std::vector<char> record;
     record.resize(kHeaderWords * 8 + floats * sizeof(float));
-    TF_RETURN_IF_ERROR(read_all(record.data(), record.size(), offset));
-    int64_t header[kHeaderWords];
+    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, record.data(), record.size(), offset));
     std::memcpy(header, record.data(), sizeof(header));
-    *meta = RowMeta{header[1], header[2]};
     std::memcpy(row, record.data() + sizeof(header), floats * sizeof(float));
-    return OkStatus();
+  } else if (meta != nullptr) {
+    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, reinterpret_cast<char*>(header), sizeof(header), offset));
+  } else if (floats > 0) {
+    TF_RETURN_IF_ERROR(
+        ReadAll(fd_, dir_, reinterpret_cast<char*>(row), floats * sizeof(float), offset + kHeaderWords * 8));
   }
-  if (meta != nullptr) {
-    int64_t header[kHeaderWords];
-    TF_RETURN_IF_ERROR(read_all(reinterpret_cast<char*>(header), sizeof(header), offset));
-    *meta = RowMeta{header[1], header[2]};
-  }
-  if (floats > 0)
-    TF_RETURN_IF_ERROR(read_all(reinterpret_cast<char*>(row), floats * sizeof(float), offset + kHeaderWords * 8));
+  if (meta != nullptr) *meta = RowMeta{header[1], header[2]};
   return OkStatus();
 }
 
-void DiskTier::Remove(int64_t key, uint64_t hash) {
-  const uint32_t slot = index.Erase(key, hash);
-  if (slot != KeyIndex::kNone) free_slots_.push_back(slot);
-}
+void DiskTier::Remove(int64_t key, uint64_t hash) { index.Erase(key, hash); }
 
 void DiskTier::Clear() {
   index = KeyIndex();
-  std::vector<uint32_t>().swap(free_slots_);
   next_slot_ = 0;
   if (fd_ >= 0 && ::ftruncate(fd_, 0) != 0) {
-    // Nothing to do: the slots are free either way, the file is only longer than needed.
+    // Nothing to do: every record is stale either way, the file is only longer than needed.
   }
 }
 
-Status DiskTier::Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim) {
-  if (fd_ < 0 || new_stride == stride_ || index.size() == 0) {
+Status DiskTier::CompactIfStale() {
+  const int64_t stale = static_cast<int64_t>(next_slot_) - index.size();
+  if (stale < 4096 || stale <= index.size()) return OkStatus();
+  return Rewrite(stride_, {}, 1);
+}
+
+Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim) {
+  if (fd_ < 0 || index.size() == 0) {
+    Clear();
     stride_ = new_stride;
     return OkStatus();
   }
-  // Records are rewritten into a new file, so a failure leaves the old one whole.
-  DiskTier wider;
-  TF_RETURN_IF_ERROR(wider.Open(dir_, new_stride));
-  std::vector<float> row(new_stride);
-  Status status = OkStatus();
-  index.ForEach([&](int64_t key, uint32_t slot) {
-    if (!status.ok()) return;
-    RowMeta meta;
-    status = Read(slot, &meta, row.data(), stride_);
-    for (int64_t f = stride_; f < new_stride; ++f) row[f] = fill_per_slot[f / dim - 1];
-    if (status.ok()) status = wider.Put(key, HashKey(key), meta, row.data());
-  });
-  TF_RETURN_IF_ERROR(status);
-  std::swap(fd_, wider.fd_);
-  std::swap(index, wider.index);
-  free_slots_.swap(wider.free_slots_);
-  std::swap(next_slot_, wider.next_slot_);
+  DiskTier fresh;
+  TF_RETURN_IF_ERROR(fresh.Open(dir_, new_stride));
+  fresh.index = KeyIndex(KeyIndex::CapacityFor(index.size()));
+  const int64_t old_bytes = record_bytes(), new_bytes = fresh.record_bytes();
+  const int64_t per_pass = std::max<int64_t>(1, (4 << 20) / old_bytes);  // ~4 MiB read at a time
+  std::vector<char> in(per_pass * old_bytes);
+  fresh.buffer_.reserve(per_pass * new_bytes);
+  for (int64_t first = 0; first < next_slot_; first += per_pass) {
+    const int64_t n = std::min<int64_t>(per_pass, next_slot_ - first);
+    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, in.data(), n * old_bytes, static_cast<off_t>(first) * old_bytes));
+    fresh.buffer_.clear();
+    std::vector<int64_t> live_keys;
+    for (int64_t j = 0; j < n; ++j) {
+      const char* record = in.data() + j * old_bytes;
+      int64_t key;
+      std::memcpy(&key, record, sizeof(key));
+      if (index.Find(key, HashKey(key)) != static_cast<uint32_t>(first + j)) continue;  // stale
+      const size_t at = fresh.buffer_.size();
+      fresh.buffer_.resize(at + new_bytes);
+      std::memcpy(fresh.buffer_.data() + at, record, old_bytes);
+      float* row = reinterpret_cast<float*>(fresh.buffer_.data() + at + kHeaderWords * 8);
+      for (int64_t f = stride_; f < new_stride; ++f) row[f] = fill_per_slot[f / dim - 1];
+      live_keys.push_back(key);
+    }
+    TF_RETURN_IF_ERROR(WriteAll(fresh.fd_, dir_, fresh.buffer_.data(), fresh.buffer_.size(),
+                                static_cast<off_t>(fresh.next_slot_) * new_bytes));
+    for (int64_t key : live_keys) fresh.index.Insert(key, HashKey(key), fresh.next_slot_++);
+  }
+  std::swap(fd_, fresh.fd_);  // `fresh` now closes the old file
+  std::swap(index, fresh.index);
+  std::swap(next_slot_, fresh.next_slot_);
   stride_ = new_stride;
-  return OkStatus();  // `wider` now closes the old file
+  return OkStatus();
 }
 
 // ---------------------------------------------------------------- EmbeddingTable
@@ -450,15 +464,26 @@ Status EmbeddingTable::Demote(TableShard* sh, int64_t limit, const std::vector<i
   const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
   if (drop == 0) return OkStatus();
   std::nth_element(victims.begin(), victims.begin() + (drop - 1), victims.end());
-  for (size_t i = 0; i < drop; ++i) {
-    const int64_t key = victims[i].key;
-    const uint64_t h = HashKey(key);
-    const uint32_t id = sh->rows.index.Find(key, h);
-    // Written first, removed from DRAM after: a failed write leaves the row where it was.
-    TF_RETURN_IF_ERROR(sh->disk.Put(key, h, sh->rows.store.meta(id), sh->rows.store.row(id)));
-    sh->rows.Remove(key, h);
-    ++sh->rows_demoted;
+  // Appended in batches, each written first and removed from DRAM after: a failed write
+  // leaves its rows where they were.
+  constexpr size_t kBatch = 4096;
+  std::vector<int64_t> keys;
+  std::vector<const RowMeta*> metas;
+  std::vector<const float*> rows;
+  for (size_t begin = 0; begin < drop; begin += kBatch) {
+    const size_t end = std::min(drop, begin + kBatch);
+    keys.clear(), metas.clear(), rows.clear();
+    for (size_t i = begin; i < end; ++i) {
+      const uint32_t id = sh->rows.index.Find(victims[i].key, HashKey(victims[i].key));
+      keys.push_back(victims[i].key);
+      metas.push_back(&sh->rows.store.meta(id));
+      rows.push_back(sh->rows.store.row(id));
+    }
+    TF_RETURN_IF_ERROR(sh->disk.Append(keys.size(), keys.data(), metas.data(), rows.data()));
+    for (int64_t key : keys) sh->rows.Remove(key, HashKey(key));
+    sh->rows_demoted += keys.size();
   }
+  TF_RETURN_IF_ERROR(sh->disk.CompactIfStale());
   CompactIfSparse(sh);  // the demoted rows' chunks go back to the system once half are free
   return OkStatus();
 }
@@ -753,7 +778,7 @@ Status EmbeddingTable::EnsureSlots(const std::string& optimizer, const std::vect
   const int64_t new_stride = config_.dim * (1 + static_cast<int64_t>(slot_init.size()));
   // A one-time re-layout when the first optimizer step meets rows made by lookups alone
   // (disk tiers first: their rewrite can fail, and then nothing changed but those before).
-  for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->disk.Widen(new_stride, slot_init, config_.dim));
+  for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->disk.Rewrite(new_stride, slot_init, config_.dim));
   for (auto& sh : shards_) sh->rows.store.Widen(new_stride, slot_init, config_.dim);
   optimizer_ = optimizer;
   slot_init_ = slot_init;
@@ -1080,7 +1105,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
                                      "' into a table holding ", slot_init_.size(), " slot(s) of '", optimizer_, "'");
     }
     if (!same_layout) {
-      for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->disk.Widen(stride, src.slot_init, config_.dim));
+      for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->disk.Rewrite(stride, src.slot_init, config_.dim));
       for (auto& sh : shards_) sh->rows.store.Widen(stride, src.slot_init, config_.dim);
       optimizer_ = src.optimizer;
       slot_init_ = src.slot_init;
@@ -1119,7 +1144,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     sh.rows = KeyedStore(stride);  // frees the old rows first
     sh.candidates = KeyedStore(0);
     sh.disk.Clear();
-    TF_RETURN_IF_ERROR(sh.disk.Widen(stride, src.slot_init, config_.dim));  // empty: sets the stride
+    TF_RETURN_IF_ERROR(sh.disk.Rewrite(stride, src.slot_init, config_.dim));  // empty: sets the stride
     sh.rows.index = std::move(row_index[s]);
     sh.candidates.index = std::move(cand_index[s]);
     const int64_t n = rows.offsets[s + 1] - rows.offsets[s], m = cands.offsets[s + 1] - cands.offsets[s];

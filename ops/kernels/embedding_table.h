@@ -210,13 +210,14 @@ struct KeyedStore {
   }
 };
 
-// A shard's disk tier: rows of fixed-size records [key, count, last_seen | stride floats] in
-// one file, addressed by slot, with the key -> slot index in RAM (12 bytes per index entry,
-// 16-32 bytes per key). Freed slots are reused, so the file never needs compaction. The file
-// is unlinked as soon as it is opened: it is a cache that only this process can see, gone
-// when the process ends (a kill -9 included); a checkpoint holds every row, the disk tier's too.
-// Writes happen under the shard lock held exclusively, reads under it held at least shared
-// (pread/pwrite: no shared file offset).
+// A shard's disk tier, in the shape of DeepRec's SSDHASH: an append-only file of fixed-size
+// records [key, count, last_seen | stride floats], the key -> record slot index in RAM (12
+// bytes per index entry, 16-32 bytes per key), demoted rows written in one large append per
+// batch (a write per row costs ~20x more, docs/tiers.md), and compaction (one sequential
+// pass into a new file) once stale records outnumber live ones. The file is unlinked as soon
+// as it is opened: a cache only this process sees, gone when it ends (a kill -9 included);
+// a checkpoint holds every row, the disk tier's too. Writes happen under the shard lock held
+// exclusively, reads under it held at least shared (pread/pwrite: no shared file offset).
 class DiskTier {
  public:
   static constexpr int64_t kHeaderWords = 3;  // key, count, last_seen (int64 each)
@@ -227,29 +228,26 @@ class DiskTier {
   // Creates the (unlinked) file under dir for rows of `stride` floats.
   Status Open(const std::string& dir, int64_t stride);
   bool open() const { return fd_ >= 0; }
-  int64_t stride() const { return stride_; }
   int64_t record_bytes() const { return kHeaderWords * 8 + stride_ * 4; }
-  // Writes a row and adds its key (absent from this tier); on failure the tier is unchanged.
-  Status Put(int64_t key, uint64_t hash, const RowMeta& meta, const float* row);
-  // Overwrites the record of a key held here.
-  Status Overwrite(uint32_t slot, int64_t key, const RowMeta& meta, const float* row);
+  // Appends n rows (keys absent from this tier) in one write; on failure the tier is unchanged.
+  Status Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows);
   // Reads `floats` floats of the row of `slot` (from its first float), and its meta if non-null.
   Status Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) const;
   void Remove(int64_t key, uint64_t hash);
   void Clear();  // drops every row and truncates the file
-  // Rewrites every record with a wider stride (old floats, then fill_per_slot[f / dim - 1]).
-  Status Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+  // Rewrites the live records into a new file, sequentially; with a wider stride, each row
+  // gets fill_per_slot[f / dim - 1] after its old floats. On failure the tier is unchanged.
+  Status Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+  Status CompactIfStale();  // Rewrite when stale records outnumber live ones
   int64_t file_bytes() const { return static_cast<int64_t>(next_slot_) * record_bytes(); }
   KeyIndex index;  // key -> slot
 
  private:
-  Status WriteRecord(uint32_t slot, int64_t key, const RowMeta& meta, const float* row);
   std::string dir_;
   int fd_ = -1;
   int64_t stride_ = 0;
-  std::vector<uint32_t> free_slots_;
-  uint32_t next_slot_ = 0;
-  mutable std::vector<char> scratch_;  // exclusive-lock paths only (Put/Overwrite/Widen)
+  uint32_t next_slot_ = 0;  // records in the file, live or stale
+  std::vector<char> buffer_;  // exclusive-lock paths only (Append, Rewrite)
 };
 
 struct TableShard {
