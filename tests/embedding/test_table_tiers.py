@@ -200,3 +200,35 @@ def test_a_full_disk_fails_the_step_cleanly_and_keeps_the_table(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("ok"), done.stdout
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_tiered_job_then_a_restart_resumes_from_the_checkpoint(tmp_path):
+    """The disk files are an unlinked cache: a killed job leaves nothing under --ssd-dir, and
+    the restart restores every row (both tiers) from the last checkpoint."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ssd, ckpt = tmp_path / "ssd", tmp_path / "ckpt"
+    command = [sys.executable, os.path.join(repo, "models", "train.py"), "--tiacc", "--data", "synthetic",
+               "--synthetic-rows", "20000", "--cache-dir", str(tmp_path / "data"), "--steps", "400",
+               "--checkpoint-every", "20", "--log-every", "20", "--dram-budget", "2M", "--ssd-dir", str(ssd),
+               "--checkpoint-dir", str(ckpt)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=repo)
+    try:
+        lines = []
+        for line in job.stdout:
+            lines.append(line)
+            if "[train] checkpoint" in line and "disk" in "".join(lines):  # disk rows exist, a save is done
+                break
+        assert job.poll() is None, "".join(lines[-20:])
+        job.kill()  # SIGKILL
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert os.listdir(ssd) == []
+    command[command.index("400")] = "60"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=repo)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "[train] resumed from" in output, output[-3000:]
+    assert " disk, DRAM hit rate" in output, output[-3000:]
