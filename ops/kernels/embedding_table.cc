@@ -334,6 +334,7 @@ void DiskTier::Remove(int64_t key, uint64_t hash) { index.Erase(key, hash); }
 
 void DiskTier::Clear() {
   index = KeyIndex();
+  ++generation_;
   next_slot_ = 0;
   if (fd_ >= 0 && ::ftruncate(fd_, 0) != 0) {
     // Nothing to do: every record is stale either way, the file is only longer than needed.
@@ -383,6 +384,7 @@ Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_
   std::swap(fd_, fresh.fd_);  // `fresh` now closes the old file
   std::swap(index, fresh.index);
   std::swap(next_slot_, fresh.next_slot_);
+  ++generation_;
   stride_ = new_stride;
   return OkStatus();
 }
@@ -537,10 +539,18 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
       if (slot != KeyIndex::kNone) {
         const uint32_t id = sh.rows.Add(keys[i], hashes[i]);
         RowMeta meta;
-        const Status read = sh.disk.Read(slot, &meta, sh.rows.store.row(id), stride);
-        if (!read.ok()) {
-          sh.rows.Remove(keys[i], hashes[i]);
-          return read;
+        const auto staged = sh.staged.find(keys[i]);
+        if (staged != sh.staged.end() && staged->second.slot == slot &&
+            staged->second.generation == sh.disk.generation()) {  // read by this step's lookup
+          const char* record = sh.staged_bytes.data() + staged->second.offset;
+          std::memcpy(&meta, record, sizeof(meta));
+          std::memcpy(sh.rows.store.row(id), record + sizeof(meta), stride * sizeof(float));
+        } else {
+          const Status read = sh.disk.Read(slot, &meta, sh.rows.store.row(id), stride);
+          if (!read.ok()) {
+            sh.rows.Remove(keys[i], hashes[i]);
+            return read;
+          }
         }
         sh.disk.Remove(keys[i], hashes[i]);
         sh.rows.store.meta(id) = RowMeta{meta.count + 1, now};
@@ -571,6 +581,10 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     ids[i] = id;
   }
   if (config_.capacity > 0 || config_.evict_policy == EvictPolicy::kTtl) EnforceCapacity(&sh, now);
+  if (tiered) {
+    sh.staged.clear();
+    sh.staged_bytes.clear();
+  }
   return OkStatus();
 }
 
@@ -697,6 +711,13 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   const TableShard& sh = *shards_[s];
   const bool tiered = config_.tiered();
   int64_t disk_hits = 0;
+  // Training: whole disk records are read (one pread either way) and staged for the update.
+  const int64_t stride = sh.rows.store.stride();
+  const int64_t staged_record_bytes = sizeof(RowMeta) + stride * sizeof(float);
+  thread_local std::vector<char> to_stage;
+  thread_local std::vector<std::pair<int64_t, uint32_t>> staged_keys;  // (key, slot)
+  to_stage.clear();
+  staged_keys.clear();
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
   std::shared_lock<std::shared_mutex> lock(sh.mu);
@@ -713,8 +734,19 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
     if (tiered) {  // read from disk without promoting: the apply promotes (TouchKeys)
       const uint32_t slot = sh.disk.index.Find(keys[i], hashes[i]);
       if (slot != KeyIndex::kNone) {
-        TF_RETURN_IF_ERROR(sh.disk.Read(slot, nullptr, dst, dim));
         ++disk_hits;
+        if (!training) {
+          TF_RETURN_IF_ERROR(sh.disk.Read(slot, nullptr, dst, dim));
+          continue;
+        }
+        const size_t at = to_stage.size();
+        to_stage.resize(at + staged_record_bytes);
+        RowMeta meta;
+        float* row = reinterpret_cast<float*>(to_stage.data() + at + sizeof(RowMeta));
+        TF_RETURN_IF_ERROR(sh.disk.Read(slot, &meta, row, stride));
+        std::memcpy(to_stage.data() + at, &meta, sizeof(meta));
+        std::memcpy(dst, row, dim * sizeof(float));
+        staged_keys.emplace_back(keys[i], slot);
         continue;
       }
     }
@@ -733,9 +765,19 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   if (tiered) {
     int64_t dram_hits = 0;
     for (int64_t i = 0; i < n; ++i) dram_hits += ids[i] != KeyIndex::kNone;
-    auto& mutable_sh = const_cast<TableShard&>(sh);  // counters only: atomics
+    auto& mutable_sh = const_cast<TableShard&>(sh);  // counters (atomics) and the staging (its own lock)
     mutable_sh.dram_hits.fetch_add(dram_hits, std::memory_order_relaxed);
     mutable_sh.disk_hits.fetch_add(disk_hits, std::memory_order_relaxed);
+    if (!staged_keys.empty()) {
+      std::lock_guard<std::mutex> staging(mutable_sh.staged_mu);
+      const int64_t generation = sh.disk.generation();
+      for (size_t j = 0; j < staged_keys.size() && mutable_sh.staged.size() < TableShard::kMaxStaged; ++j) {
+        const size_t offset = mutable_sh.staged_bytes.size();
+        mutable_sh.staged_bytes.insert(mutable_sh.staged_bytes.end(), to_stage.data() + j * staged_record_bytes,
+                                       to_stage.data() + (j + 1) * staged_record_bytes);
+        mutable_sh.staged[staged_keys[j].first] = {generation, staged_keys[j].second, offset};
+      }
+    }
   }
   return OkStatus();
 }

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -240,6 +241,9 @@ class DiskTier {
   Status Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
   Status CompactIfStale();  // Rewrite when stale records outnumber live ones
   int64_t file_bytes() const { return static_cast<int64_t>(next_slot_) * record_bytes(); }
+  // Bumped by Clear and Rewrite (which renumber records): within one generation a slot's
+  // record never changes, so (generation, slot) names one record's content.
+  int64_t generation() const { return generation_; }
   KeyIndex index;  // key -> slot
 
  private:
@@ -247,6 +251,7 @@ class DiskTier {
   int fd_ = -1;
   int64_t stride_ = 0;
   uint32_t next_slot_ = 0;  // records in the file, live or stale
+  int64_t generation_ = 0;
   std::vector<char> buffer_;  // exclusive-lock paths only (Append, Rewrite)
 };
 
@@ -263,6 +268,19 @@ struct TableShard {
   int64_t rows_demoted = 0, rows_promoted = 0;
   // Lookups of keys with a row, by tier (atomics: lookups hold the lock shared).
   std::atomic<int64_t> dram_hits{0}, disk_hits{0};
+  // Disk records read by training lookups, kept for the shard's next update, which promotes
+  // them without a second read: key -> StagedRecord, the record ([RowMeta | row]) in
+  // staged_bytes. Lookups add under staged_mu (they hold the shard lock shared); the update
+  // (exclusive) uses them, then clears them. Bounded by kMaxStaged records.
+  static constexpr size_t kMaxStaged = 1 << 12;
+  struct StagedRecord {
+    int64_t generation;
+    uint32_t slot;
+    size_t offset;
+  };
+  std::mutex staged_mu;
+  std::unordered_map<int64_t, StagedRecord> staged;
+  std::vector<char> staged_bytes;
 };
 
 // Where Export writes, allocated by the caller once the counts are known (all shard locks
