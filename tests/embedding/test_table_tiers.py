@@ -3,6 +3,7 @@ as an all-DRAM one, checkpoints cross tiers both ways, a full disk fails cleanly
 arguments are refused. The reference is the same table without a tier: its rows, slots and
 counts are what the tier must reproduce (tolerance 0: every float compared by its bits)."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -212,12 +213,14 @@ def test_kill_9_of_a_tiered_job_then_a_restart_resumes_from_the_checkpoint(tmp_p
                "--synthetic-rows", "20000", "--cache-dir", str(tmp_path / "data"), "--steps", "400",
                "--checkpoint-every", "20", "--log-every", "20", "--dram-budget", "2M", "--ssd-dir", str(ssd),
                "--checkpoint-dir", str(ckpt)]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=repo)
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=repo,
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         lines = []
         for line in job.stdout:
             lines.append(line)
-            if "[train] checkpoint" in line and "disk" in "".join(lines):  # disk rows exist, a save is done
+            step = re.match(r"\[train\] step (\d+):.* disk,", line)
+            if step and int(step.group(1)) >= 60:  # disk rows exist; saves at steps 20 and 40 are done
                 break
         assert job.poll() is None, "".join(lines[-20:])
         job.kill()  # SIGKILL
@@ -226,7 +229,9 @@ def test_kill_9_of_a_tiered_job_then_a_restart_resumes_from_the_checkpoint(tmp_p
         if job.poll() is None:
             job.kill()
     assert os.listdir(ssd) == []
-    command[command.index("400")] = "60"
+    killed_at = max(int(m) for m in re.findall(r"\[train\] step (\d+):", "".join(lines)))
+    assert killed_at < 400
+    command[command.index("400")] = str(killed_at + 40)
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=repo)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     output = done.stdout + done.stderr
