@@ -171,7 +171,7 @@ FULL_DISK = textwrap.dedent("""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     table = EmbeddingTable(DIM, num_shards=1, dram_budget=20 * tier_row_bytes(DIM, 2), ssd_dir={ssd!r})
-    resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 88, hard))  # room for 40 records of 88 bytes
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 72, hard))  # room for 40 records (dim 4, Adam: 72 bytes)
     failed_at = None
     for step, keys in enumerate(zipf_batches(7, 200, batch=16), start=1):
         before = sorted_export(table)
