@@ -25,6 +25,9 @@ Model and path:
                        --evict-policy; 0 = unbounded, the default)
   --evict-policy P     with --tiacc: lru | lfu | ttl (ttl needs --ttl-steps S)
   --ttl-steps S        with --evict-policy ttl: steps without an update before an id is evicted
+  --dram-budget SIZE   with --tiacc: DRAM + SSD tier, bytes of DRAM rows per process's table shard
+                       (e.g. 2G, 512M); the rest live under --ssd-dir (0 = all in DRAM, the default)
+  --ssd-dir DIR        with --dram-budget: a writable directory for the disk tier's (unlinked) files
 Data:
   --schema S           criteo (default) | avazu | a JSON schema file: the data's columns
   --data D             synthetic (default): rows of a planted model of --schema, written to
@@ -116,7 +119,7 @@ while [ $# -gt 0 ]; do
     --precision) need_value "$@"; precision=$2; shift ;;
     --optimizer) need_value "$@"; optimizer=$2; shift ;;
     --lr) need_value "$@"; lr=$2; shift ;;
-    --table-capacity|--evict-policy|--ttl-steps) need_value "$@"; table_args+=("$1" "$2"); shift ;;
+    --table-capacity|--evict-policy|--ttl-steps|--dram-budget|--ssd-dir) need_value "$@"; table_args+=("$1" "$2"); shift ;;
     --steps) need_value "$@"; steps=$2; shift ;;
     --epochs) need_value "$@"; epochs=$2; shift ;;
     --batch-size) need_value "$@"; batch=$2; shift ;;

@@ -1,7 +1,18 @@
-"""Bounded-table benchmark (issue 18): a capacity-capped ttf table trained on a stream of
-distinct ids keeps its size within capacity + one batch and its RSS flat after warm-up; and
-the per-id CPU time of its training lookup and Adam update against a plain NumPy floor
-(gather of the rows, scatter of value and both Adam slots) on the same ids.
+"""Bounded-table benchmark (issue 18), two targets.
+
+Capacity (default): a capacity-capped ttf table trained on a stream of distinct ids keeps
+its size within capacity + one batch and its RSS flat after warm-up; and the per-id CPU time
+of its training lookup and Adam update against a plain NumPy floor (gather of the rows,
+scatter of value and both Adam slots) on the same ids.
+
+The 10x case (--dram-budget SIZE): a table of --keys rows (default: 10x the rows the budget
+holds in DRAM), dim 16 with Adam, filled, then trained on Zipf(1.1) ids (each step a training
+lookup and an Adam update of --batch ids); once with the DRAM + SSD tier (budget, --ssd-dir)
+and once all in DRAM, each in its own child process (so each RSS is its own), alternating,
+--repeats times. Reports steps/s of each (median), their ratio (target >= 0.7), the tiered
+process's peak RSS against budget + 1.5 GiB, the DRAM hit rate and bytes per key.
+  .venv/bin/python benchmarks/tiers.py --dram-budget 64M --ssd-dir /tmp/ttf-ssd   # ~3M keys
+  .venv/bin/python benchmarks/tiers.py --dram-budget 2G --ssd-dir /mnt/ssd --keys 100000000  # the issue's
 
 Example (the issue's target; ~1 GiB RSS):
   .venv/bin/python benchmarks/tiers.py --capacity 1000000 --distinct 10000000
@@ -9,12 +20,12 @@ Down-scaled (what a shared 2-core machine runs in a minute):
   .venv/bin/python benchmarks/tiers.py --capacity 200000 --distinct 2000000
 
 Prints one JSON object (also written to --out). Timing figures are medians over steps.
-The DRAM + SSD tier is not built yet: this script measures the capacity target only.
 """
 import argparse
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -25,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ttf  # noqa: E402,F401  (sets up Keras 2 before TF is used)
 import tensorflow as tf  # noqa: E402
 from ttf._ops import ops  # noqa: E402
-from ttf.embedding import EmbeddingTable  # noqa: E402
+from ttf.embedding import EmbeddingTable, parse_size, tier_row_bytes  # noqa: E402
 
 
 def rss_bytes():
@@ -44,7 +55,28 @@ def parse_args(argv):
     p.add_argument("--ttl-steps", type=int, default=0, help="for --policy ttl")
     p.add_argument("--num-shards", type=int, default=16, help="lock shards of the table (default 16)")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
+    tier = p.add_argument_group("the 10x case (DRAM + SSD tier)")
+    tier.add_argument("--dram-budget", default=None,
+                      help="run the 10x case with this DRAM budget (e.g. 64M, 2G) instead of the capacity target")
+    tier.add_argument("--ssd-dir", default="/tmp/ttf-ssd-tier", help="disk tier directory (default /tmp/ttf-ssd-tier)")
+    tier.add_argument("--keys", type=int, default=0,
+                      help="rows in the table (default 0: 10x the rows --dram-budget holds in DRAM)")
+    tier.add_argument("--steps", type=int, default=60, help="timed training steps per run (default 60)")
+    tier.add_argument("--warm-steps", type=int, default=20, help="untimed training steps first (default 20)")
+    tier.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating (default 2)")
+    tier.add_argument("--child", choices=["tiered", "dram"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.dram_budget is not None:
+        try:
+            args.dram_budget = parse_size(args.dram_budget)
+        except ValueError as err:
+            p.error(f"--dram-budget: {err}")
+        if args.dram_budget <= 0:
+            p.error("--dram-budget must be > 0")
+        args.keys = args.keys or 10 * args.dram_budget // tier_row_bytes(args.dim, 2)
+        for name in ("steps", "repeats", "keys"):
+            if getattr(args, name) <= 0:
+                p.error(f"--{name} must be > 0")
     for name in ("capacity", "distinct", "batch", "dim", "num_shards"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -64,8 +96,88 @@ def floor_step(store, rows_index, grads, lr=0.001, b1=0.9, b2=0.999, eps=1e-7):
     store[rows_index] = rows
 
 
+def peak_rss_bytes():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def tier_child(args):
+    """One run of the 10x case on one path; prints its JSON line."""
+    tiered = args.child == "tiered"
+    os.makedirs(args.ssd_dir, exist_ok=True)
+    table = EmbeddingTable(args.dim, num_shards=args.num_shards, seed=1,
+                           dram_budget=args.dram_budget if tiered else 0, ssd_dir=args.ssd_dir if tiered else "")
+    h = table.resource_handle
+    mix = np.uint64(0x9E3779B97F4A7C15)
+    t0 = time.perf_counter()
+    for begin in range(0, args.keys, 1 << 18):  # fill every row once (as Adam rows: apply, zero gradients)
+        ids = np.arange(begin, min(begin + (1 << 18), args.keys), dtype=np.uint64)
+        keys = (ids * mix).astype(np.int64)
+        ops().ttf_table_apply_adam(h, keys, np.zeros((len(keys), args.dim), np.float32), 0.0, 0.9, 0.999, 1e-7, 1)
+    fill_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    times = []
+    for step in range(2, 2 + args.warm_steps + args.steps):
+        ranks = np.minimum(rng.zipf(1.1, args.batch), args.keys) - 1  # rank 0 is the hottest id
+        keys = (ranks.astype(np.uint64) * mix).astype(np.int64)  # hot ids spread over the id space
+        grads = rng.normal(size=(args.batch, args.dim)).astype(np.float32)
+        t0 = time.perf_counter()
+        emb, unique_keys, inverse = ops().ttf_embedding_lookup(h, keys, dim=args.dim, training=True)
+        unique_grads = tf.math.unsorted_segment_sum(grads, inverse, tf.shape(unique_keys)[0])
+        ops().ttf_table_apply_adam(h, unique_keys, unique_grads, 0.001, 0.9, 0.999, 1e-7, step)
+        if step >= 2 + args.warm_steps:
+            times.append(time.perf_counter() - t0)
+    stats = table.tier_stats()
+    rows = int(table.size())
+    print(json.dumps({
+        "path": args.child, "rows": rows, "fill_s": round(fill_s, 1),
+        "steps_per_s": round(1.0 / float(np.median(times)), 2), "peak_rss_mib": round(peak_rss_bytes() / 2**20, 1),
+        "dram_rows": stats["dram_rows"], "disk_rows": stats["disk_rows"],
+        "dram_hit_rate": round(stats["dram_hits"] / max(1, stats["dram_hits"] + stats["disk_hits"]), 4),
+        "ram_bytes_per_key": round((stats["dram_bytes"] + stats["disk_index_bytes"]) / max(rows, 1), 1),
+        "disk_index_bytes_per_disk_key": round(stats["disk_index_bytes"] / max(1, stats["disk_rows"]), 1),
+        "disk_file_mib": round(stats["disk_file_bytes"] / 2**20, 1),
+        "memory_bytes": int(table.stats().memory_bytes)}))
+    return 0
+
+
+def tier_main(args, argv):
+    """The 10x case: alternating child runs of both paths, then the summary."""
+    runs = {"tiered": [], "dram": []}
+    base = [sys.executable, os.path.abspath(__file__)] + (argv if argv is not None else sys.argv[1:])
+    for _ in range(args.repeats):
+        for path in ("tiered", "dram"):
+            done = subprocess.run(base + ["--child", path], capture_output=True, text=True, timeout=3600)
+            if done.returncode != 0:
+                sys.stderr.write(done.stderr[-3000:])
+                return 1
+            runs[path].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    tiered_sps = float(np.median([r["steps_per_s"] for r in runs["tiered"]]))
+    dram_sps = float(np.median([r["steps_per_s"] for r in runs["dram"]]))
+    budget_mib = args.dram_budget / 2**20
+    peak = max(r["peak_rss_mib"] for r in runs["tiered"])
+    result = {
+        "command": " ".join(["benchmarks/tiers.py"] + (argv if argv is not None else sys.argv[1:])),
+        "dram_budget_mib": round(budget_mib, 1), "keys": args.keys, "batch": args.batch, "dim": args.dim,
+        "rows_over_dram_rows": round(args.keys / max(1, runs["tiered"][0]["dram_rows"]), 1),
+        "tiered_steps_per_s": tiered_sps, "dram_steps_per_s": dram_sps,
+        "throughput_ratio": round(tiered_sps / dram_sps, 3), "throughput_target_met": tiered_sps >= 0.7 * dram_sps,
+        "tiered_peak_rss_mib": peak, "rss_bound_mib": round(budget_mib + 1536, 1), "rss_target_met": peak <= budget_mib + 1536,
+        "runs": runs, "tf_version": tf.__version__,
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.child:
+        return tier_child(args)
+    if args.dram_budget is not None:
+        return tier_main(args, argv)
     table = EmbeddingTable(args.dim, num_shards=args.num_shards, capacity=args.capacity, evict_policy=args.policy,
                            ttl_steps=args.ttl_steps)
     h = table.resource_handle

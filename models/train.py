@@ -18,6 +18,7 @@ import contextlib
 import json
 import math
 import os
+import tempfile
 import re
 import sys
 import time
@@ -117,6 +118,13 @@ def parse_args(argv):
                              "not updated in --ttl-steps steps (LRU above a --table-capacity) (default lru)")
     tables.add_argument("--ttl-steps", type=int, default=0,
                         help="steps without an update after which --evict-policy ttl evicts an id (needs ttl)")
+    tables.add_argument("--dram-budget", default="0",
+                        help="DRAM + SSD tier: bytes of DRAM rows each process's shard of each ttf table keeps "
+                             "(units K, M, G, T of 1024); the rest live under --ssd-dir and come back when "
+                             "trained. 0: all in DRAM (default 0). Example: --dram-budget 2G --ssd-dir /mnt/ssd/ttf")
+    tables.add_argument("--ssd-dir", default="",
+                        help="a writable directory for the disk tier of --dram-budget (its files are unlinked "
+                             "caches, not part of a checkpoint)")
     step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep; a parameter-server job: "
                                 "ttf.precision.NonFiniteGuard)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
@@ -188,8 +196,9 @@ def parse_args(argv):
         p.error("--evict-policy ttl needs --ttl-steps S > 0, and --ttl-steps needs --evict-policy ttl")
     if (args.table_capacity or args.evict_policy == "ttl") and not args.tiacc:
         p.error("--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc")
-    args.table_options = (dict(capacity=args.table_capacity, evict_policy=args.evict_policy,
-                               ttl_steps=args.ttl_steps) if args.tiacc else None)
+    check_tier_flags(p, args, schema)
+    args.table_options = (dict(capacity=args.table_capacity, evict_policy=args.evict_policy, ttl_steps=args.ttl_steps,
+                               dram_budget=args.dram_budget, ssd_dir=args.ssd_dir) if args.tiacc else None)
     if args.steps is None and args.epochs is None:
         args.steps = 200
     if args.precision is None:
@@ -198,6 +207,34 @@ def parse_args(argv):
         p.error("--export-dir writes a SavedModel of stock TensorFlow ops; TFRA's tables need TFRA's ops "
                 "(use --tiacc or the native path)")
     return args
+
+
+def check_tier_flags(p, args, schema):
+    """--dram-budget / --ssd-dir: parsed to bytes and checked at start-up (one-line errors)."""
+    try:
+        args.dram_budget = ttf.embedding.parse_size(args.dram_budget)
+    except ValueError as err:
+        p.error(f"--dram-budget: {err}")
+    if not args.dram_budget and not args.ssd_dir:
+        return
+    if not args.tiacc:
+        p.error("--dram-budget and --ssd-dir tier ttf tables: add --tiacc")
+    if not (args.dram_budget and args.ssd_dir):
+        p.error("--dram-budget and --ssd-dir go together: give both for a DRAM + SSD tier, or neither")
+    if args.table_capacity or args.evict_policy == "ttl":
+        p.error("--dram-budget cannot be combined with --table-capacity or --evict-policy ttl yet: use one or the other")
+    try:
+        os.makedirs(args.ssd_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.ssd_dir).close()
+    except OSError as err:
+        p.error(f"--ssd-dir {args.ssd_dir} cannot be written ({err.strerror}); give a writable directory")
+    # A batch's rows must fit in DRAM: each update's rows are in DRAM while it runs.
+    row_bytes = ttf.embedding.tier_row_bytes(args.embedding_dim + 1, 2)
+    batch_rows = args.batch_size * max(schema.num_fields, 1)
+    if args.dram_budget < batch_rows * row_bytes:
+        p.error(f"--dram-budget {args.dram_budget} bytes holds {args.dram_budget // row_bytes} rows, below one "
+                f"batch's {batch_rows} ({args.batch_size} x {schema.num_fields} fields, {row_bytes} bytes a row): "
+                f"give at least {batch_rows * row_bytes}")
 
 
 def add_checkpoint_args(p):
@@ -259,6 +296,18 @@ _LOG_RANK = [0]  # in a Horovod job only rank 0 prints progress and results
 def log(message):
     if _LOG_RANK[0] == 0:
         print(message, flush=True)
+
+
+def tier_progress(stats):
+    """', rows D DRAM + S disk, DRAM hit rate H% (since start), B bytes of RAM a key' over
+    the tier stats of some tables (TtfTableTierStats)."""
+    total = {name: sum(s[name] for s in stats) for name in stats[0]}
+    rows = total["dram_rows"] + total["disk_rows"]
+    lookups = total["dram_hits"] + total["disk_hits"]
+    hit_rate = 100.0 * total["dram_hits"] / lookups if lookups else 100.0
+    ram_per_key = (total["dram_bytes"] + total["disk_index_bytes"]) / max(rows, 1)
+    return (f", rows {total['dram_rows']} DRAM + {total['disk_rows']} disk, DRAM hit rate {hit_rate:.1f}% since start, "
+            f"{ram_per_key:.0f} bytes of RAM a key")
 
 
 class HorovodRanks:
@@ -490,12 +539,15 @@ class Trainer:
         return int(counter.skipped_steps.numpy()) if counter else 0
 
     def table_progress(self):
-        """', table rows R (E evicted)' for bounded ttf tables (this process's shards), else ''."""
+        """', table rows R (E evicted)' for bounded ttf tables, the tiers for tiered ones (this
+        process's shards), else ''."""
         options = getattr(self.args, "table_options", None)
-        if not options or not (options["capacity"] or options["evict_policy"] == "ttl"):
+        if not options or not (options["capacity"] or options["evict_policy"] == "ttl" or options["dram_budget"]):
             return ""
         layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
         tables = [t for layer in layers for t in layer.tables]
+        if options["dram_budget"]:
+            return tier_progress([t.tier_stats() for t in tables])
         rows = sum(int(t.size()) for t in tables)
         evicted = sum(int(t.stats().rows_evicted) for t in tables)
         return f", table rows {rows} ({evicted} evicted)"

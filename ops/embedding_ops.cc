@@ -43,6 +43,8 @@ REGISTER_OP("TtfEmbeddingTable")
     .Attr("capacity: int >= 0 = 0")
     .Attr("evict_policy: {'lru', 'lfu', 'ttl'} = 'lru'")
     .Attr("ttl_steps: int >= 0 = 0")
+    .Attr("dram_budget: int >= 0 = 0")
+    .Attr("ssd_dir: string = ''")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .SetIsStateful()
@@ -65,6 +67,13 @@ by the current update are never evicted. evict_policy 'ttl' (with ttl_steps > 0,
 then) also evicts every row and candidate not updated in the last ttl_steps steps (swept
 every ttl_steps/16 steps per shard). Evictions are counted (TtfTableStats.rows_evicted)
 and recorded as deleted keys for delta checkpoints.
+dram_budget > 0 (bytes) with ssd_dir: a DRAM + SSD tier. Each shard keeps at most its share
+of the budget in DRAM rows (value, slots, metadata, index entry); before an update would
+exceed it, the least recently updated rows outside that update move to an unlinked file
+under ssd_dir. Lookups read disk rows in place; the update promotes them back to DRAM, so
+a tiered table trains exactly as an untiered one. Not combinable with capacity or TTL.
+ssd_dir must be writable (checked at creation); a full disk fails the op with
+ResourceExhausted, leaving every row in exactly one tier.
 dim must be in [1, 4096] and num_shards in [1, 4096]; init_a, init_b and default_value
 must be finite. Reopening an existing shared_name with any other attr value fails.
 )doc");
@@ -186,6 +195,21 @@ REGISTER_OP("TtfTableStats")
 Keys counted toward admission but without a row yet; bytes allocated; the table's step;
 candidates dropped so far by the max_candidates bound; rows evicted so far by the capacity
 and TTL policy (not counting TtfTableEvict and TtfTableRemove).
+)doc");
+
+REGISTER_OP("TtfTableTierStats")
+    .Input("table: resource")
+    .Output("stats: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(10));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The DRAM + SSD tier of a table, as int64[10]: rows in DRAM, rows on disk, lookups of keys
+found in DRAM, lookups of keys found on disk (both since creation, keys with a row only),
+rows demoted to disk, rows promoted back, DRAM bytes of the rows (values, slots, metadata,
+index), RAM bytes of the disk tier's key index, bytes of the disk files, and the DRAM row
+limit the budget gives at the current row width (0 for an untiered table).
 )doc");
 
 REGISTER_OP("TtfTableEvict")

@@ -35,6 +35,8 @@ class EmbeddingTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_policy", &evict_policy));
     OP_REQUIRES_OK(ctx, ParseEvictPolicy(evict_policy, &config_.evict_policy));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &config_.ttl_steps));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dram_budget", &config_.dram_budget));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("ssd_dir", &config_.ssd_dir));
     OP_REQUIRES(ctx, num_shards >= 1 && num_shards <= kMaxShards,
                 errors::InvalidArgument("num_shards must be in [1, ", kMaxShards, "], got ", num_shards));
     config_.num_shards = static_cast<int>(num_shards);
@@ -50,7 +52,9 @@ class EmbeddingTableOp : public OpKernel {
     EmbeddingTable* table = nullptr;
     OP_REQUIRES_OK(ctx, LookupOrCreateResource<EmbeddingTable>(ctx, handle, &table, [this](EmbeddingTable** t) {
       *t = new EmbeddingTable(config_);
-      return OkStatus();
+      const Status opened = (*t)->OpenTier();  // an unwritable ssd_dir fails here, at creation
+      if (!opened.ok()) (*t)->Unref(), *t = nullptr;
+      return opened;
     }));
     core::ScopedUnref unref(table);
     OP_REQUIRES(ctx, table->config() == config_,
@@ -77,11 +81,13 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   GroupKeys(keys.flat<int64_t>().data(), keys.NumElements(), *table, grouped);
   const int64_t dim = table->dim();
   rows->resize(grouped->size() * dim);
+  std::vector<Status> shard_status(table->num_shards());  // a tiered table's disk reads can fail
   ForEachShard(ctx, *grouped, table->num_shards(), 50 * dim, [&](int s) {
     const int64_t off = grouped->offsets[s], n = grouped->offsets[s + 1] - off;
     float* out = rows->data() + off * dim;
-    table->Find(s, &grouped->keys[off], &grouped->hashes[off], n, training, out);
+    shard_status[s] = table->Find(s, &grouped->keys[off], &grouped->hashes[off], n, training, out);
   });
+  for (const Status& status : shard_status) TF_RETURN_IF_ERROR(status);
   return OkStatus();
 }
 
@@ -261,10 +267,12 @@ class TableLookupOp : public TableOpKernel {
                   errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", keys.NumElements()));
       GroupKeys(keys.flat<int64_t>().data(), keys.NumElements(), *table, &grouped);
       rows.resize(grouped.size() * dim_);
+      std::vector<Status> shard_status(table->num_shards());
       ForEachShard(ctx, grouped, table->num_shards(), 50 * dim_, [&](int s) {
         const int64_t off = grouped.offsets[s], n = grouped.offsets[s + 1] - off;
-        table->FindOrInsert(s, &grouped.keys[off], &grouped.hashes[off], n, rows.data() + off * dim_);
+        shard_status[s] = table->FindOrInsert(s, &grouped.keys[off], &grouped.hashes[off], n, rows.data() + off * dim_);
       });
+      for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);
     } else {
       OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, keys, training_, &grouped, &rows));
     }
@@ -307,6 +315,20 @@ class TableStatsOp : public TableOpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableStats").Device(DEVICE_CPU), TableStatsOp);
+
+class TableTierStatsOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
+    const EmbeddingTable::TierStats t = table->Tiers();
+    const int64_t values[] = {t.dram_rows, t.disk_rows,      t.dram_hits,        t.disk_hits,       t.demoted,
+                              t.promoted,  t.dram_bytes,     t.disk_index_bytes, t.disk_file_bytes, t.dram_row_limit};
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({10}), &out));
+    std::copy(std::begin(values), std::end(values), out->flat<int64_t>().data());
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TtfTableTierStats").Device(DEVICE_CPU), TableTierStatsOp);
 
 class TableEvictOp : public TableOpKernel {
  public:

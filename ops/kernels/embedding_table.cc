@@ -1,8 +1,12 @@
 #include "embedding_table.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <fcntl.h>
+#include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
@@ -47,7 +51,7 @@ bool TableConfig::operator==(const TableConfig& o) const {
          init.seed == o.init.seed && default_value == o.default_value &&
          admission_min_count == o.admission_min_count && max_candidates == o.max_candidates &&
          num_shards == o.num_shards && capacity == o.capacity && evict_policy == o.evict_policy &&
-         ttl_steps == o.ttl_steps;
+         ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir;
 }
 
 std::string TableConfig::DebugString() const {
@@ -57,7 +61,8 @@ std::string TableConfig::DebugString() const {
                          ", init_b=", init.b, ", seed=", init.seed, ", default_value=", default_value,
                          ", admission_min_count=", admission_min_count, ", max_candidates=", max_candidates,
                          ", num_shards=", num_shards, ", capacity=", capacity, ", evict_policy=",
-                         kPolicies[static_cast<int>(evict_policy)], ", ttl_steps=", ttl_steps);
+                         kPolicies[static_cast<int>(evict_policy)], ", ttl_steps=", ttl_steps,
+                         ", dram_budget=", dram_budget, ", ssd_dir='", ssd_dir, "'");
 }
 
 Status ValidateConfig(const TableConfig& c) {
@@ -71,6 +76,13 @@ Status ValidateConfig(const TableConfig& c) {
     return errors::InvalidArgument("max_candidates must be in [1, ", kMaxCandidates, "], got ", c.max_candidates);
   if (c.capacity < 0) return errors::InvalidArgument("capacity must be >= 0 (0: unbounded), got ", c.capacity);
   if (c.ttl_steps < 0) return errors::InvalidArgument("ttl_steps must be >= 0, got ", c.ttl_steps);
+  if (c.dram_budget < 0) return errors::InvalidArgument("dram_budget must be >= 0 bytes (0: no SSD tier), got ", c.dram_budget);
+  if (c.tiered() == c.ssd_dir.empty())
+    return errors::InvalidArgument("dram_budget (", c.dram_budget, ") and ssd_dir ('", c.ssd_dir,
+                                   "') go together: set both for a DRAM + SSD tier, or neither");
+  if (c.tiered() && (c.capacity > 0 || c.evict_policy == EvictPolicy::kTtl))
+    return errors::InvalidArgument("a DRAM + SSD tier (dram_budget ", c.dram_budget, ") cannot be combined with a ",
+                                   "capacity or TTL eviction yet: use one or the other");
   if ((c.evict_policy == EvictPolicy::kTtl) != (c.ttl_steps > 0))
     return errors::InvalidArgument("ttl_steps (", c.ttl_steps, ") must be > 0 exactly when evict_policy is 'ttl'");
   if (!std::isfinite(c.init.a) || !std::isfinite(c.init.b))
@@ -223,6 +235,160 @@ void RowStore::Widen(int64_t new_stride, const std::vector<float>& fill_per_slot
   stride_ = new_stride;
 }
 
+// ---------------------------------------------------------------- DiskTier
+
+namespace {
+Status DiskError(const std::string& dir, const char* what, int err) {
+  const std::string why = std::strerror(err);
+  if (err == ENOSPC || err == EFBIG || err == EDQUOT)
+    return errors::ResourceExhausted("the SSD tier under ssd_dir '", dir, "' is full (", what, ": ", why,
+                                     "); the table is unchanged by the failed write (the row stays in DRAM). ",
+                                     "Free space there, point ssd_dir (--ssd-dir) at a larger disk, or raise ",
+                                     "dram_budget (--dram-budget).");
+  return errors::Internal("the SSD tier under ssd_dir '", dir, "' failed (", what, ": ", why, ")");
+}
+}  // namespace
+
+DiskTier::~DiskTier() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status DiskTier::Open(const std::string& dir, int64_t stride) {
+  dir_ = dir;
+  stride_ = stride;
+  std::string path = dir + "/ttf-ssd-tier-XXXXXX";
+  std::vector<char> buf(path.begin(), path.end());
+  buf.push_back('\0');
+  fd_ = ::mkstemp(buf.data());
+  if (fd_ < 0)
+    return errors::InvalidArgument("ssd_dir '", dir, "' cannot be written (creating a file there: ",
+                                   std::strerror(errno), "); give a writable directory");
+  ::unlink(buf.data());  // a cache only this process sees: gone with it, even after kill -9
+  return OkStatus();
+}
+
+namespace {
+// Writes `bytes` at `offset`, retrying short writes; a full disk comes back as the error.
+Status WriteAll(int fd, const std::string& dir, const char* data, int64_t bytes, off_t offset) {
+  for (int64_t done = 0; done < bytes;) {
+    const ssize_t w = ::pwrite(fd, data + done, bytes - done, offset + done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return DiskError(dir, "writing rows", w < 0 ? errno : ENOSPC);
+    done += w;
+  }
+  return OkStatus();
+}
+Status ReadAll(int fd, const std::string& dir, char* data, int64_t bytes, off_t offset) {
+  for (int64_t done = 0; done < bytes;) {
+    const ssize_t r = ::pread(fd, data + done, bytes - done, offset + done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return DiskError(dir, "reading rows", r < 0 ? errno : EIO);
+    done += r;
+  }
+  return OkStatus();
+}
+}  // namespace
+
+Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows) {
+  const int64_t bytes = record_bytes();
+  if (static_cast<int64_t>(next_slot_) + n >= static_cast<int64_t>(KeyIndex::kNone))
+    return errors::ResourceExhausted("the SSD tier of one table shard holds at most 2^32 - 1 records; ",
+                                     "use more num_shards");
+  buffer_.resize(n * bytes);
+  for (int64_t i = 0; i < n; ++i) {
+    char* record = buffer_.data() + i * bytes;
+    const int64_t header[kHeaderWords] = {keys[i], metas[i]->count, metas[i]->last_seen};
+    std::memcpy(record, header, sizeof(header));
+    std::memcpy(record + sizeof(header), rows[i], stride_ * sizeof(float));
+  }
+  TF_RETURN_IF_ERROR(WriteAll(fd_, dir_, buffer_.data(), n * bytes, static_cast<off_t>(next_slot_) * bytes));
+  if (!index.HasRoom(n)) {  // grows under the lock: a demotion already pays a write
+    KeyIndex bigger(KeyIndex::CapacityFor(index.size() + n));
+    index.MoveAllInto(&bigger);
+    std::swap(index, bigger);
+  }
+  for (int64_t i = 0; i < n; ++i) index.Insert(keys[i], HashKey(keys[i]), next_slot_++);
+  return OkStatus();
+}
+
+Status DiskTier::Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) const {
+  const off_t offset = static_cast<off_t>(slot) * record_bytes();
+  int64_t header[kHeaderWords];
+  if (meta != nullptr && floats > 0) {  // a whole record: one read
+    thread_local std::vector<char> record;
+    record.resize(kHeaderWords * 8 + floats * sizeof(float));
+    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, record.data(), record.size(), offset));
+    std::memcpy(header, record.data(), sizeof(header));
+    std::memcpy(row, record.data() + sizeof(header), floats * sizeof(float));
+  } else if (meta != nullptr) {
+    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, reinterpret_cast<char*>(header), sizeof(header), offset));
+  } else if (floats > 0) {
+    TF_RETURN_IF_ERROR(
+        ReadAll(fd_, dir_, reinterpret_cast<char*>(row), floats * sizeof(float), offset + kHeaderWords * 8));
+  }
+  if (meta != nullptr) *meta = RowMeta{header[1], header[2]};
+  return OkStatus();
+}
+
+void DiskTier::Remove(int64_t key, uint64_t hash) { index.Erase(key, hash); }
+
+void DiskTier::Clear() {
+  index = KeyIndex();
+  ++generation_;
+  next_slot_ = 0;
+  if (fd_ >= 0 && ::ftruncate(fd_, 0) != 0) {
+    // Nothing to do: every record is stale either way, the file is only longer than needed.
+  }
+}
+
+Status DiskTier::CompactIfStale() {
+  const int64_t stale = static_cast<int64_t>(next_slot_) - index.size();
+  if (stale < 4096 || stale <= index.size()) return OkStatus();
+  return Rewrite(stride_, {}, 1);
+}
+
+Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim) {
+  if (fd_ < 0 || index.size() == 0) {
+    Clear();
+    stride_ = new_stride;
+    return OkStatus();
+  }
+  DiskTier fresh;
+  TF_RETURN_IF_ERROR(fresh.Open(dir_, new_stride));
+  fresh.index = KeyIndex(KeyIndex::CapacityFor(index.size()));
+  const int64_t old_bytes = record_bytes(), new_bytes = fresh.record_bytes();
+  const int64_t per_pass = std::max<int64_t>(1, (4 << 20) / old_bytes);  // ~4 MiB read at a time
+  std::vector<char> in(per_pass * old_bytes);
+  fresh.buffer_.reserve(per_pass * new_bytes);
+  for (int64_t first = 0; first < next_slot_; first += per_pass) {
+    const int64_t n = std::min<int64_t>(per_pass, next_slot_ - first);
+    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, in.data(), n * old_bytes, static_cast<off_t>(first) * old_bytes));
+    fresh.buffer_.clear();
+    std::vector<int64_t> live_keys;
+    for (int64_t j = 0; j < n; ++j) {
+      const char* record = in.data() + j * old_bytes;
+      int64_t key;
+      std::memcpy(&key, record, sizeof(key));
+      if (index.Find(key, HashKey(key)) != static_cast<uint32_t>(first + j)) continue;  // stale
+      const size_t at = fresh.buffer_.size();
+      fresh.buffer_.resize(at + new_bytes);
+      std::memcpy(fresh.buffer_.data() + at, record, old_bytes);
+      float* row = reinterpret_cast<float*>(fresh.buffer_.data() + at + kHeaderWords * 8);
+      for (int64_t f = stride_; f < new_stride; ++f) row[f] = fill_per_slot[f / dim - 1];
+      live_keys.push_back(key);
+    }
+    TF_RETURN_IF_ERROR(WriteAll(fresh.fd_, dir_, fresh.buffer_.data(), fresh.buffer_.size(),
+                                static_cast<off_t>(fresh.next_slot_) * new_bytes));
+    for (int64_t key : live_keys) fresh.index.Insert(key, HashKey(key), fresh.next_slot_++);
+  }
+  std::swap(fd_, fresh.fd_);  // `fresh` now closes the old file
+  std::swap(index, fresh.index);
+  std::swap(next_slot_, fresh.next_slot_);
+  ++generation_;
+  stride_ = new_stride;
+  return OkStatus();
+}
+
 // ---------------------------------------------------------------- EmbeddingTable
 
 EmbeddingTable::EmbeddingTable(const TableConfig& config) : config_(config) {
@@ -262,12 +428,86 @@ void EmbeddingTable::ReserveRoom(std::unique_lock<std::shared_mutex>& lock, Keye
   }
 }
 
-void EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys,
+Status EmbeddingTable::OpenTier() {
+  if (!config_.tiered()) return OkStatus();
+  for (auto& sh : shards_) {
+    std::unique_lock<std::shared_mutex> lock(sh->mu);
+    if (!sh->disk.open()) TF_RETURN_IF_ERROR(sh->disk.Open(config_.ssd_dir, sh->rows.store.stride()));
+  }
+  return OkStatus();
+}
+
+int64_t EmbeddingTable::DramRowLimit(int64_t stride) const {
+  // Per row: value and slots, metadata, and an index entry (12 bytes at a load of ~1/2).
+  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(float)) + sizeof(RowMeta) + 24;
+  return std::max<int64_t>(1, config_.dram_budget / num_shards() / row_bytes);
+}
+
+Status EmbeddingTable::Demote(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep) {
+  const int64_t size = sh->rows.index.size();
+  if (size <= limit) return OkStatus();
+  // Down to 15/16 of the limit at once, so the scan below is paid once per limit/16 demotions.
+  const int64_t target = limit - limit / 16;
+  struct Victim {
+    int64_t last_seen, count, key;  // LRU order: smallest first
+    bool operator<(const Victim& o) const {
+      if (last_seen != o.last_seen) return last_seen < o.last_seen;
+      if (count != o.count) return count < o.count;
+      return key < o.key;
+    }
+  };
+  std::vector<Victim> victims;
+  victims.reserve(size);
+  sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
+    if (std::binary_search(keep.begin(), keep.end(), key)) return;
+    const RowMeta& m = sh->rows.store.meta(id);
+    victims.push_back(Victim{m.last_seen, m.count, key});
+  });
+  const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
+  if (drop == 0) return OkStatus();
+  std::nth_element(victims.begin(), victims.begin() + (drop - 1), victims.end());
+  // Appended in batches, each written first and removed from DRAM after: a failed write
+  // leaves its rows where they were.
+  constexpr size_t kBatch = 4096;
+  std::vector<int64_t> keys;
+  std::vector<const RowMeta*> metas;
+  std::vector<const float*> rows;
+  for (size_t begin = 0; begin < drop; begin += kBatch) {
+    const size_t end = std::min(drop, begin + kBatch);
+    keys.clear(), metas.clear(), rows.clear();
+    for (size_t i = begin; i < end; ++i) {
+      const uint32_t id = sh->rows.index.Find(victims[i].key, HashKey(victims[i].key));
+      keys.push_back(victims[i].key);
+      metas.push_back(&sh->rows.store.meta(id));
+      rows.push_back(sh->rows.store.row(id));
+    }
+    TF_RETURN_IF_ERROR(sh->disk.Append(keys.size(), keys.data(), metas.data(), rows.data()));
+    for (int64_t key : keys) sh->rows.Remove(key, HashKey(key));
+    sh->rows_demoted += keys.size();
+  }
+  TF_RETURN_IF_ERROR(sh->disk.CompactIfStale());
+  CompactIfSparse(sh);  // the demoted rows' chunks go back to the system once half are free
+  return OkStatus();
+}
+
+Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys,
                                const uint64_t* hashes, int64_t n, int64_t now, uint32_t* ids) {
   TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
   const int64_t candidates_per_shard = std::max<int64_t>(1, config_.max_candidates / num_shards());
+  if (config_.tiered()) {
+    // Make DRAM room for this update's missing keys first, so a failed write (a full disk)
+    // returns before any key of this update changed. This update's own rows never leave.
+    // Demote may compact the store (new ids): the probes below come after it.
+    const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
+    const int64_t limit = std::max<int64_t>(0, DramRowLimit(sh.rows.store.stride()) - missing);
+    if (sh.rows.index.size() > limit) {
+      std::vector<int64_t> keep(keys, keys + n);
+      std::sort(keep.begin(), keep.end());
+      TF_RETURN_IF_ERROR(Demote(&sh, limit, keep));
+    }
+  }
   while (true) {
     // Probe every key once, remembering its row id. Repeated after a ReserveRoom, which
     // releases the lock (other threads may insert or evict meanwhile).
@@ -285,6 +525,7 @@ void EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock,
   }
   // Room is reserved for every missing key: from here on nothing allocates.
   const int64_t stride = sh.rows.store.stride();
+  const bool tiered = config_.tiered();
   for (int64_t i = 0; i < n; ++i) {
     if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
     if (ids[i] != KeyIndex::kNone) {
@@ -292,6 +533,31 @@ void EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock,
       ++m.count;
       m.last_seen = now;
       continue;
+    }
+    if (tiered) {  // on disk: promote it (room is reserved; the DRAM row is filled from disk)
+      const uint32_t slot = sh.disk.index.Find(keys[i], hashes[i]);
+      if (slot != KeyIndex::kNone) {
+        const uint32_t id = sh.rows.Add(keys[i], hashes[i]);
+        RowMeta meta;
+        const auto staged = sh.staged.find(keys[i]);
+        if (staged != sh.staged.end() && staged->second.slot == slot &&
+            staged->second.generation == sh.disk.generation()) {  // read by this step's lookup
+          const char* record = sh.staged_bytes.data() + staged->second.offset;
+          std::memcpy(&meta, record, sizeof(meta));
+          std::memcpy(sh.rows.store.row(id), record + sizeof(meta), stride * sizeof(float));
+        } else {
+          const Status read = sh.disk.Read(slot, &meta, sh.rows.store.row(id), stride);
+          if (!read.ok()) {
+            sh.rows.Remove(keys[i], hashes[i]);
+            return read;
+          }
+        }
+        sh.disk.Remove(keys[i], hashes[i]);
+        sh.rows.store.meta(id) = RowMeta{meta.count + 1, now};
+        ++sh.rows_promoted;
+        ids[i] = id;
+        continue;
+      }
     }
     int64_t count = 1;
     if (min_count > 0) {
@@ -315,6 +581,11 @@ void EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock,
     ids[i] = id;
   }
   if (config_.capacity > 0 || config_.evict_policy == EvictPolicy::kTtl) EnforceCapacity(&sh, now);
+  if (tiered) {
+    sh.staged.clear();
+    sh.staged_bytes.clear();
+  }
+  return OkStatus();
 }
 
 void EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
@@ -403,12 +674,12 @@ void EmbeddingTable::CompactIfSparse(TableShard* sh) {
   CompactStore(&sh->candidates);
 }
 
-void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) {
+Status EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) {
   TableShard& sh = *shards_[s];
   const int64_t dim = config_.dim;
   std::unique_lock<std::shared_mutex> lock(sh.mu);
   std::vector<uint32_t>& ids = ScratchIds(n);
-  TouchKeys(s, lock, keys, hashes, n, step(), ids.data());
+  TF_RETURN_IF_ERROR(TouchKeys(s, lock, keys, hashes, n, step(), ids.data()));
   for (int64_t i = 0; i < n; ++i) {
     if (ids[i] == KeyIndex::kNone) {
       FillDefault(out + i * dim);
@@ -416,6 +687,7 @@ void EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* ha
       std::memcpy(out + i * dim, sh.rows.store.row(ids[i]), dim * sizeof(float));
     }
   }
+  return OkStatus();
 }
 
 int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hashes, int64_t n, uint32_t* ids) {
@@ -434,9 +706,18 @@ std::vector<uint32_t>& ScratchIds(int64_t n) {
   return ids;
 }
 
-void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training,
-                          float* out) const {
+Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training,
+                            float* out) const {
   const TableShard& sh = *shards_[s];
+  const bool tiered = config_.tiered();
+  int64_t disk_hits = 0;
+  // Training: whole disk records are read (one pread either way) and staged for the update.
+  const int64_t stride = sh.rows.store.stride();
+  const int64_t staged_record_bytes = sizeof(RowMeta) + stride * sizeof(float);
+  thread_local std::vector<char> to_stage;
+  thread_local std::vector<std::pair<int64_t, uint32_t>> staged_keys;  // (key, slot)
+  to_stage.clear();
+  staged_keys.clear();
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
   std::shared_lock<std::shared_mutex> lock(sh.mu);
@@ -450,6 +731,25 @@ void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, in
       std::memcpy(dst, sh.rows.store.row(id), dim * sizeof(float));
       continue;
     }
+    if (tiered) {  // read from disk without promoting: the apply promotes (TouchKeys)
+      const uint32_t slot = sh.disk.index.Find(keys[i], hashes[i]);
+      if (slot != KeyIndex::kNone) {
+        ++disk_hits;
+        if (!training) {
+          TF_RETURN_IF_ERROR(sh.disk.Read(slot, nullptr, dst, dim));
+          continue;
+        }
+        const size_t at = to_stage.size();
+        to_stage.resize(at + staged_record_bytes);
+        RowMeta meta;
+        float* row = reinterpret_cast<float*>(to_stage.data() + at + sizeof(RowMeta));
+        TF_RETURN_IF_ERROR(sh.disk.Read(slot, &meta, row, stride));
+        std::memcpy(to_stage.data() + at, &meta, sizeof(meta));
+        std::memcpy(dst, row, dim * sizeof(float));
+        staged_keys.emplace_back(keys[i], slot);
+        continue;
+      }
+    }
     bool admitted_now = training;
     if (training && min_count > 0) {  // admitted by this step's update if this sighting reaches min_count
       const uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
@@ -462,6 +762,24 @@ void EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, in
       FillDefault(dst);
     }
   }
+  if (tiered) {
+    int64_t dram_hits = 0;
+    for (int64_t i = 0; i < n; ++i) dram_hits += ids[i] != KeyIndex::kNone;
+    auto& mutable_sh = const_cast<TableShard&>(sh);  // counters (atomics) and the staging (its own lock)
+    mutable_sh.dram_hits.fetch_add(dram_hits, std::memory_order_relaxed);
+    mutable_sh.disk_hits.fetch_add(disk_hits, std::memory_order_relaxed);
+    if (!staged_keys.empty()) {
+      std::lock_guard<std::mutex> staging(mutable_sh.staged_mu);
+      const int64_t generation = sh.disk.generation();
+      for (size_t j = 0; j < staged_keys.size() && mutable_sh.staged.size() < TableShard::kMaxStaged; ++j) {
+        const size_t offset = mutable_sh.staged_bytes.size();
+        mutable_sh.staged_bytes.insert(mutable_sh.staged_bytes.end(), to_stage.data() + j * staged_record_bytes,
+                                       to_stage.data() + (j + 1) * staged_record_bytes);
+        mutable_sh.staged[staged_keys[j].first] = {generation, staged_keys[j].second, offset};
+      }
+    }
+  }
+  return OkStatus();
 }
 
 void EmbeddingTable::DropOldestCandidates(TableShard* sh) {
@@ -500,7 +818,9 @@ Status EmbeddingTable::EnsureSlots(const std::string& optimizer, const std::vect
                                    "'. Train a table with one optimizer (or start from a fresh table).");
   }
   const int64_t new_stride = config_.dim * (1 + static_cast<int64_t>(slot_init.size()));
-  // A one-time re-layout when the first optimizer step meets rows made by lookups alone.
+  // A one-time re-layout when the first optimizer step meets rows made by lookups alone
+  // (disk tiers first: their rewrite can fail, and then nothing changed but those before).
+  for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->disk.Rewrite(new_stride, slot_init, config_.dim));
   for (auto& sh : shards_) sh->rows.store.Widen(new_stride, slot_init, config_.dim);
   optimizer_ = optimizer;
   slot_init_ = slot_init;
@@ -511,7 +831,7 @@ int64_t EmbeddingTable::Size() const {
   int64_t total = 0;
   for (const auto& sh : shards_) {
     std::shared_lock<std::shared_mutex> lock(sh->mu);
-    total += sh->rows.index.size();
+    total += sh->rows.index.size() + sh->disk.index.size();
   }
   return total;
 }
@@ -549,9 +869,28 @@ int64_t EmbeddingTable::MemoryBytes() const {
     std::shared_lock<std::shared_mutex> lock(sh->mu);
     total += sizeof(TableShard) + sh->rows.index.bytes() + sh->rows.store.bytes() + sh->candidates.index.bytes() +
              sh->candidates.store.bytes() +
-             (sh->deleted_keys[0].capacity() + sh->deleted_keys[1].capacity()) * sizeof(int64_t);
+             (sh->deleted_keys[0].capacity() + sh->deleted_keys[1].capacity()) * sizeof(int64_t) +
+             sh->disk.index.bytes();
   }
   return total;
+}
+
+EmbeddingTable::TierStats EmbeddingTable::Tiers() const {
+  TierStats t;
+  for (const auto& sh : shards_) {
+    std::shared_lock<std::shared_mutex> lock(sh->mu);
+    t.dram_rows += sh->rows.index.size();
+    t.disk_rows += sh->disk.index.size();
+    t.dram_hits += sh->dram_hits.load(std::memory_order_relaxed);
+    t.disk_hits += sh->disk_hits.load(std::memory_order_relaxed);
+    t.demoted += sh->rows_demoted;
+    t.promoted += sh->rows_promoted;
+    t.dram_bytes += sh->rows.index.bytes() + sh->rows.store.bytes();
+    t.disk_index_bytes += sh->disk.index.bytes();
+    t.disk_file_bytes += sh->disk.file_bytes();
+    if (config_.tiered()) t.dram_row_limit += DramRowLimit(sh->rows.store.stride());
+  }
+  return t;
 }
 
 int64_t EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count) {
@@ -566,6 +905,17 @@ int64_t EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count) {
     });
     for (int64_t key : doomed) {
       sh->rows.Remove(key, HashKey(key));
+      RecordDeleted(sh.get(), key);
+    }
+    evicted += doomed.size();
+    doomed.clear();
+    sh->disk.index.ForEach([&](int64_t key, uint32_t slot) {  // the disk tier's meta is on disk
+      RowMeta m;
+      if (!sh->disk.Read(slot, &m, nullptr, 0).ok()) return;  // unreadable: kept, as if recent
+      if (m.last_seen < min_last_seen || m.count < min_count) doomed.push_back(key);
+    });
+    for (int64_t key : doomed) {
+      sh->disk.Remove(key, HashKey(key));
       RecordDeleted(sh.get(), key);
     }
     evicted += doomed.size();
@@ -596,9 +946,12 @@ int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
       const uint64_t h = HashKey(key);
       const uint32_t row = sh.rows.index.Erase(key, h);
       const uint32_t cand = sh.candidates.index.Erase(key, h);
-      if (row != KeyIndex::kNone) sh.rows.store.Release(row), ++removed;
+      const bool on_disk = sh.disk.index.Find(key, h) != KeyIndex::kNone;
+      if (row != KeyIndex::kNone) sh.rows.store.Release(row);
+      if (on_disk) sh.disk.Remove(key, h);
       if (cand != KeyIndex::kNone) sh.candidates.store.Release(cand);
-      if (row != KeyIndex::kNone || cand != KeyIndex::kNone) RecordDeleted(&sh, key);
+      removed += row != KeyIndex::kNone || on_disk;
+      if (row != KeyIndex::kNone || on_disk || cand != KeyIndex::kNone) RecordDeleted(&sh, key);
     }
   }
   return removed;
@@ -644,16 +997,23 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   layout.slot_init = slot_init_;
   layout.step = step();
   const bool all = since_step == std::numeric_limits<int64_t>::min();
+  Status disk_status = OkStatus();
   for (const auto& sh : shards_) {
     if (all) {
-      layout.rows += sh->rows.index.size();
+      layout.rows += sh->rows.index.size() + sh->disk.index.size();
       layout.candidates += sh->candidates.index.size();
       continue;
     }
     sh->rows.index.ForEach([&](int64_t, uint32_t id) { layout.rows += sh->rows.store.meta(id).last_seen > since_step; });
+    sh->disk.index.ForEach([&](int64_t, uint32_t slot) {
+      RowMeta m{0, 0};
+      if (disk_status.ok()) disk_status = sh->disk.Read(slot, &m, nullptr, 0);
+      layout.rows += m.last_seen > since_step;
+    });
     sh->candidates.index.ForEach(
         [&](int64_t, uint32_t id) { layout.candidates += sh->candidates.store.meta(id).last_seen > since_step; });
   }
+  TF_RETURN_IF_ERROR(disk_status);
   ExportBuffers out;
   TF_RETURN_IF_ERROR(allocate(layout, &out));
   int64_t r = 0, c = 0;
@@ -670,6 +1030,19 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
       out.meta[2 * r + 1] = m.last_seen;
       ++r;
     });
+    // The disk tier's rows, read straight into the output (same snapshot: writers wait).
+    sh->disk.index.ForEach([&](int64_t key, uint32_t slot) {
+      if (!disk_status.ok()) return;
+      RowMeta m;
+      disk_status = sh->disk.Read(slot, &m, nullptr, 0);
+      if (!disk_status.ok() || (m.last_seen <= since_step && !all)) return;
+      disk_status = sh->disk.Read(slot, nullptr, out.values + r * stride, stride);
+      out.keys[r] = key;
+      out.meta[2 * r] = m.count;
+      out.meta[2 * r + 1] = m.last_seen;
+      ++r;
+    });
+    TF_RETURN_IF_ERROR(disk_status);
     sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
       const RowMeta& m = sh->candidates.store.meta(id);
       if (m.last_seen <= since_step && !all) return;
@@ -767,6 +1140,9 @@ Status EmbeddingTable::Import(const ImportSource& src) {
   std::unique_lock<std::mutex> record_lock(deleted_mu_);
   std::vector<std::unique_lock<std::shared_mutex>> locks;
   for (auto& sh : shards_) locks.emplace_back(sh->mu);
+  // A failed demotion (a full disk) leaves its rows in DRAM, over the budget: the import still
+  // completes, whole, and then reports the disk's error.
+  Status tier_status = OkStatus();
   if (src.merge) {
     const bool same_layout = optimizer_ == src.optimizer && slot_init_.size() == src.slot_init.size();
     if (!same_layout && !(slot_init_.empty() && (optimizer_.empty() || optimizer_ == src.optimizer))) {
@@ -774,6 +1150,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
                                      "' into a table holding ", slot_init_.size(), " slot(s) of '", optimizer_, "'");
     }
     if (!same_layout) {
+      for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->disk.Rewrite(stride, src.slot_init, config_.dim));
       for (auto& sh : shards_) sh->rows.store.Widen(stride, src.slot_init, config_.dim);
       optimizer_ = src.optimizer;
       slot_init_ = src.slot_init;
@@ -786,6 +1163,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
         const int64_t i = rows.order[j], key = src.keys[i];
         const uint64_t h = HashKey(key);
         sh.candidates.Remove(key, h);
+        sh.disk.Remove(key, h);  // an upserted row comes to DRAM; Demote below sends the coldest back
         uint32_t id = sh.rows.index.Find(key, h);
         if (id == KeyIndex::kNone) id = sh.rows.Add(key, h);
         std::memcpy(sh.rows.store.row(id), src.values + i * stride, stride * sizeof(float));
@@ -799,9 +1177,10 @@ Status EmbeddingTable::Import(const ImportSource& src) {
         if (id == KeyIndex::kNone) id = sh.candidates.Add(key, h);
         sh.candidates.store.meta(id) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
       }
+      if (config_.tiered()) tier_status.Update(Demote(&sh, DramRowLimit(stride), {}));
     }
     AdvanceStep(src.step);
-    return OkStatus();
+    return tier_status;
   }
   // Replace, one shard at a time: the old shard is freed as soon as its new content is in,
   // so the import needs the input plus about one shard, never a second whole table.
@@ -809,6 +1188,8 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     TableShard& sh = *shards_[s];
     sh.rows = KeyedStore(stride);  // frees the old rows first
     sh.candidates = KeyedStore(0);
+    sh.disk.Clear();
+    TF_RETURN_IF_ERROR(sh.disk.Rewrite(stride, src.slot_init, config_.dim));  // empty: sets the stride
     sh.rows.index = std::move(row_index[s]);
     sh.candidates.index = std::move(cand_index[s]);
     const int64_t n = rows.offsets[s + 1] - rows.offsets[s], m = cands.offsets[s + 1] - cands.offsets[s];
@@ -827,12 +1208,13 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     }
     sh.candidates_dropped = 0;
     for (auto& record : sh.deleted_keys) std::vector<int64_t>().swap(record);  // a restored table starts a new history
+    if (config_.tiered()) tier_status.Update(Demote(&sh, DramRowLimit(stride), {}));
     ReleaseFreedMemory();
   }
   optimizer_ = src.optimizer;
   slot_init_ = src.slot_init;
   step_.store(src.step, std::memory_order_relaxed);
-  return OkStatus();
+  return tier_status;
 }
 
 }  // namespace ttf

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -90,6 +91,11 @@ struct TableConfig {
   int64_t capacity = 0;
   EvictPolicy evict_policy = EvictPolicy::kLru;
   int64_t ttl_steps = 0;
+  // DRAM + SSD tier (both set, or neither): rows beyond `dram_budget` bytes of DRAM rows
+  // (value, slots, metadata and their index entry) live in files under `ssd_dir`.
+  int64_t dram_budget = 0;
+  std::string ssd_dir;
+  bool tiered() const { return dram_budget > 0; }
   bool operator==(const TableConfig& o) const;
   std::string DebugString() const;
 };
@@ -205,6 +211,50 @@ struct KeyedStore {
   }
 };
 
+// A shard's disk tier, in the shape of DeepRec's SSDHASH: an append-only file of fixed-size
+// records [key, count, last_seen | stride floats], the key -> record slot index in RAM (12
+// bytes per index entry, 16-32 bytes per key), demoted rows written in one large append per
+// batch (a write per row costs ~20x more, docs/tiers.md), and compaction (one sequential
+// pass into a new file) once stale records outnumber live ones. The file is unlinked as soon
+// as it is opened: a cache only this process sees, gone when it ends (a kill -9 included);
+// a checkpoint holds every row, the disk tier's too. Writes happen under the shard lock held
+// exclusively, reads under it held at least shared (pread/pwrite: no shared file offset).
+class DiskTier {
+ public:
+  static constexpr int64_t kHeaderWords = 3;  // key, count, last_seen (int64 each)
+  DiskTier() = default;
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+  // Creates the (unlinked) file under dir for rows of `stride` floats.
+  Status Open(const std::string& dir, int64_t stride);
+  bool open() const { return fd_ >= 0; }
+  int64_t record_bytes() const { return kHeaderWords * 8 + stride_ * 4; }
+  // Appends n rows (keys absent from this tier) in one write; on failure the tier is unchanged.
+  Status Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows);
+  // Reads `floats` floats of the row of `slot` (from its first float), and its meta if non-null.
+  Status Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) const;
+  void Remove(int64_t key, uint64_t hash);
+  void Clear();  // drops every row and truncates the file
+  // Rewrites the live records into a new file, sequentially; with a wider stride, each row
+  // gets fill_per_slot[f / dim - 1] after its old floats. On failure the tier is unchanged.
+  Status Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+  Status CompactIfStale();  // Rewrite when stale records outnumber live ones
+  int64_t file_bytes() const { return static_cast<int64_t>(next_slot_) * record_bytes(); }
+  // Bumped by Clear and Rewrite (which renumber records): within one generation a slot's
+  // record never changes, so (generation, slot) names one record's content.
+  int64_t generation() const { return generation_; }
+  KeyIndex index;  // key -> slot
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+  int64_t stride_ = 0;
+  uint32_t next_slot_ = 0;  // records in the file, live or stale
+  int64_t generation_ = 0;
+  std::vector<char> buffer_;  // exclusive-lock paths only (Append, Rewrite)
+};
+
 struct TableShard {
   explicit TableShard(int64_t stride) : rows(stride), candidates(0) {}
   mutable std::shared_mutex mu;
@@ -215,6 +265,23 @@ struct TableShard {
   int64_t next_ttl_sweep = 0;         // the step at which TTL next scans this shard
   // Removed rows and candidates, one record per reader (DeletedRecord) while it tracks them.
   std::vector<int64_t> deleted_keys[2];
+  DiskTier disk;                      // cold rows (tiered tables only)
+  int64_t rows_demoted = 0, rows_promoted = 0;
+  // Lookups of keys with a row, by tier (atomics: lookups hold the lock shared).
+  std::atomic<int64_t> dram_hits{0}, disk_hits{0};
+  // Disk records read by training lookups, kept for the shard's next update, which promotes
+  // them without a second read: key -> StagedRecord, the record ([RowMeta | row]) in
+  // staged_bytes. Lookups add under staged_mu (they hold the shard lock shared); the update
+  // (exclusive) uses them, then clears them. Bounded by kMaxStaged records.
+  static constexpr size_t kMaxStaged = 1 << 12;
+  struct StagedRecord {
+    int64_t generation;
+    uint32_t slot;
+    size_t offset;
+  };
+  std::mutex staged_mu;
+  std::unordered_map<int64_t, StagedRecord> staged;
+  std::vector<char> staged_bytes;
 };
 
 // The readers of deleted keys, each with its own record, reset by that reader only: delta
@@ -291,18 +358,24 @@ class EmbeddingTable : public ResourceBase {
   // at this sighting (always without admission), else the default row; without `training`
   // (inference), always the default row. Nothing is inserted or counted: a step that never
   // reaches its update (a skipped, non-finite step) leaves the table as it was.
-  void Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
+  // A key whose row is on the disk tier reads it from there (promotion happens at apply).
+  Status Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
   // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
   // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a
   // row gets count + 1 and last_seen = now; a missing key gets a row (initializer, then the
   // slots' initial values) or, under admission, counts as a candidate until admitted. ids[i]
   // is the key's row id, KeyIndex::kNone for a key not (yet) admitted. The optimizer apply
   // ops call it for the keys they update, so insertion happens at apply, never in forward.
-  void TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys, const uint64_t* hashes,
+  // Tiered: a key on disk is promoted (read back into DRAM, meta and all), and first, when
+  // this update would take DRAM past its budget, the least recently updated rows not in this
+  // update are demoted to disk. A failed disk read or write (a full disk) returns the error
+  // with the shard consistent: every row is in exactly one tier, none changed by this call
+  // unless the error comes from a read of a promotion (keys before it are then counted).
+  Status TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys, const uint64_t* hashes,
                  int64_t n, int64_t now, uint32_t* ids);
   // TouchKeys at the table step, then copies each key's value into `out` (the default row for
   // a key not yet admitted): fills a table outside training (TtfTableFindOrInsert).
-  void FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
+  Status FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
 
   // Makes rows hold `slot_init.size()` optimizer slots for `optimizer`, widening every row
   // (slot j filled with slot_init[j]) the first time. Fails if another optimizer's slots
@@ -313,6 +386,13 @@ class EmbeddingTable : public ResourceBase {
   int64_t CandidateCount() const;
   int64_t CandidatesDropped() const;
   int64_t RowsEvicted() const;  // by the capacity and TTL policy
+  // Creates the disk tier's files (tiered tables; before first use).
+  Status OpenTier();
+  struct TierStats {
+    int64_t dram_rows = 0, disk_rows = 0, dram_hits = 0, disk_hits = 0, demoted = 0, promoted = 0;
+    int64_t dram_bytes = 0, disk_index_bytes = 0, disk_file_bytes = 0, dram_row_limit = 0;
+  };
+  TierStats Tiers() const;
   int64_t MemoryBytes() const;
   // Removes keys whose last-seen step is below min_last_seen or whose count is below
   // min_count; candidates go by last-seen only. Returns the number of rows removed.
@@ -352,6 +432,11 @@ class EmbeddingTable : public ResourceBase {
   // must re-probe afterwards: other threads may have changed the shard meanwhile.
   void ReserveRoom(std::unique_lock<std::shared_mutex>& lock, KeyedStore* ks, int64_t extra);
   void FillDefault(float* out) const;
+  // The most DRAM rows a shard of a tiered table keeps, for rows of `stride` floats.
+  int64_t DramRowLimit(int64_t stride) const;
+  // Tiered, lock held exclusively: moves least recently updated rows to disk until the shard
+  // holds at most `limit` DRAM rows, never one whose key is in `keep` (sorted).
+  Status Demote(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep);
 
   const TableConfig config_;
   std::vector<std::unique_ptr<TableShard>> shards_;

@@ -194,6 +194,7 @@ class TableApplyOp : public TableOpKernel {
     const int64_t stride = dim * (1 + static_cast<int64_t>(slot_init_.size()));
     std::atomic<int64_t> updated{0};
     std::atomic<bool> relaid{false};
+    std::vector<Status> shard_status(table->num_shards());
     ForEachShard(ctx, grouped, table->num_shards(), 20 * dim, [&](int s) {
       TableShard& sh = table->shard(s);
       std::unique_lock<std::shared_mutex> lock(sh.mu);
@@ -205,7 +206,8 @@ class TableApplyOp : public TableOpKernel {
       std::vector<uint32_t>& ids = ScratchIds(n);
       // Insertion, counts, last-seen steps and admission happen here, for the keys this
       // step updates: a forward lookup never changes the table.
-      table->TouchKeys(s, lock, &grouped.keys[begin], &grouped.hashes[begin], n, step, ids.data());
+      shard_status[s] = table->TouchKeys(s, lock, &grouped.keys[begin], &grouped.hashes[begin], n, step, ids.data());
+      if (!shard_status[s].ok()) return;  // a tiered table's full disk: this shard's rows unchanged
       if (sh.rows.store.stride() != stride) {  // re-checked: TouchKeys may release the lock to grow
         relaid = true;
         return;
@@ -222,6 +224,7 @@ class TableApplyOp : public TableOpKernel {
       }
       updated += done;
     });
+    for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);
     OP_REQUIRES(ctx, !relaid, errors::Aborted("the table was re-imported with another optimizer during this "
                                               "update; some rows were not updated"));
     table->AdvanceStep(step);

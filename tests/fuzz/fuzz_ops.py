@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -31,6 +32,7 @@ RACE_EVERY = 4  # every 4th case races threads on one table: 25% of the cases
 GROUPS = ("table", "lookup", "ragged", "grad", "find", "small_ops", "evict", "export", "import", "remove",
           "apply", "precision", "criteo", "destroy", "checkpoint")
 HERE = os.path.dirname(os.path.abspath(__file__))
+SSD_DIR = tempfile.mkdtemp(prefix="ttf-fuzz-ssd-")  # tiered tables' files (unlinked at once: it stays empty)
 
 
 # ------------------------------------------------------------------ value generators
@@ -135,11 +137,17 @@ class Case:
                    shared_name=f"fuzz_{self.index}_{rng.integers(1 << 30)}")
         policy = pick(rng, ["lru", "lfu", "ttl"])
         cfg.update(evict_policy=policy, ttl_steps=int(pick(rng, [1, 2, 50])) if policy == "ttl" else 0)
+        if rng.random() < 0.3:  # a DRAM + SSD tier (not combinable with capacity or TTL)
+            cfg.update(capacity=0, evict_policy="lru", ttl_steps=0, dram_budget=int(pick(rng, [1, 100, 4096, 1 << 20])),
+                       ssd_dir=SSD_DIR)
         cfg.update(attrs)
         if not valid:
             key = pick(rng, ["dim", "num_shards", "init_a", "init_b", "default_value", "max_candidates",
-                             "admission_min_count", "seed", "capacity", "ttl_steps"])
-            cfg[key] = pick(rng, [0, -1, 2**62, 2**31, 4097, 5000, float("nan"), float("inf"), -(2**63)])
+                             "admission_min_count", "seed", "capacity", "ttl_steps", "dram_budget", "ssd_dir"])
+            if key == "ssd_dir":
+                cfg.update(dram_budget=4096, ssd_dir=pick(rng, ["/nonexistent/ttf", "/proc", ""]))
+            else:
+                cfg[key] = pick(rng, [0, -1, 2**62, 2**31, 4097, 5000, float("nan"), float("inf"), -(2**63)])
         return ops().ttf_embedding_table(**cfg), cfg
 
     def ids(self, n=None):
@@ -256,6 +264,7 @@ class Case:
         elif group == "small_ops":
             self.call("size", ops().ttf_table_size, h)
             self.call("stats", ops().ttf_table_stats, h)
+            self.call("tier_stats", ops().ttf_table_tier_stats, h)
             self.call("deleted_keys", ops().ttf_table_deleted_keys, h, reset=bool(rng.random() < 0.5))
             self.call("summary", ops().ttf_table_summary, h)
         elif group == "evict":

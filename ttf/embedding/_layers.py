@@ -56,6 +56,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       evict_policy: "lru" (least recently updated first), "lfu" (fewest updates first) or
         "ttl" (every id not updated in the last ttl_steps steps; LRU above a capacity).
       ttl_steps: steps without an update after which evict_policy="ttl" evicts an id.
+      dram_budget, ssd_dir: a DRAM + SSD tier for each table shard: at most dram_budget
+        bytes of DRAM rows, the rest in a file under ssd_dir (see ttf.embedding.EmbeddingTable
+        and docs/tiers.md); training is exactly that of an all-DRAM table.
 
     Input: int64 (or int32) ids of shape [B], [B, F], ..., or a RaggedTensor [B, None]
     (needs a combiner). Output: float32 [..., dim] ([B, dim] for ragged ids).
@@ -76,7 +79,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def __init__(self, dim, initializer="uniform", combiner=None, name=None, seed=0, admission_min_count=0,
                  default_value=0.0, shard_devices=None, num_shards=16, capacity=0, evict_policy="lru", ttl_steps=0,
-                 **kwargs):
+                 dram_budget=0, ssd_dir="", **kwargs):
         kwargs.setdefault("dtype", "float32")  # rows are float32 whatever the model's precision
         super().__init__(name=name, **kwargs)
         if combiner not in (None, "sum", "mean"):
@@ -88,7 +91,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         self.tables = [
             EmbeddingTable(dim, initializer, seed, default_value, admission_min_count, num_shards,
                            name=f"{self.name}_shard{i}", device=device, capacity=capacity,
-                           evict_policy=evict_policy, ttl_steps=ttl_steps)
+                           evict_policy=evict_policy, ttl_steps=ttl_steps, dram_budget=dram_budget, ssd_dir=ssd_dir)
             for i, device in enumerate(shard_devices or [""])
         ]
         # None, or an object whose lookup(layer, keys, row_splits, training) replaces the
@@ -285,7 +288,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         config.update(dim=self.dim, combiner=self.combiner, seed=table.seed,
                       admission_min_count=table.admission_min_count, default_value=table.default_value,
                       initializer=table.initializer.get_config(), num_shards=table.num_shards,
-                      capacity=table.capacity, evict_policy=table.evict_policy, ttl_steps=table.ttl_steps)
+                      capacity=table.capacity, evict_policy=table.evict_policy, ttl_steps=table.ttl_steps,
+                      dram_budget=table.dram_budget, ssd_dir=table.ssd_dir)
         return config
 
 

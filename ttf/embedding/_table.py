@@ -75,6 +75,8 @@ class RowInitializer:
 
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
+TIER_STATS = ("dram_rows", "disk_rows", "dram_hits", "disk_hits", "demoted", "promoted", "dram_bytes",
+              "disk_index_bytes", "disk_file_bytes", "dram_row_limit")
 
 
 def check_eviction(capacity, evict_policy, ttl_steps):
@@ -88,6 +90,43 @@ def check_eviction(capacity, evict_policy, ttl_steps):
     if (evict_policy == "ttl") != (ttl_steps > 0):
         raise ValueError(f"ttl_steps ({ttl_steps}) must be > 0 exactly when evict_policy is 'ttl' "
                          f"(got evict_policy={evict_policy!r})")
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text):
+    """Bytes of a size such as "2G", "512M", "64k" or "1048576" (units of 1024); ValueError
+    naming the text otherwise."""
+    value = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (value[:-1], value[-1]) if value[-1:] in ("K", "M", "G", "T") else (value, "")
+    try:
+        size = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"size must be a number with an optional unit K, M, G or T (e.g. 512M, 2G), "
+                         f"got {text!r}") from None
+    if not size >= 0 or size != size:
+        raise ValueError(f"size must be >= 0, got {text!r}")
+    return int(size)
+
+
+def tier_row_bytes(dim, num_slots):
+    """DRAM bytes a tiered table counts per row against its dram_budget: value and slots,
+    metadata (16) and an index entry (24), as TtfEmbeddingTable does."""
+    return 4 * dim * (1 + num_slots) + 40
+
+
+def check_tier(dram_budget, ssd_dir, capacity=0, evict_policy="lru"):
+    """ValueError naming the argument unless (dram_budget, ssd_dir) is valid with the
+    eviction arguments."""
+    if not isinstance(dram_budget, (int, np.integer)) or dram_budget < 0:
+        raise ValueError(f"dram_budget must be an int >= 0 bytes (0: no SSD tier), got {dram_budget!r}")
+    if not isinstance(ssd_dir, str) or (dram_budget > 0) != bool(ssd_dir):
+        raise ValueError(f"dram_budget ({dram_budget}) and ssd_dir ({ssd_dir!r}) go together: set both for a "
+                         "DRAM + SSD tier, or neither")
+    if dram_budget and (capacity or evict_policy == "ttl"):
+        raise ValueError("a DRAM + SSD tier (dram_budget) cannot be combined with a capacity or TTL eviction yet: "
+                         "use one or the other")
 
 
 @registration.register_serializable(package="ttf", name="EmbeddingTable")
@@ -115,12 +154,20 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         first), or "ttl": every row not updated in the last ttl_steps steps goes (and LRU
         above a capacity, if one is set).
       ttl_steps: for evict_policy="ttl" (and only then), > 0.
+      dram_budget: bytes of DRAM rows (see tier_row_bytes) this table keeps; with ssd_dir,
+        the rows beyond it live in a file under ssd_dir (0: all rows in DRAM). Lookups
+        read disk rows in place, updates bring them back to DRAM, so training is exactly
+        that of an all-DRAM table (docs/tiers.md). Not combinable with capacity or TTL.
+      ssd_dir: a writable directory for the disk tier (with dram_budget; InvalidArgument at
+        creation if it cannot be written). Its file is a cache, unlinked at once: a
+        checkpoint holds every row, and a killed process leaves nothing there.
       name: a readable name (made unique).
       device: where the table lives, e.g. "/job:ps/replica:0/task:0".
     """
 
     def __init__(self, dim, initializer="uniform", seed=0, default_value=0.0, admission_min_count=0,
-                 num_shards=16, name="embedding_table", device="", capacity=0, evict_policy="lru", ttl_steps=0):
+                 num_shards=16, name="embedding_table", device="", capacity=0, evict_policy="lru", ttl_steps=0,
+                 dram_budget=0, ssd_dir=""):
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if admission_min_count < 0:
@@ -128,6 +175,9 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         if not 1 <= num_shards <= 4096:
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
         check_eviction(capacity, evict_policy, ttl_steps)
+        check_tier(dram_budget, ssd_dir, capacity, evict_policy)
+        self.dram_budget = int(dram_budget)
+        self.ssd_dir = ssd_dir
         self.capacity = int(capacity)
         self.evict_policy = evict_policy
         self.ttl_steps = int(ttl_steps)
@@ -149,7 +199,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             init_b=self.initializer.b, seed=self.seed, default_value=self.default_value,
             admission_min_count=self.admission_min_count, num_shards=self.num_shards,
             capacity=self.capacity, evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
-            shared_name=self._shared_name)
+            dram_budget=self.dram_budget, ssd_dir=self.ssd_dir, shared_name=self._shared_name)
 
     def _destroy_resource(self):
         ops().ttf_table_destroy(self.resource_handle)
@@ -171,6 +221,15 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         candidates, bytes allocated, table step, candidates dropped by max_candidates, rows
         evicted by the capacity and TTL policy."""
         return ops().ttf_table_stats(self.resource_handle)
+
+    def tier_stats(self):
+        """The DRAM + SSD tier as a dict of ints (TtfTableTierStats): dram_rows, disk_rows,
+        dram_hits and disk_hits (lookups of keys with a row, by tier, since creation),
+        demoted, promoted, dram_bytes, disk_index_bytes (RAM), disk_file_bytes,
+        dram_row_limit (0 untiered)."""
+        with tf.device(self._resource_device):
+            values = ops().ttf_table_tier_stats(self.resource_handle).numpy()
+        return dict(zip(TIER_STATS, (int(v) for v in values)))
 
     def evict(self, min_last_seen, min_count):
         return ops().ttf_table_evict(self.resource_handle, tf.cast(min_last_seen, tf.int64),
@@ -224,7 +283,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         config = dict(dim=self.dim, initializer=self.initializer.get_config(), seed=self.seed,
                       default_value=self.default_value, admission_min_count=self.admission_min_count,
                       num_shards=self.num_shards, name=self.name, capacity=self.capacity,
-                      evict_policy=self.evict_policy, ttl_steps=self.ttl_steps)
+                      evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
+                      dram_budget=self.dram_budget, ssd_dir=self.ssd_dir)
         return nested_structure_coder.encode_structure(config)
 
     @classmethod

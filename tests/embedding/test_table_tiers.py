@@ -1,0 +1,239 @@
+"""The DRAM + SSD tier: a tiered table with a tiny DRAM budget trains exactly (bit for bit)
+as an all-DRAM one, checkpoints cross tiers both ways, a full disk fails cleanly, and bad
+arguments are refused. The reference is the same table without a tier: its rows, slots and
+counts are what the tier must reproduce (tolerance 0: every float compared by its bits)."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ttf._ops import ops
+from ttf.embedding import EmbeddingTable, parse_size, tier_row_bytes
+
+DIM = 4
+
+
+def sorted_export(table):
+    """(keys, values, meta) of table.export(), ordered by key."""
+    ex = table.export()
+    order = np.argsort(ex["keys"].numpy())
+    return ex["keys"].numpy()[order], ex["values"].numpy()[order], ex["meta"].numpy()[order]
+
+
+def assert_same_content(a, b):
+    ka, va, ma = sorted_export(a)
+    kb, vb, mb = sorted_export(b)
+    np.testing.assert_array_equal(ka, kb)
+    np.testing.assert_array_equal(va.view(np.uint32), vb.view(np.uint32))  # bit for bit
+    np.testing.assert_array_equal(ma, mb)
+
+
+def train_step(table, keys, step, optimizer="adam"):
+    """Lookup, a gradient that depends on the rows read (so a wrong disk read changes the
+    update), then the optimizer's apply; returns the rows read."""
+    keys = np.asarray(keys, np.int64)
+    rows = ops().ttf_table_find(table.resource_handle, keys, dim=table.dim, training=True)
+    grads = rows * 0.5 - 0.01 * tf.cast(tf.reshape(keys % 7, [-1, 1]), tf.float32)
+    if optimizer == "adam":
+        ops().ttf_table_apply_adam(table.resource_handle, keys, grads, 0.01, 0.9, 0.999, 1e-7, step)
+    else:
+        ops().ttf_table_apply_adagrad(table.resource_handle, keys, grads, 0.05, 1e-7, step)
+    return rows.numpy()
+
+
+def zipf_batches(seed, steps, batch=64, vocab=3000):
+    rng = np.random.default_rng(seed)
+    return [np.minimum(rng.zipf(1.1, batch), vocab).astype(np.int64) * 7919 + 3 for _ in range(steps)]
+
+
+@pytest.mark.parametrize("optimizer,admission", [("adam", 0), ("adagrad", 2)])
+def test_tiered_table_trains_bit_for_bit_like_an_untiered_one(tmp_path, optimizer, admission):
+    budget = 40 * tier_row_bytes(DIM, 2) * 2  # ~40 DRAM rows per shard: most rows live on disk
+    tiered = EmbeddingTable(DIM, "normal", seed=3, num_shards=2, admission_min_count=admission,
+                            dram_budget=budget, ssd_dir=str(tmp_path))
+    plain = EmbeddingTable(DIM, "normal", seed=3, num_shards=2, admission_min_count=admission)
+    # Rows made before any optimizer step (no slots yet): the first apply widens disk records too.
+    seed_keys = np.arange(300, dtype=np.int64) * 31
+    ops().ttf_table_find_or_insert(tiered.resource_handle, seed_keys, dim=DIM)
+    ops().ttf_table_find_or_insert(plain.resource_handle, seed_keys, dim=DIM)
+    for step, keys in enumerate(zipf_batches(1, 60), start=1):
+        np.testing.assert_array_equal(train_step(tiered, keys, step, optimizer),
+                                      train_step(plain, keys, step, optimizer), err_msg=f"step {step}")
+    assert_same_content(tiered, plain)
+    stats = tiered.tier_stats()
+    assert stats["disk_rows"] > stats["dram_rows"] > 0, stats
+    assert stats["promoted"] > 0 and stats["disk_hits"] > 0, stats
+    assert stats["dram_rows"] <= stats["dram_row_limit"] + 64, stats  # the budget plus one batch
+    assert stats["dram_rows"] + stats["disk_rows"] == int(tiered.size()) == int(plain.size())
+    # Inference reads disk rows too, and unseen keys get the default row.
+    probe = np.concatenate([sorted_export(plain)[0][:50], [-5]])
+    np.testing.assert_array_equal(
+        ops().ttf_table_find(tiered.resource_handle, probe, dim=DIM, training=False).numpy(),
+        ops().ttf_table_find(plain.resource_handle, probe, dim=DIM, training=False).numpy())
+
+
+def test_compaction_keeps_every_row(tmp_path):
+    """Rows cycling through the tier leave stale records behind; once they outnumber the live
+    ones the file is rewritten (compacted) and every row still reads back bit for bit."""
+    tiered = EmbeddingTable(2, num_shards=1, dram_budget=200 * tier_row_bytes(2, 2), ssd_dir=str(tmp_path))
+    plain = EmbeddingTable(2, num_shards=1)
+    keys = np.arange(3000, dtype=np.int64) * 13
+    for step in range(1, 13):  # every key demoted and promoted again each round
+        for batch in np.array_split(np.roll(keys, 7 * step), 20):
+            train_step(tiered, batch, step)
+            train_step(plain, batch, step)
+    assert_same_content(tiered, plain)
+    stats = tiered.tier_stats()
+    record_bytes = 24 + 4 * 2 * 3
+    assert stats["demoted"] * record_bytes > 2 * stats["disk_file_bytes"], stats  # compacted
+    assert stats["disk_file_bytes"] >= stats["disk_rows"] * record_bytes, stats
+
+
+def test_remove_and_evict_reach_disk_rows(tmp_path):
+    tiered = EmbeddingTable(DIM, num_shards=1, dram_budget=10 * tier_row_bytes(DIM, 2), ssd_dir=str(tmp_path))
+    plain = EmbeddingTable(DIM, num_shards=1)
+    for step, keys in enumerate(zipf_batches(2, 20, batch=16, vocab=200), start=1):
+        train_step(tiered, keys, step)
+        train_step(plain, keys, step)
+    assert tiered.tier_stats()["disk_rows"] > 0
+    doomed = sorted_export(plain)[0][::3]
+    assert int(ops().ttf_table_remove(tiered.resource_handle, doomed)) == len(doomed)
+    ops().ttf_table_remove(plain.resource_handle, doomed)
+    assert int(tiered.evict(10, 2)) == int(plain.evict(10, 2)) > 0
+    assert_same_content(tiered, plain)
+
+
+def test_checkpoints_cross_tiers_both_ways(tmp_path):
+    budget = 30 * tier_row_bytes(DIM, 2) * 4
+    tiered = EmbeddingTable(DIM, num_shards=4, dram_budget=budget, ssd_dir=str(tmp_path))
+    for step, keys in enumerate(zipf_batches(3, 30), start=1):
+        train_step(tiered, keys, step)
+    assert tiered.tier_stats()["disk_rows"] > 0
+    plain = EmbeddingTable(DIM, num_shards=3)
+    plain.restore(tiered.export())
+    assert_same_content(plain, tiered)
+    back = EmbeddingTable(DIM, num_shards=4, dram_budget=budget, ssd_dir=str(tmp_path))
+    back.restore(plain.export())
+    assert_same_content(back, plain)
+    stats = back.tier_stats()
+    assert stats["disk_rows"] > 0 and stats["dram_rows"] <= stats["dram_row_limit"], stats
+    # A delta (rows since step 20, upserted with merge) lands in the right tier too.
+    for step, keys in enumerate(zipf_batches(4, 10), start=31):
+        train_step(tiered, keys, step)
+        train_step(plain, keys, step)
+    back.restore(tiered.export(since_step=30))
+    assert_same_content(back, tiered)
+    # The restored tiered table keeps training like the untiered one.
+    for step, keys in enumerate(zipf_batches(5, 10), start=41):
+        np.testing.assert_array_equal(train_step(back, keys, step), train_step(plain, keys, step))
+    assert_same_content(back, plain)
+
+
+def test_the_disk_file_is_unlinked_at_creation(tmp_path):
+    table = EmbeddingTable(DIM, num_shards=2, dram_budget=tier_row_bytes(DIM, 2) * 4, ssd_dir=str(tmp_path))
+    for step, keys in enumerate(zipf_batches(6, 5), start=1):
+        train_step(table, keys, step)
+    assert table.tier_stats()["disk_file_bytes"] > 0
+    assert os.listdir(tmp_path) == []  # a killed process leaves nothing behind
+
+
+def test_bad_tier_arguments(tmp_path):
+    with pytest.raises(ValueError, match="dram_budget .* and ssd_dir .* go together"):
+        EmbeddingTable(DIM, dram_budget=1 << 20)
+    with pytest.raises(ValueError, match="go together"):
+        EmbeddingTable(DIM, ssd_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="dram_budget must be an int >= 0"):
+        EmbeddingTable(DIM, dram_budget=-1, ssd_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="cannot be combined with a capacity"):
+        EmbeddingTable(DIM, dram_budget=1 << 20, ssd_dir=str(tmp_path), capacity=10)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="ssd_dir '.*missing' cannot be written"):
+        EmbeddingTable(DIM, dram_budget=1 << 20, ssd_dir=str(tmp_path / "missing"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dram_budget .* and ssd_dir .* go together"):
+        ops().ttf_embedding_table(dim=DIM, dram_budget=1 << 20, shared_name="ttf_tier_bad_attr")
+    assert parse_size("2G") == 2 << 30 and parse_size("512M") == 512 << 20 and parse_size("64k") == 64 << 10
+    assert parse_size("1000") == 1000 and parse_size("1.5GiB") == 3 << 29
+    for bad in ("lots", "-1M", "", "12Q"):
+        with pytest.raises(ValueError, match="size must be"):
+            parse_size(bad)
+
+
+FULL_DISK = textwrap.dedent("""
+    import resource, signal, sys
+    import numpy as np, tensorflow as tf
+    sys.path.insert(0, {tests!r})
+    from test_table_tiers import DIM, sorted_export, train_step, zipf_batches
+    from ttf.embedding import EmbeddingTable, tier_row_bytes
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    table = EmbeddingTable(DIM, num_shards=1, dram_budget=20 * tier_row_bytes(DIM, 2), ssd_dir={ssd!r})
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40 * 72, hard))  # room for 40 records (dim 4, Adam: 72 bytes)
+    failed_at = None
+    for step, keys in enumerate(zipf_batches(7, 200, batch=16), start=1):
+        before = sorted_export(table)
+        try:
+            train_step(table, keys, step)
+        except tf.errors.ResourceExhaustedError as err:
+            assert "is full" in str(err) and "--ssd-dir" in str(err), err
+            failed_at = step
+            break
+    assert failed_at, "the disk never filled"
+    after = sorted_export(table)  # the failed step changed nothing (one shard: all or nothing)
+    for b, a in zip(before, after):
+        np.testing.assert_array_equal(b, a)
+    stats = table.tier_stats()
+    assert stats["disk_rows"] > 0 and stats["dram_rows"] + stats["disk_rows"] == len(after[0]), stats
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space again: the same step now succeeds
+    train_step(table, keys, failed_at)
+    print("ok", failed_at, stats["disk_rows"])
+""")
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_the_step_cleanly_and_keeps_the_table(tmp_path):
+    """A real size limit (RLIMIT_FSIZE: writes past it fail with EFBIG, as ENOSPC would on a
+    full disk), in a child process so the limit binds nothing else."""
+    code = FULL_DISK.format(tests=os.path.dirname(__file__), ssd=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("ok"), done.stdout
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_tiered_job_then_a_restart_resumes_from_the_checkpoint(tmp_path):
+    """The disk files are an unlinked cache: a killed job leaves nothing under --ssd-dir, and
+    the restart restores every row (both tiers) from the last checkpoint."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ssd, ckpt = tmp_path / "ssd", tmp_path / "ckpt"
+    command = [sys.executable, os.path.join(repo, "models", "train.py"), "--tiacc", "--data", "synthetic",
+               "--synthetic-rows", "20000", "--cache-dir", str(tmp_path / "data"), "--steps", "400",
+               "--checkpoint-every", "20", "--log-every", "20", "--dram-budget", "2M", "--ssd-dir", str(ssd),
+               "--checkpoint-dir", str(ckpt)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=repo,
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        lines = []
+        for line in job.stdout:
+            lines.append(line)
+            step = re.match(r"\[train\] step (\d+):.* disk,", line)
+            if step and int(step.group(1)) >= 60:  # disk rows exist; saves at steps 20 and 40 are done
+                break
+        assert job.poll() is None, "".join(lines[-20:])
+        job.kill()  # SIGKILL
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert os.listdir(ssd) == []
+    killed_at = max(int(m) for m in re.findall(r"\[train\] step (\d+):", "".join(lines)))
+    assert killed_at < 400
+    command[command.index("400")] = str(killed_at + 40)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=repo)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "[train] resumed from" in output, output[-3000:]
+    assert " disk, DRAM hit rate" in output, output[-3000:]
