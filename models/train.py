@@ -93,6 +93,7 @@ def parse_args(argv):
     p.add_argument("--metrics-out", default=None, help="write the final metrics as JSON to this file")
     p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
     add_checkpoint_args(p)
+    add_stream_args(p)
     p.add_argument("--verbose", action="store_true",
                    help="show TensorFlow's own log lines (sets TF_CPP_MIN_LOG_LEVEL=0); without it only this CLI's "
                         "lines are printed (TF_CPP_MIN_LOG_LEVEL=3)")
@@ -183,7 +184,8 @@ def parse_args(argv):
         p.error("--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc")
     args.table_options = (dict(capacity=args.table_capacity, evict_policy=args.evict_policy,
                                ttl_steps=args.ttl_steps) if args.tiacc else None)
-    if args.steps is None and args.epochs is None:
+    check_stream_args(p, args)
+    if args.steps is None and args.epochs is None and not args.stream:
         args.steps = 200
     if args.precision is None:
         args.precision = "auto" if args.tiacc else "fp32"
@@ -211,6 +213,105 @@ def add_checkpoint_args(p):
     group.add_argument("--export-rows", choices=["fp32", "fp16"], default="fp32",
                        help="precision of the embedding rows in the serving export (default fp32: predictions equal "
                             "the trainer's; fp16 halves the rows' bytes)")
+
+
+# ---- --stream: online training on a folder or Kafka topic (ttf.data stream sources) ----
+
+def add_stream_args(p):
+    """Flags of the run-for-ever trainer (docs/streams.md)."""
+    group = p.add_argument_group("online training on a stream (docs/streams.md)")
+    group.add_argument("--stream", default=None, metavar="SPEC",
+                       help="train on a stream until SIGTERM/SIGINT (then checkpoint, stream position included, and "
+                            "exit 0) instead of --data: folder:DIR (files renamed into DIR, read once in name order) "
+                            "or kafka:HOST:PORT[,HOST:PORT]/TOPIC (one line of --schema per message). --steps, if "
+                            "given, stops it at that step. Example: --stream folder:/data/incoming --checkpoint-dir ck")
+    group.add_argument("--stream-poll", type=float, default=1.0,
+                       help="seconds between looks at an idle stream, and the longest wait to fill a batch once "
+                            "some examples arrived (a batch may then be smaller) (default 1.0)")
+    group.add_argument("--stream-journal", default=None, metavar="FILE",
+                       help="append one line per step to FILE: the step number, then the stream example ids it "
+                            "trained (ttf.data.ID_SHIFT); for exactly-once audits")
+
+
+def check_stream_args(p, args):
+    if not args.stream:
+        for name in ("stream_journal",):
+            if getattr(args, name):
+                p.error(f"--{name.replace('_', '-')} needs --stream")
+        return
+    if args.epochs:
+        p.error("--stream runs until stopped (or --steps): drop --epochs")
+    if args.ps_hosts or args.horovod:
+        p.error("--stream runs in one process for now (a parameter-server or Horovod stream job is not built yet: "
+                "docs/streams.md); drop --ps-hosts/--worker-hosts/--chief-host and --horovod")
+    if args.data != ["synthetic"] or args.prepare_data:
+        p.error("--stream replaces --data and --prepare-data: give one of them")
+    if not (math.isfinite(args.stream_poll) and args.stream_poll > 0):
+        p.error(f"--stream-poll must be a number > 0, got {args.stream_poll}")
+    args.data, args.synthetic = [], False  # nothing to read but the stream
+
+
+def open_stream(args):
+    """The --stream source (raises ValueError naming a bad spec or a missing folder)."""
+    return ttf.data.open_stream(args.stream, args.schema, strict=not args.lenient, poll_seconds=args.stream_poll)
+
+
+def train_stream(trainer):
+    """--stream: one step per stream batch until SIGTERM/SIGINT (or --steps); the batch's
+    position is committed after its update, so every checkpoint pairs the model with the
+    stream position it has seen. Returns (steps run, seconds)."""
+    args, stream = trainer.args, trainer.stream
+    step = start = trainer.step()
+    started = last_log = time.perf_counter()
+    journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
+    left = None if args.steps is None else max(0, args.steps - step)
+    stream.update_progress()
+    with ttf.distribute.StopOnSignal(stream) as stop:
+        trainer.stop = stop
+        for batch in ttf.data.stream_batches(stream, args.batch_size, stop, max_steps=left):
+            result = trainer.train_step(batch.features, batch.labels)
+            stream.commit(batch)
+            step += 1
+            if journal:
+                journal.write(f"{step} " + " ".join(map(str, batch.example_ids.tolist())) + "\n")
+                journal.flush()  # in the page cache before any later checkpoint: a kill -9 keeps it
+            now = time.perf_counter()
+            if step % args.log_every == 0 or now - last_log > 30:
+                progress = stream.update_progress()
+                lag = f"lag {progress['lag_seconds']:.1f} s"
+                if progress["lag_messages"] >= 0:
+                    lag += f", {progress['lag_messages']} messages"
+                if progress["lag_bytes"] >= 0:
+                    lag += f", {progress['lag_bytes']} bytes"
+                log(f"[train] step {step}: loss {float(result['loss']):.4f}, "
+                    f"{progress['examples_per_sec']:.1f} examples/s, {lag}, {progress['examples']} examples trained"
+                    + trainer.table_progress())
+                last_log = now
+            trainer._maybe_checkpoint(step)  # pylint: disable=protected-access
+    if journal:
+        journal.close()
+    return step - start, time.perf_counter() - started
+
+
+def finish_stream(trainer, steps, seconds):
+    """--stream after the loop: checkpoint (stream position included), one line, exit code 0."""
+    args, stop = trainer.args, trainer.stop
+    saved = "no --checkpoint-dir: nothing saved"
+    if trainer.manager:
+        if trainer.manager.last_step != trainer.step():
+            trainer.save_checkpoint(trainer.step())
+        saved = f"checkpoint {trainer.manager.latest} holds the model and the stream position"
+    progress = trainer.stream.update_progress()
+    why = f"stopped by {stop.signal_name}" if stop.requested else f"reached --steps {args.steps}"
+    log(f"[train] {why} after step {trainer.step()} ({progress['examples']} examples trained); {saved}; exiting 0")
+    if args.metrics_out:
+        with open(args.metrics_out, "w") as f:
+            json.dump({"steps": trainer.step(), "timed_steps": steps, "seconds": seconds,
+                       "examples_trained": progress["examples"], "stream": args.stream,
+                       "stopped_by": stop.signal_name, "stream_progress": progress}, f, indent=2)
+    return 0
+
+# ---- end of --stream ----
 
 
 _LOG_RANK = [0]  # in a Horovod job only rank 0 prints progress and results
@@ -306,7 +407,7 @@ def open_readers(args):
     """(training reader, eval reader or None). Raises ValueError / OSError naming a file that
     cannot be read by --schema (missing, a directory, empty, bad header, broken gzip)."""
     strict = not args.lenient
-    return (ttf.data.Reader(args.data, args.schema, strict=strict),
+    return (None if args.stream else ttf.data.Reader(args.data, args.schema, strict=strict),
             ttf.data.Reader(args.eval_data, args.schema, strict=strict) if args.eval_data else None)
 
 
@@ -360,7 +461,7 @@ def make_train_step(model, optimizer, policy, args, global_loss=None, finite_acr
 class Trainer:
     """Builds the model, optimizer and checkpoint for one run; trains and evaluates."""
 
-    def __init__(self, args, readers=None):
+    def __init__(self, args, readers=None, stream=None):
         self.args = args
         self.path = "ttf" if args.tiacc else "tfra" if args.tfra else "native"
         self.spec = ctr.spec_for(args.schema, model=args.model, embedding_dim=args.embedding_dim,
@@ -374,6 +475,7 @@ class Trainer:
                 "worker task(s)")
             self.strategy, self.coordinator = ttf.distribute.make_coordinator(self.cluster)
         self.reader, self.eval_reader = readers or open_readers(args)
+        self.stream = stream  # --stream: a ttf.data stream source (checkpointed as stream_position)
         scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
         with scope:
             shard_devices = self.cluster.ps_devices() if self.cluster else None
@@ -382,7 +484,8 @@ class Trainer:
             self.optimizer = ctr.make_optimizer(self.path, args.optimizer, args.lr)
             if self.horovod:
                 self.optimizer = self.horovod.distribute(self.model, self.optimizer)
-            features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
+            features = (ttf.data.zero_features(args.schema) if self.stream
+                        else next(iter(self.reader.dataset(2, shuffle=False))))
             self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
             parts = {"model": self.model, "optimizer": self.optimizer}
             # Each worker / rank reads its own share of --data; where each share continues is checkpointed.
@@ -390,6 +493,8 @@ class Trainer:
                                else self.horovod.size if self.horovod else 1)
             self.position = ttf.data.InputPosition(self.num_shares)
             parts["input_position"] = self.position
+            if self.stream:
+                parts["stream_position"] = self.stream
             self.precision = make_precision_policy(args.precision)
             if self.precision is not None:
                 parts["precision"] = self.precision
@@ -416,6 +521,8 @@ class Trainer:
                     f"share {i} at epoch {e}, line {line} + {k} batch(es)" if line >= 0 else f"share {i} not started"
                     for i, (e, _, _, line, k) in enumerate(state))
                     + f"; {self.position.examples_trained()} examples trained so far")
+                if self.stream:
+                    log(f"[train] stream position: {self.stream.describe()}")
         if self.horovod:
             self.horovod.broadcast(self.model)  # rank 0's dense weights everywhere (same seed: already equal)
         self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
@@ -503,6 +610,8 @@ class Trainer:
 
     def train(self):
         """Trains to --steps (or for --epochs); returns (steps run, seconds of the timed part)."""
+        if self.stream:
+            return train_stream(self)
         if self.coordinator:
             return self._train_cluster()
         target = self.args.steps
@@ -695,13 +804,16 @@ def main(argv=None):
         log(precision_note)
     try:
         readers = open_readers(args)
-    except (ValueError, OSError) as err:
+        stream = open_stream(args) if args.stream else None
+    except (ValueError, OSError, ImportError) as err:
         print(f"[train] error: {err}", file=sys.stderr, flush=True)
         return 2
     try:
-        trainer = Trainer(args, readers)
+        trainer = Trainer(args, readers, stream)
         start_step = trainer.step()
         steps, seconds = trainer.train()
+        if args.stream:
+            return finish_stream(trainer, steps, seconds)
         steps_run = trainer.step() - start_step
         if trainer.manager:
             # Not again at a step already saved (on Horovod every rank asks rank 0, in save_checkpoint).

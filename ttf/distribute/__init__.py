@@ -6,5 +6,6 @@ its kernels run there); `make_coordinator` connects the chief with ParameterServ
 and a ClusterCoordinator. ttf tables are sharded over `config.ps_devices()`.
 """
 from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
+from ttf.distribute._stop import StopOnSignal
 
-__all__ = ["ClusterConfig", "free_ports", "make_coordinator"]
+__all__ = ["ClusterConfig", "StopOnSignal", "free_ports", "make_coordinator"]
