@@ -77,10 +77,12 @@ class MockKafkaCluster:
             self._cluster = self._client = None
 
 
-def produce_lines(bootstrap, topic, lines, partitions):
-    """Sends each line as one message, line i to partition i % partitions; waits until all are acked."""
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for i, line in enumerate(lines):
+def produce_lines(bootstrap, topic, lines, partitions, first_index=0):
+    """Sends each line as one message, line i (counting from first_index) to partition
+    i % partitions, in order; waits until all are acked."""
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                                         "enable.idempotence": True})  # no reordering on a retry
+    for i, line in enumerate(lines, start=first_index):
         producer.produce(topic, line.encode(), partition=i % partitions)
         if i % 1000 == 999:
             producer.poll(0)
