@@ -33,9 +33,10 @@ Data:
                        | FILE: data of --schema, plain or .gz
   --synthetic-rows N   rows of the synthetic data, every 5th held out (default 200000)
   --eval-data FILE     eval data (default: every 5th line of --data, held out)
-  --stream SPEC        train on a stream until SIGTERM instead of --data (with --single for now):
-                       folder:DIR (files renamed into DIR) or kafka:HOST:PORT/TOPIC; SIGTERM
-                       checkpoints (stream position included) and exits 0 (docs/streams.md)
+  --stream SPEC        train on a stream until SIGTERM instead of --data (one process or a PS job;
+                       the chief reads it): folder:DIR (files renamed into DIR) or
+                       kafka:HOST:PORT/TOPIC; SIGTERM makes the chief finish its round, checkpoint
+                       (stream position included) and exit 0, then the servers stop (docs/streams.md)
 Training:
   --steps N            global steps (default 200)
   --epochs N           passes over --data instead of --steps: each worker (or Horovod rank) reads
@@ -153,7 +154,7 @@ for n in steps batch num_ps num_workers index; do
 done
 [ "$num_ps" -ge 1 ] && [ "$num_workers" -ge 1 ] || die "--ps and --workers must be at least 1"
 case "$role" in ""|chief|worker|ps) ;; *) die "--role must be chief, worker or ps, got '$role'" ;; esac
-[ -z "$stream" ] || [ "$single" = 1 ] || die "--stream runs in one process for now: add --single"
+[ -z "$stream" ] || [ "$hvd" = 0 ] || die "--stream runs in one process or a parameter-server job, not on Horovod yet"
 if [ -n "$role" ] && { [ -z "$ps_hosts" ] || [ -z "$worker_hosts" ] || [ -z "$chief_host" ]; }; then
   die "--role needs --ps-hosts, --worker-hosts and --chief-host"
 fi
@@ -341,6 +342,10 @@ echo "[start_all] servers ready; chief: training (${train_args[*]})"
 "$PY" models/train.py "${train_args[@]}" "${cluster[@]}" 2>"$logdir/chief.err" > >(tee "$logdir/chief.log") &
 chief=$!
 pids+=($chief)
+if [ -n "$stream" ]; then  # SIGTERM: the chief checkpoints (stream position included) and exits; then the servers stop
+  trap 'echo "[start_all] SIGTERM: the chief finishes its round and checkpoints"; kill -TERM "$chief" 2>/dev/null || true
+        rc=0; wait "$chief" || rc=$?; exit "$rc"' TERM
+fi
 watch_job 1 || exit 1
 rc=0
 wait "$chief" || rc=$?

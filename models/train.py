@@ -241,13 +241,17 @@ def check_stream_args(p, args):
         return
     if args.epochs:
         p.error("--stream runs until stopped (or --steps): drop --epochs")
-    if args.ps_hosts or args.horovod:
-        p.error("--stream runs in one process for now (a parameter-server or Horovod stream job is not built yet: "
-                "docs/streams.md); drop --ps-hosts/--worker-hosts/--chief-host and --horovod")
+    if args.horovod:
+        p.error("--stream runs in one process or a parameter-server job (a Horovod stream job is not built yet: "
+                "docs/streams.md); drop --horovod")
     if args.data != ["synthetic"] or args.prepare_data:
         p.error("--stream replaces --data and --prepare-data: give one of them")
     if not (math.isfinite(args.stream_poll) and args.stream_poll > 0):
         p.error(f"--stream-poll must be a number > 0, got {args.stream_poll}")
+    try:
+        ttf.data.parse_stream_spec(args.stream)
+    except ValueError as err:
+        p.error(str(err))
     args.data, args.synthetic = [], False  # nothing to read but the stream
 
 
@@ -261,6 +265,8 @@ def train_stream(trainer):
     position is committed after its update, so every checkpoint pairs the model with the
     stream position it has seen. Returns (steps run, seconds)."""
     args, stream = trainer.args, trainer.stream
+    if trainer.coordinator:
+        return train_stream_cluster(trainer)
     step = start = trainer.step()
     started = last_log = time.perf_counter()
     journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
@@ -277,17 +283,86 @@ def train_stream(trainer):
                 journal.flush()  # in the page cache before any later checkpoint: a kill -9 keeps it
             now = time.perf_counter()
             if step % args.log_every == 0 or now - last_log > 30:
-                progress = stream.update_progress()
-                lag = f"lag {progress['lag_seconds']:.1f} s"
-                if progress["lag_messages"] >= 0:
-                    lag += f", {progress['lag_messages']} messages"
-                if progress["lag_bytes"] >= 0:
-                    lag += f", {progress['lag_bytes']} bytes"
-                log(f"[train] step {step}: loss {float(result['loss']):.4f}, "
-                    f"{progress['examples_per_sec']:.1f} examples/s, {lag}, {progress['examples']} examples trained"
-                    + trainer.table_progress())
+                log_stream_progress(trainer, step, float(result["loss"]))
                 last_log = now
             trainer._maybe_checkpoint(step)  # pylint: disable=protected-access
+    if journal:
+        journal.close()
+    return step - start, time.perf_counter() - started
+
+
+def log_stream_progress(trainer, step, loss):
+    progress = trainer.stream.update_progress()
+    lag = f"lag {progress['lag_seconds']:.1f} s"
+    if progress["lag_messages"] >= 0:
+        lag += f", {progress['lag_messages']} messages"
+    if progress["lag_bytes"] >= 0:
+        lag += f", {progress['lag_bytes']} bytes"
+    log(f"[train] step {step}: loss {loss:.4f}, {progress['examples_per_sec']:.1f} examples/s, {lag}, "
+        f"{progress['examples']} examples trained" + trainer.table_progress())
+
+
+def train_stream_cluster(trainer):
+    """--stream in a parameter-server job: the chief reads the stream and hands each worker one
+    batch per round as the arguments of its step (a bounded transfer: one batch); after the
+    round's steps are done (coordinator.join) it commits their positions in order, and only
+    then may checkpoint. A Python Kafka consumer cannot run inside a worker's graph; the
+    folder source reads here too, so both sources have one path."""
+    args, stream, strategy, coordinator = trainer.args, trainer.stream, trainer.strategy, trainer.coordinator
+    workers = len(trainer.cluster.worker_hosts)
+    variables, guard = trainer.model.trainable_variables, trainer.guard
+    step_fns = {}
+
+    def step_fn(dtype, features, labels):
+        key = (dtype, tuple(sorted((k, v.dtype) for k, v in features.items())))
+        if key not in step_fns:
+            @tf.function(reduce_retracing=True)
+            def worker_step(features, labels):
+                loss, grads = strategy.run(trainer.replica_grads, args=(dtype, features, labels))
+                skip = guard.apply_gradients(trainer.optimizer, loss, zip(grads, variables), strategy)
+                return tf.identity(loss), tf.identity(skip)
+            step_fns[key] = worker_step
+        return step_fns[key]
+
+    step = start = trainer.step()
+    started = last_log = time.perf_counter()
+    journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
+    loss, low = float("nan"), trainer.use_bf16(None)
+    stream.update_progress()
+    with ttf.distribute.StopOnSignal(stream) as stop:
+        trainer.stop = stop
+        while not stop.requested and (args.steps is None or step < args.steps):
+            # One batch per worker; a round never waits for more than the first batch and one poll.
+            room = workers if args.steps is None else min(workers, args.steps - step)
+            batches = [stream.next_batch(args.batch_size)]
+            if batches[0] is None:  # stopped
+                break
+            while len(batches) < room and not stop.requested:
+                more = stream.next_batch(args.batch_size, block=False)
+                if more is None:
+                    break
+                batches.append(more)
+            dtype = tf.bfloat16 if low else tf.float32
+            results = [coordinator.schedule(step_fn(dtype, b.features, b.labels), args=(b.features, b.labels))
+                       for b in batches]
+            coordinator.join()
+            fetched = [r.fetch() for r in results]
+            guard.observe([skip for _, skip in fetched], step)
+            for batch in batches:  # after every step of the round: in stream order
+                stream.commit(batch)
+                step += 1
+                if journal:
+                    journal.write(f"{step} " + " ".join(map(str, batch.example_ids.tolist())) + "\n")
+                    journal.flush()
+            for value, skip in fetched:
+                loss = float(value)
+                low = trainer.use_bf16(float("nan") if skip else loss)
+            trainer.low_steps += len(batches) * int(dtype == tf.bfloat16)
+            now = time.perf_counter()
+            if step // args.log_every > (step - len(batches)) // args.log_every or now - last_log > 30:
+                log_stream_progress(trainer, step, loss)
+                last_log = now
+            trainer._maybe_checkpoint(step, every_chunk=True)  # pylint: disable=protected-access
     if journal:
         journal.close()
     return step - start, time.perf_counter() - started
@@ -461,7 +536,7 @@ def make_train_step(model, optimizer, policy, args, global_loss=None, finite_acr
 class Trainer:
     """Builds the model, optimizer and checkpoint for one run; trains and evaluates."""
 
-    def __init__(self, args, readers=None, stream=None):
+    def __init__(self, args, readers=None):
         self.args = args
         self.path = "ttf" if args.tiacc else "tfra" if args.tfra else "native"
         self.spec = ctr.spec_for(args.schema, model=args.model, embedding_dim=args.embedding_dim,
@@ -475,9 +550,11 @@ class Trainer:
                 "worker task(s)")
             self.strategy, self.coordinator = ttf.distribute.make_coordinator(self.cluster)
         self.reader, self.eval_reader = readers or open_readers(args)
-        self.stream = stream  # --stream: a ttf.data stream source (checkpointed as stream_position)
         scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
         with scope:
+            # --stream: read by this process (the chief of a PS job); its position variables live
+            # where the job's variables do (made after connecting), checkpointed as stream_position.
+            self.stream = open_stream(args) if args.stream else None
             shard_devices = self.cluster.ps_devices() if self.cluster else None
             self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices,
                                    table_options=getattr(args, "table_options", None))
@@ -804,12 +881,11 @@ def main(argv=None):
         log(precision_note)
     try:
         readers = open_readers(args)
-        stream = open_stream(args) if args.stream else None
-    except (ValueError, OSError, ImportError) as err:
+    except (ValueError, OSError) as err:
         print(f"[train] error: {err}", file=sys.stderr, flush=True)
         return 2
     try:
-        trainer = Trainer(args, readers, stream)
+        trainer = Trainer(args, readers)
         start_step = trainer.step()
         steps, seconds = trainer.train()
         if args.stream:

@@ -180,3 +180,10 @@ def test_kafka_stream_waits_through_a_broker_outage(cluster, capfd):
     assert sorted(ids + more) == sorted((i % 2 << ID_SHIFT) | (i // 2) for i in range(200))
     err = capfd.readouterr().err
     assert err.count("[stream] waiting: kafka brokers unreachable") == 1 and "[stream] resumed" in err
+
+
+def test_next_batch_without_blocking_returns_none_on_an_empty_stream(tmp_path):
+    stream = ttf.data.FolderStream(str(tmp_path), poll_seconds=0.05)
+    assert stream.next_batch(10, block=False) is None
+    drop(tmp_path, "a", sample_lines()[:3])
+    assert stream.next_batch(10, block=False).example_ids.tolist() == [1, 2, 3]

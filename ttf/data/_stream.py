@@ -72,6 +72,7 @@ class StreamSource(tf.Module):
                              waiting=False)
         self._last_progress = (time.monotonic(), None)
         self._last_event_time = None
+        self._block = True
 
     def stop(self):
         """Makes a waiting `next_batch` return None (e.g. from a SIGTERM handler)."""
@@ -82,8 +83,9 @@ class StreamSource(tf.Module):
         features, labels, _ = parse_lines(lines, where, numbers, schema=self.schema, strict=self.strict)
         return features, labels
 
-    def next_batch(self, batch_size):
-        """The next batch of up to `batch_size` examples, or None once `stop()` was called.
+    def next_batch(self, batch_size, block=True):
+        """The next batch of up to `batch_size` examples, or None once `stop()` was called
+        (or, with block=False, when the stream stayed empty for one poll interval).
 
         Waits (polling every poll_seconds) while the stream is empty; once it holds some
         examples it waits at most one poll interval more to fill the batch, so a slow stream
@@ -91,6 +93,7 @@ class StreamSource(tf.Module):
         """
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        self._block = block
         lines, ids, wheres, numbers, event_time, position = self._read(batch_size)
         if not lines:
             return None
@@ -229,6 +232,11 @@ class FolderStream(StreamSource):
                     deadline = time.monotonic() + self.poll_seconds
                 if time.monotonic() >= deadline:
                     break
+            elif not self._block:  # empty: give up after one poll interval
+                if deadline is None:
+                    deadline = time.monotonic() + self.poll_seconds
+                elif time.monotonic() >= deadline:
+                    return [], [], [], [], 0.0, None
             else:
                 self._say_waiting(f"no new file in {self.directory}")
             if self.stop_event.wait(self.poll_seconds if not lines else min(self.poll_seconds, 0.05)):
@@ -347,7 +355,7 @@ class KafkaStream(StreamSource):
         self._ensure_assigned()
         nxt = self._next.copy()
         lines, ids, numbers, event_time = [], [], [], 0.0
-        deadline = None
+        deadline, idle_until = None, time.monotonic() + self.poll_seconds
         while len(lines) < batch_size:
             wait = self.poll_seconds if not lines else max(0.0, deadline - time.monotonic())
             messages = self._consumer.consume(batch_size - len(lines), timeout=min(wait, 0.2))
@@ -375,7 +383,7 @@ class KafkaStream(StreamSource):
                 deadline = time.monotonic() + self.poll_seconds
             if lines and time.monotonic() >= deadline:
                 break
-            if self.stop_event.is_set():
+            if self.stop_event.is_set() or (not self._block and not lines and time.monotonic() >= idle_until):
                 if not lines:
                     return [], [], [], [], 0.0, None
                 break
@@ -403,19 +411,39 @@ class KafkaStream(StreamSource):
         self._consumer.close()
 
 
-def open_stream(spec, schema="criteo", share=0, num_shares=1, strict=True, poll_seconds=1.0):
-    """A stream source from a spec: `folder:DIR` or `kafka:HOST:PORT[,HOST:PORT]/TOPIC`.
+def parse_stream_spec(spec):
+    """`folder:DIR` -> ("folder", DIR); `kafka:HOST:PORT[,HOST:PORT]/TOPIC` -> ("kafka", (bootstrap, topic)).
 
     Raises:
-      ValueError: a malformed spec or a missing folder, naming the expected form.
+      ValueError: a malformed spec (naming the expected form), a missing folder, or
+        (kafka) confluent-kafka not installed.
     """
     kind, _, rest = spec.partition(":")
     if kind == "folder" and rest:
-        return FolderStream(rest, schema, share, num_shares, strict, poll_seconds)
+        if not os.path.isdir(rest):
+            raise ValueError(f"stream folder not found: {rest}")
+        return "folder", rest
     if kind == "kafka" and "/" in rest and rest.split("/", 1)[0] and rest.split("/", 1)[1]:
-        bootstrap, topic = rest.split("/", 1)
-        return KafkaStream(bootstrap, topic, schema, share, num_shares, strict, poll_seconds)
+        try:
+            import confluent_kafka  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        except ImportError as err:
+            raise ValueError("a kafka stream needs confluent-kafka: pip install confluent-kafka") from err
+        return "kafka", tuple(rest.split("/", 1))
     raise ValueError(f"--stream must be folder:DIR or kafka:HOST:PORT/TOPIC, got {spec!r}")
+
+
+def open_stream(spec, schema="criteo", share=0, num_shares=1, strict=True, poll_seconds=1.0):
+    """A stream source from a spec (parse_stream_spec). Create it where its variables must
+    live: in a parameter-server job under the strategy's scope, after connecting.
+
+    Example:
+      >>> import ttf
+      >>> stream = ttf.data.open_stream("folder:/tmp")  # then stream.next_batch(4096), stream.commit(batch)
+    """
+    kind, where = parse_stream_spec(spec)
+    if kind == "folder":
+        return FolderStream(where, schema, share, num_shares, strict, poll_seconds)
+    return KafkaStream(where[0], where[1], schema, share, num_shares, strict, poll_seconds)
 
 
 def zero_features(schema, rows=2):
