@@ -138,3 +138,31 @@ def test_kafka_stream_kill_9_and_broker_outage_exactly_once(tmp_path):
                                                          first_index=1600), outage=outage)
     finally:
         cluster.close()
+
+
+def test_parameter_server_stream_job_trains_each_example_once_and_stops_on_sigterm(tmp_path):
+    """A local PS cluster (start_all.sh: 1 ps, 2 workers, the chief reading the stream): every
+    example trained once, SIGTERM to start_all makes the chief checkpoint and exit 0."""
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    lines = write_rows(tmp_path / "rows.tsv", 1200, seed=3)
+    for index in range(3):
+        (incoming / f"part-{index}").write_text("".join(line + "\n" for line in lines[index * 400:(index + 1) * 400]))
+    log = tmp_path / "job.log"
+    job = subprocess.Popen([os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", "--no-isolation", "--stream",
+                            f"folder:{incoming}", "--batch-size", "128", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                            "--checkpoint-every", "4", "--", "--stream-poll", "0.2", "--log-every", "4",
+                            "--precision", "fp32", "--embedding-dim", "4", "--stream-journal", str(tmp_path / "journal1")],
+                           cwd=ROOT, stdout=open(log, "w", encoding="utf-8"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: sum(len(ids) for _, ids in journal(tmp_path, 1)) >= 1200, "the job to train the stream",
+                 seconds=240)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(90) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    trained = [i for _, ids in journal(tmp_path, 1) for i in ids]
+    assert sorted(trained) == [(f << ID_SHIFT) | n for f in range(3) for n in range(1, 401)]
+    text = log.read_text()
+    assert re.search(r"\[train\] stopped by SIGTERM after step \d+ \(1200 examples trained\); checkpoint", text), text
