@@ -139,6 +139,7 @@ def test_kafka_stream_resumes_exactly_and_splits_partitions(cluster, tmp_path):
     first = ttf.data.KafkaStream(cluster.bootstrap, "clicks", poll_seconds=0.2)
     ids_before, _, _ = drain(first, 40, 80)
     saved = tf.train.Checkpoint(stream_position=first).save(str(tmp_path / "c"))
+    saved_offsets = first.offsets.numpy().tolist()
     drain(first, 40, 40)  # lost with the process
     first.close()
     resumed = ttf.data.KafkaStream(cluster.bootstrap, "clicks", poll_seconds=0.2)
@@ -148,6 +149,19 @@ def test_kafka_stream_resumes_exactly_and_splits_partitions(cluster, tmp_path):
     everything = sorted((i % 4 << ID_SHIFT) | (i // 4) for i in range(200))  # line i: partition i % 4
     assert sorted(ids_before + ids_after) == everything
     assert len(set(ids_before) & set(ids_after)) == 0
+    # A checkpoint of a topic with fewer partitions restores (new partitions start at their
+    # beginning); one with more is refused by name.
+    cluster.create_topic("wider", 6)
+    wider = ttf.data.KafkaStream(cluster.bootstrap, "wider", poll_seconds=0.2)
+    tf.train.Checkpoint(stream_position=wider).restore(saved).assert_existing_objects_matched()
+    np.testing.assert_array_equal(wider._committed(), saved_offsets + [-1, -1])  # pylint: disable=protected-access
+    wider.close()
+    cluster.create_topic("narrower", 2)
+    narrower = ttf.data.KafkaStream(cluster.bootstrap, "narrower", poll_seconds=0.2)
+    tf.train.Checkpoint(stream_position=narrower).restore(saved)
+    with pytest.raises(ValueError, match="partitions cannot be removed"):
+        narrower.next_batch(10)
+    narrower.close()
     # Shares: partition p to share p % 2.
     shares = [ttf.data.KafkaStream(cluster.bootstrap, "clicks", share=s, num_shares=2, poll_seconds=0.2)
               for s in range(2)]
