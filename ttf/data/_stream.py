@@ -366,6 +366,11 @@ class KafkaStream(StreamSource):
                     self._say_waiting(f"kafka: {message.error()}")
                     continue
                 partition, offset = message.partition(), message.offset()
+                if 0 <= nxt[partition] < offset:  # never silent: messages deleted before they were trained
+                    print(f"[stream] warning: kafka topic {self.topic!r} partition {partition}: offsets "
+                          f"{nxt[partition]}..{offset - 1} are gone (deleted by the topic's retention or compaction "
+                          f"before they were trained: {offset - nxt[partition]} message(s) not trained); continuing "
+                          f"at {offset}", file=sys.stderr, flush=True)
                 nxt[partition] = offset + 1
                 _, stamp = message.timestamp()
                 event_time = max(event_time, stamp / 1000.0 if stamp > 0 else time.time())
