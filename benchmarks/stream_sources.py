@@ -9,7 +9,7 @@ stream puts on a job. The mock cluster keeps about the last 20,000 messages of a
 --rows is checked against --partitions.
 
 Example:
-  python benchmarks/stream_sources.py --rows 100000 --batch-size 4096 --repeats 3
+  python benchmarks/stream_sources.py --rows 100000 --partitions 8 --batch-size 4096 --repeats 3
 """
 import argparse
 import os

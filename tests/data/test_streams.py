@@ -201,3 +201,16 @@ def test_next_batch_without_blocking_returns_none_on_an_empty_stream(tmp_path):
     assert stream.next_batch(10, block=False) is None
     drop(tmp_path, "a", sample_lines()[:3])
     assert stream.next_batch(10, block=False).example_ids.tolist() == [1, 2, 3]
+
+
+def test_kafka_stream_names_messages_deleted_before_training(cluster, capfd):
+    # The mock cluster keeps about the last 20,000 messages of a partition: 25,000 lose the first ones.
+    cluster.create_topic("short", 1)
+    kafka_mock.produce_lines(cluster.bootstrap, "short", sample_lines()[:1] * 25_000, 1)
+    stream = ttf.data.KafkaStream(cluster.bootstrap, "short", poll_seconds=0.2)
+    stream.offsets.assign([0])  # a checkpoint taken at offset 0
+    batch = stream.next_batch(10)
+    stream.close()
+    first = int(batch.example_ids[0])
+    assert first > 0  # the oldest messages are gone: the next one available comes
+    assert f"partition 0: offsets 0..{first - 1} are gone" in capfd.readouterr().err
