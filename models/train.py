@@ -313,16 +313,15 @@ def train_stream_cluster(trainer):
     variables, guard = trainer.model.trainable_variables, trainer.guard
     step_fns = {}
 
-    def step_fn(dtype, features, labels):
-        key = (dtype, tuple(sorted((k, v.dtype) for k, v in features.items())))
-        if key not in step_fns:
+    def step_fn(dtype):  # one function per precision; batches of any size (reduce_retracing)
+        if dtype not in step_fns:
             @tf.function(reduce_retracing=True)
             def worker_step(features, labels):
                 loss, grads = strategy.run(trainer.replica_grads, args=(dtype, features, labels))
                 skip = guard.apply_gradients(trainer.optimizer, loss, zip(grads, variables), strategy)
                 return tf.identity(loss), tf.identity(skip)
-            step_fns[key] = worker_step
-        return step_fns[key]
+            step_fns[dtype] = worker_step
+        return step_fns[dtype]
 
     step = start = trainer.step()
     started = last_log = time.perf_counter()
@@ -343,7 +342,7 @@ def train_stream_cluster(trainer):
                     break
                 batches.append(more)
             dtype = tf.bfloat16 if low else tf.float32
-            results = [coordinator.schedule(step_fn(dtype, b.features, b.labels), args=(b.features, b.labels))
+            results = [coordinator.schedule(step_fn(dtype), args=(b.features, b.labels))
                        for b in batches]
             coordinator.join()
             fetched = [r.fetch() for r in results]
