@@ -19,7 +19,7 @@ Example:
 from ttf.data._reader import CSV_HEADER, NUM_DENSE, NUM_FIELDS, CriteoReader, Reader, criteo_dataset, parse_lines
 from ttf.data._shares import POSITION_FIELDS, InputPosition, plan_shares
 from ttf.data._stream import (ID_SHIFT, FolderStream, KafkaStream, StreamBatch, StreamSource, open_stream,
-                              parse_stream_spec,                               stream_batches, zero_features)
+                              parse_stream_spec, stream_batches, zero_features)
 from ttf.data._schema import (AVAZU, CRITEO, FIELD_SHIFT, MISSING_VALUE, SCHEMAS, Categorical, Dense, Hour, Label,
                               MultiHot, Schema, Skip, field_key, load_schema)
 from ttf.data._synthetic import (Synthetic, SyntheticCriteo, best_auc, cached_synthetic, synthetic_dataset,
