@@ -561,7 +561,7 @@ class Trainer:
             if self.horovod:
                 self.optimizer = self.horovod.distribute(self.model, self.optimizer)
             features = (ttf.data.zero_features(args.schema) if self.stream
-                        else next(iter(self.reader.dataset(2, shuffle=False))))
+                        else next(iter(self.reader.dataset(2, shuffle=False)))[0])
             self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
             parts = {"model": self.model, "optimizer": self.optimizer}
             # Each worker / rank reads its own share of --data; where each share continues is checkpointed.
