@@ -246,6 +246,9 @@ def check_stream_args(p, args):
                 "docs/streams.md); drop --horovod")
     if args.data != ["synthetic"] or args.prepare_data:
         p.error("--stream replaces --data and --prepare-data: give one of them")
+    if args.export_dir or args.eval_data:
+        p.error("--export-dir and --eval-data act after training ends; a --stream job does not end that way (it "
+                "checkpoints on SIGTERM): drop them, and export or evaluate from its checkpoint")
     if not (math.isfinite(args.stream_poll) and args.stream_poll > 0):
         p.error(f"--stream-poll must be a number > 0, got {args.stream_poll}")
     try:
