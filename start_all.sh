@@ -36,6 +36,10 @@ Data:
                        | FILE: data of --schema, plain or .gz
   --synthetic-rows N   rows of the synthetic data, every 5th held out (default 200000)
   --eval-data FILE     eval data (default: every 5th line of --data, held out)
+  --stream SPEC        train on a stream until SIGTERM instead of --data (one process or a PS job;
+                       the chief reads it): folder:DIR (files renamed into DIR) or
+                       kafka:HOST:PORT/TOPIC; SIGTERM makes the chief finish its round, checkpoint
+                       (stream position included) and exit 0, then the servers stop (docs/streams.md)
 Training:
   --steps N            global steps (default 200)
   --epochs N           passes over --data instead of --steps: each worker (or Horovod rank) reads
@@ -82,6 +86,7 @@ Examples:
   ./start_all.sh --tiacc --fm --data sample          # the same on the 200 bundled real Criteo rows
   ./start_all.sh --tiacc --schema avazu --single     # Avazu-schema synthetic data, one process
   ./start_all.sh --fm --single --steps 500           # native DeepFM in one process
+  ./start_all.sh --tiacc --single --stream folder:/data/incoming --checkpoint-dir ck  # online, until SIGTERM
   ./start_all.sh --hvd --tiacc --fm                  # DeepFM with ttf on 2 Horovod ranks
   ./start_all.sh --role ps --index 0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222 \
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
@@ -99,7 +104,7 @@ table_args=()
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data="" logdir=""
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
-ckpt_every="" full_every="" export_dir=""
+ckpt_every="" full_every="" export_dir="" stream="" steps_given=0
 isolation=1 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
@@ -120,7 +125,8 @@ while [ $# -gt 0 ]; do
     --optimizer) need_value "$@"; optimizer=$2; shift ;;
     --lr) need_value "$@"; lr=$2; shift ;;
     --table-capacity|--evict-policy|--ttl-steps|--dram-budget|--ssd-dir) need_value "$@"; table_args+=("$1" "$2"); shift ;;
-    --steps) need_value "$@"; steps=$2; shift ;;
+    --steps) need_value "$@"; steps=$2; steps_given=1; shift ;;
+    --stream) need_value "$@"; stream=$2; shift ;;
     --epochs) need_value "$@"; epochs=$2; shift ;;
     --batch-size) need_value "$@"; batch=$2; shift ;;
     --data) need_value "$@"; data=$2; shift ;;
@@ -154,6 +160,7 @@ for n in steps batch num_ps num_workers index; do
 done
 [ "$num_ps" -ge 1 ] && [ "$num_workers" -ge 1 ] || die "--ps and --workers must be at least 1"
 case "$role" in ""|chief|worker|ps) ;; *) die "--role must be chief, worker or ps, got '$role'" ;; esac
+[ -z "$stream" ] || [ "$hvd" = 0 ] || die "--stream runs in one process or a parameter-server job, not on Horovod yet"
 if [ -n "$role" ] && { [ -z "$ps_hosts" ] || [ -z "$worker_hosts" ] || [ -z "$chief_host" ]; }; then
   die "--role needs --ps-hosts, --worker-hosts and --chief-host"
 fi
@@ -193,7 +200,9 @@ network_line() {  # PORTS PROTOCOLS: one line saying where the local job's serve
 }
 
 train_args=(--model "$model" --optimizer "$optimizer" --batch-size "$batch")
-if [ -n "$epochs" ]; then train_args+=(--epochs "$epochs"); else train_args+=(--steps "$steps"); fi
+if [ -n "$epochs" ]; then train_args+=(--epochs "$epochs")
+elif [ -n "$stream" ]; then train_args+=(--stream "$stream"); [ "$steps_given" = 1 ] && train_args+=(--steps "$steps")
+else train_args+=(--steps "$steps"); fi
 [ -n "$precision" ] && train_args+=(--precision "$precision")
 [ -n "$lr" ] && train_args+=(--lr "$lr")
 train_args+=("${table_args[@]}")  # checked by train.py (one usage line, exit 2)
@@ -340,6 +349,10 @@ echo "[start_all] servers ready; chief: training (${train_args[*]})"
 "$PY" models/train.py "${train_args[@]}" "${cluster[@]}" 2>"$logdir/chief.err" > >(tee "$logdir/chief.log") &
 chief=$!
 pids+=($chief)
+if [ -n "$stream" ]; then  # SIGTERM: the chief checkpoints (stream position included) and exits; then the servers stop
+  trap 'echo "[start_all] SIGTERM: the chief finishes its round and checkpoints"; kill -TERM "$chief" 2>/dev/null || true
+        rc=0; wait "$chief" || rc=$?; exit "$rc"' TERM
+fi
 watch_job 1 || exit 1
 rc=0
 wait "$chief" || rc=$?

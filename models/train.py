@@ -95,6 +95,7 @@ def parse_args(argv):
     p.add_argument("--lenient", action="store_true", help="skip and count bad input lines instead of failing")
     add_checkpoint_args(p)
     add_summary_args(p)
+    add_stream_args(p)
     p.add_argument("--verbose", action="store_true",
                    help="show TensorFlow's own log lines (sets TF_CPP_MIN_LOG_LEVEL=0); without it only this CLI's "
                         "lines are printed (TF_CPP_MIN_LOG_LEVEL=3)")
@@ -199,7 +200,8 @@ def parse_args(argv):
     check_tier_flags(p, args, schema)
     args.table_options = (dict(capacity=args.table_capacity, evict_policy=args.evict_policy, ttl_steps=args.ttl_steps,
                                dram_budget=args.dram_budget, ssd_dir=args.ssd_dir) if args.tiacc else None)
-    if args.steps is None and args.epochs is None:
+    check_stream_args(p, args)
+    if args.steps is None and args.epochs is None and not args.stream:
         args.steps = 200
     if args.precision is None:
         args.precision = "auto" if args.tiacc else "fp32"
@@ -288,6 +290,191 @@ def add_summary_args(p):
     group.add_argument("--auc-window", type=int, default=65_536,
                        help="train/auc_window is the AUC over the last this many training rows, on the predictions "
                             "each step made before its update (default 65536)")
+
+
+# ---- --stream: online training on a folder or Kafka topic (ttf.data stream sources) ----
+
+def add_stream_args(p):
+    """Flags of the run-for-ever trainer (docs/streams.md)."""
+    group = p.add_argument_group("online training on a stream (docs/streams.md)")
+    group.add_argument("--stream", default=None, metavar="SPEC",
+                       help="train on a stream until SIGTERM/SIGINT (then checkpoint, stream position included, and "
+                            "exit 0) instead of --data: folder:DIR (files renamed into DIR, read once in name order) "
+                            "or kafka:HOST:PORT[,HOST:PORT]/TOPIC (one line of --schema per message). --steps, if "
+                            "given, stops it at that step. Example: --stream folder:/data/incoming --checkpoint-dir ck")
+    group.add_argument("--stream-poll", type=float, default=1.0,
+                       help="seconds between looks at an idle stream, and the longest wait to fill a batch once "
+                            "some examples arrived (a batch may then be smaller) (default 1.0)")
+    group.add_argument("--stream-journal", default=None, metavar="FILE",
+                       help="append one line per step to FILE: the step number, then the stream example ids it "
+                            "trained (ttf.data.ID_SHIFT); for exactly-once audits")
+
+
+def check_stream_args(p, args):
+    if not args.stream:
+        for name in ("stream_journal",):
+            if getattr(args, name):
+                p.error(f"--{name.replace('_', '-')} needs --stream")
+        return
+    if args.epochs:
+        p.error("--stream runs until stopped (or --steps): drop --epochs")
+    if args.horovod:
+        p.error("--stream runs in one process or a parameter-server job (a Horovod stream job is not built yet: "
+                "docs/streams.md); drop --horovod")
+    if args.data != ["synthetic"] or args.prepare_data:
+        p.error("--stream replaces --data and --prepare-data: give one of them")
+    if args.export_dir or args.eval_data:
+        p.error("--export-dir and --eval-data act after training ends; a --stream job does not end that way (it "
+                "checkpoints on SIGTERM): drop them, and export or evaluate from its checkpoint")
+    if not (math.isfinite(args.stream_poll) and args.stream_poll > 0):
+        p.error(f"--stream-poll must be a number > 0, got {args.stream_poll}")
+    try:
+        ttf.data.parse_stream_spec(args.stream)
+    except ValueError as err:
+        p.error(str(err))
+    args.data, args.synthetic = [], False  # nothing to read but the stream
+
+
+def open_stream(args):
+    """The --stream source (raises ValueError naming a bad spec or a missing folder)."""
+    return ttf.data.open_stream(args.stream, args.schema, strict=not args.lenient, poll_seconds=args.stream_poll)
+
+
+def train_stream(trainer):
+    """--stream: one step per stream batch until SIGTERM/SIGINT (or --steps); the batch's
+    position is committed after its update, so every checkpoint pairs the model with the
+    stream position it has seen. Returns (steps run, seconds)."""
+    args, stream = trainer.args, trainer.stream
+    if trainer.coordinator:
+        return train_stream_cluster(trainer)
+    step = start = trainer.step()
+    started = last_log = time.perf_counter()
+    journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
+    left = None if args.steps is None else max(0, args.steps - step)
+    stream.update_progress()
+    with ttf.distribute.StopOnSignal(stream) as stop:
+        trainer.stop = stop
+        for batch in ttf.data.stream_batches(stream, args.batch_size, stop, max_steps=left):
+            result = trainer.train_step(batch.features, batch.labels)
+            stream.commit(batch)
+            step += 1
+            if journal:
+                journal.write(f"{step} " + " ".join(map(str, batch.example_ids.tolist())) + "\n")
+                journal.flush()  # in the page cache before any later checkpoint: a kill -9 keeps it
+            now = time.perf_counter()
+            if step % args.log_every == 0 or now - last_log > 30:
+                log_stream_progress(trainer, step, float(result["loss"]))
+                last_log = now
+            trainer._maybe_checkpoint(step)  # pylint: disable=protected-access
+            trainer.maybe_publish()
+    if journal:
+        journal.close()
+    return step - start, time.perf_counter() - started
+
+
+def log_stream_progress(trainer, step, loss):
+    progress = trainer.stream.update_progress()
+    lag = f"lag {progress['lag_seconds']:.1f} s"
+    if progress["lag_messages"] >= 0:
+        lag += f", {progress['lag_messages']} messages"
+    if progress["lag_bytes"] >= 0:
+        lag += f", {progress['lag_bytes']} bytes"
+    publisher = getattr(trainer, "publisher", None)
+    published = f", published base {publisher.version} sequence {publisher.sequence}" if publisher else ""
+    log(f"[train] step {step}: loss {loss:.4f}, {progress['examples_per_sec']:.1f} examples/s, {lag}, "
+        f"{progress['examples']} examples trained{published}" + trainer.table_progress())
+    trainer.write_summary(step, loss, extra={ttf.summary.EXAMPLES_PER_SEC: progress["examples_per_sec"],
+                                             "stream/lag_seconds": progress["lag_seconds"],
+                                             "stream/lag_messages": progress["lag_messages"]})
+
+
+def train_stream_cluster(trainer):
+    """--stream in a parameter-server job: the chief reads the stream and hands each worker one
+    batch per round as the arguments of its step (a bounded transfer: one batch); after the
+    round's steps are done (coordinator.join) it commits their positions in order, and only
+    then may checkpoint. A Python Kafka consumer cannot run inside a worker's graph; the
+    folder source reads here too, so both sources have one path."""
+    args, stream, strategy, coordinator = trainer.args, trainer.stream, trainer.strategy, trainer.coordinator
+    workers = len(trainer.cluster.worker_hosts)
+    variables, guard = trainer.model.trainable_variables, trainer.guard
+    step_fns = {}
+
+    def step_fn(dtype):  # one function per precision; batches of any size (reduce_retracing)
+        if dtype not in step_fns:
+            @tf.function(reduce_retracing=True)
+            def worker_step(features, labels):
+                loss, grads = strategy.run(trainer.replica_grads, args=(dtype, features, labels))
+                skip = guard.apply_gradients(trainer.optimizer, loss, zip(grads, variables), strategy)
+                return tf.identity(loss), tf.identity(skip)
+            step_fns[dtype] = worker_step
+        return step_fns[dtype]
+
+    step = start = trainer.step()
+    started = last_log = time.perf_counter()
+    journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
+    loss, low = float("nan"), trainer.use_bf16(None)
+    stream.update_progress()
+    with ttf.distribute.StopOnSignal(stream) as stop:
+        trainer.stop = stop
+        while not stop.requested and (args.steps is None or step < args.steps):
+            # One batch per worker; a round never waits for more than the first batch and one poll.
+            room = workers if args.steps is None else min(workers, args.steps - step)
+            batches = [stream.next_batch(args.batch_size)]
+            if batches[0] is None:  # stopped
+                break
+            while len(batches) < room and not stop.requested:
+                more = stream.next_batch(args.batch_size, block=False)
+                if more is None:
+                    break
+                batches.append(more)
+            dtype = tf.bfloat16 if low else tf.float32
+            results = [coordinator.schedule(step_fn(dtype), args=(b.features, b.labels))
+                       for b in batches]
+            coordinator.join()
+            fetched = [r.fetch() for r in results]
+            guard.observe([skip for _, skip in fetched], step)
+            for batch in batches:  # after every step of the round: in stream order
+                stream.commit(batch)
+                step += 1
+                if journal:
+                    journal.write(f"{step} " + " ".join(map(str, batch.example_ids.tolist())) + "\n")
+                    journal.flush()
+            for value, skip in fetched:
+                loss = float(value)
+                low = trainer.use_bf16(float("nan") if skip else loss)
+            trainer.low_steps += len(batches) * int(dtype == tf.bfloat16)
+            now = time.perf_counter()
+            if step // args.log_every > (step - len(batches)) // args.log_every or now - last_log > 30:
+                log_stream_progress(trainer, step, loss)
+                last_log = now
+            trainer._maybe_checkpoint(step, every_chunk=True)  # pylint: disable=protected-access
+            trainer.maybe_publish()
+    if journal:
+        journal.close()
+    return step - start, time.perf_counter() - started
+
+
+def finish_stream(trainer, steps, seconds):
+    """--stream after the loop: publish (--publish-dir), checkpoint (stream position included),
+    one line, exit code 0."""
+    args, stop = trainer.args, trainer.stop
+    trainer.maybe_publish(final=True)
+    saved = "no --checkpoint-dir: nothing saved"
+    if trainer.manager:
+        if trainer.manager.last_step != trainer.step():
+            trainer.save_checkpoint(trainer.step())
+        saved = f"checkpoint {trainer.manager.latest} holds the model and the stream position"
+    progress = trainer.stream.update_progress()
+    why = f"stopped by {stop.signal_name}" if stop.requested else f"reached --steps {args.steps}"
+    log(f"[train] {why} after step {trainer.step()} ({progress['examples']} examples trained); {saved}; exiting 0")
+    if args.metrics_out:
+        with open(args.metrics_out, "w") as f:
+            json.dump({"steps": trainer.step(), "timed_steps": steps, "seconds": seconds,
+                       "examples_trained": progress["examples"], "stream": args.stream,
+                       "stopped_by": stop.signal_name, "stream_progress": progress}, f, indent=2)
+    return 0
+
+# ---- end of --stream ----
 
 
 _LOG_RANK = [0]  # in a Horovod job only rank 0 prints progress and results
@@ -392,7 +579,7 @@ def open_readers(args):
     """(training reader, eval reader or None). Raises ValueError / OSError naming a file that
     cannot be read by --schema (missing, a directory, empty, bad header, broken gzip)."""
     strict = not args.lenient
-    return (ttf.data.Reader(args.data, args.schema, strict=strict),
+    return (None if args.stream else ttf.data.Reader(args.data, args.schema, strict=strict),
             ttf.data.Reader(args.eval_data, args.schema, strict=strict) if args.eval_data else None)
 
 
@@ -470,13 +657,17 @@ class Trainer:
         self.reader, self.eval_reader = readers or open_readers(args)
         scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
         with scope:
+            # --stream: read by this process (the chief of a PS job); its position variables live
+            # where the job's variables do (made after connecting), checkpointed as stream_position.
+            self.stream = open_stream(args) if args.stream else None
             shard_devices = self.cluster.ps_devices() if self.cluster else None
             self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices,
                                    table_options=getattr(args, "table_options", None))
             self.optimizer = ctr.make_optimizer(self.path, args.optimizer, args.lr)
             if self.horovod:
                 self.optimizer = self.horovod.distribute(self.model, self.optimizer)
-            features, _ = next(iter(self.reader.dataset(2, shuffle=False)))
+            features = (ttf.data.zero_features(args.schema) if self.stream
+                        else next(iter(self.reader.dataset(2, shuffle=False)))[0])
             self.model(features, training=False)  # creates the variables (on the ps tasks in a cluster)
             parts = {"model": self.model, "optimizer": self.optimizer}
             # Each worker / rank reads its own share of --data; where each share continues is checkpointed.
@@ -484,6 +675,8 @@ class Trainer:
                                else self.horovod.size if self.horovod else 1)
             self.position = ttf.data.InputPosition(self.num_shares)
             parts["input_position"] = self.position
+            if self.stream:
+                parts["stream_position"] = self.stream
             self.precision = make_precision_policy(args.precision)
             # --logdir: the ring of recent (label, prediction) pairs, beside the job's variables (a ps task in a cluster).
             self.auc_window = ttf.summary.RollingAUC(args.auc_window) if args.logdir else None
@@ -512,6 +705,8 @@ class Trainer:
                     f"share {i} at epoch {e}, line {line} + {k} batch(es)" if line >= 0 else f"share {i} not started"
                     for i, (e, _, _, line, k) in enumerate(state))
                     + f"; {self.position.examples_trained()} examples trained so far")
+                if self.stream:
+                    log(f"[train] stream position: {self.stream.describe()}")
         if self.horovod:
             self.horovod.broadcast(self.model)  # rank 0's dense weights everywhere (same seed: already equal)
         self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
@@ -625,6 +820,8 @@ class Trainer:
 
     def train(self):
         """Trains to --steps (or for --epochs); returns (steps run, seconds of the timed part)."""
+        if self.stream:
+            return train_stream(self)
         if self.coordinator:
             return self._train_cluster()
         target = self.args.steps
@@ -779,9 +976,10 @@ class Trainer:
             self.maybe_publish()
         return self.step() - timed_from, time.perf_counter() - timed_start
 
-    def write_summary(self, step, loss, steps_per_sec):
-        """--logdir: the scalars of a progress line (ttf.summary). Every Horovod rank calls it
-        (the table counts are a collective); only the writer writes."""
+    def write_summary(self, step, loss, steps_per_sec=0.0, extra=None):
+        """--logdir: the scalars of a progress line (ttf.summary), plus `extra` ({tag: number},
+        e.g. a stream's lag). Every Horovod rank calls it (the table counts are a collective);
+        only the writer writes."""
         if self.summary is None:
             return
         ranks = self.horovod.size if self.horovod else 1
@@ -789,6 +987,9 @@ class Trainer:
                   ttf.summary.EXAMPLES_PER_SEC: steps_per_sec * self.args.batch_size * ranks,
                   ttf.summary.BF16_SHARE: self.bf16_fraction(step - self.step_before),
                   ttf.summary.SKIPPED_STEPS: self.skipped_steps()}
+        if getattr(self, "publisher", None) is not None and self.publisher.version is not None:
+            values["publish/sequence"] = self.publisher.sequence
+        values.update(extra or {})
         if self.path == "ttf":
             layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
             tables = ttf.summary.table_scalars(layers)
@@ -862,6 +1063,8 @@ def main(argv=None):
         trainer = Trainer(args, readers)
         start_step = trainer.step()
         steps, seconds = trainer.train()
+        if args.stream:
+            return finish_stream(trainer, steps, seconds)
         steps_run = trainer.step() - start_step
         if trainer.manager:
             # Not again at a step already saved (on Horovod every rank asks rank 0, in save_checkpoint).

@@ -8,5 +8,6 @@ and a ClusterCoordinator. ttf tables are sharded over `config.ps_devices()`.
 """
 from ttf._errors import error_summary
 from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
+from ttf.distribute._stop import StopOnSignal
 
-__all__ = ["ClusterConfig", "error_summary", "free_ports", "make_coordinator"]
+__all__ = ["ClusterConfig", "StopOnSignal", "error_summary", "free_ports", "make_coordinator"]

@@ -275,7 +275,7 @@ class PrecisionTrainStep(tf.Module):
         self.low_precision_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="low_precision_steps")
         self._trace_counts = _TraceCounts()
         self._optimizer_built = False
-        self._function = tf.function(self._train_step)
+        self._function = tf.function(self._train_step, reduce_retracing=True)  # a stream's batches vary in size
         self._loop = tf.function(self._run_steps)
         self._after_batch = None
 
