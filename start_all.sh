@@ -54,6 +54,11 @@ Training:
   --metrics-out FILE   write the final metrics as JSON
   --logdir D           write TensorBoard scalars (loss, rolling AUC, examples/s, rows per table, ...)
                        here, from the chief / rank 0; watch with `tensorboard --logdir D`
+  --publish-dir BASE   publish to serving while training: a base version in TF Serving's layout
+                       (BASE/<version>/), then deltas of the touched rows every --publish-every S
+                       (default 10); --dense-publish-every S (300), --rebase-every S (3600),
+                       --export-rows fp32|fp16 (docs/serving.md); with --stream: --stream-poll S,
+                       --stream-journal FILE (docs/streams.md)
   --lenient            skip and count bad input lines instead of stopping at the first
   --verbose            show TensorFlow's own log lines (hidden by default)
 Local job (default: a parameter-server cluster on this host):
@@ -100,7 +105,7 @@ EOF
 
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
-table_args=()
+table_args=() online_args=()
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data="" logdir=""
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
@@ -141,6 +146,8 @@ while [ $# -gt 0 ]; do
     --export-dir) need_value "$@"; export_dir=$2; shift ;;
     --metrics-out) need_value "$@"; metrics=$2; shift ;;
     --logdir) need_value "$@"; logdir=$2; shift ;;
+    --publish-dir|--publish-every|--dense-publish-every|--rebase-every|--export-rows|--stream-poll|--stream-journal)
+      need_value "$@"; online_args+=("$1" "$2"); shift ;;
     --ps) need_value "$@"; num_ps=$2; shift ;;
     --workers) need_value "$@"; num_workers=$2; shift ;;
     --role) need_value "$@"; role=$2; shift ;;
@@ -205,7 +212,7 @@ elif [ -n "$stream" ]; then train_args+=(--stream "$stream"); [ "$steps_given" =
 else train_args+=(--steps "$steps"); fi
 [ -n "$precision" ] && train_args+=(--precision "$precision")
 [ -n "$lr" ] && train_args+=(--lr "$lr")
-train_args+=("${table_args[@]}")  # checked by train.py (one usage line, exit 2)
+train_args+=("${table_args[@]}" ${online_args[@]+"${online_args[@]}"})  # checked by train.py (one usage line, exit 2)
 [ -n "$path_flag" ] && train_args+=("$path_flag")
 [ -n "$data" ] && train_args+=(--data "$data")
 [ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")

@@ -28,6 +28,7 @@ from ttf.data._schema import load_schema
 
 # An example id: (file sequence number or Kafka partition) << ID_SHIFT | line number or offset.
 ID_SHIFT = 40
+FOLDER_QUIET_SECONDS = 30.0  # a folder stream says "waiting" after this long without a new file
 
 
 @dataclasses.dataclass
@@ -68,6 +69,7 @@ class StreamSource(tf.Module):
         self.poll_seconds = poll_seconds
         self.examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples")
         self.stop_event = threading.Event()
+        self._waiting_since, self._said_waiting = None, False
         self.progress = dict(examples=0, examples_per_sec=0.0, lag_seconds=0.0, lag_messages=-1, lag_bytes=-1,
                              waiting=False)
         self._last_progress = (time.monotonic(), None)
@@ -124,13 +126,19 @@ class StreamSource(tf.Module):
                                         if pending and self._last_event_time is not None else 0.0)
         return self.progress
 
-    def _say_waiting(self, why):
+    def _say_waiting(self, why, after=0.0):
+        """Marks the stream waiting; says so once it has waited `after` seconds (a folder
+        stream caught up with its producer waits between files: not worth a line each time)."""
+        now = time.monotonic()
         if not self.progress["waiting"]:
-            print(f"[stream] waiting: {why}", file=sys.stderr, flush=True)
+            self._waiting_since, self._said_waiting = now, False
         self.progress["waiting"] = True
+        if not self._said_waiting and now - self._waiting_since >= after:
+            print(f"[stream] waiting: {why}", file=sys.stderr, flush=True)
+            self._said_waiting = True
 
     def _say_resumed(self):
-        if self.progress["waiting"]:
+        if self.progress["waiting"] and self._said_waiting:
             print("[stream] resumed", file=sys.stderr, flush=True)
         self.progress["waiting"] = False
 
@@ -238,7 +246,7 @@ class FolderStream(StreamSource):
                 elif time.monotonic() >= deadline:
                     return [], [], [], [], 0.0, None
             else:
-                self._say_waiting(f"no new file in {self.directory}")
+                self._say_waiting(f"no new file in {self.directory} for {FOLDER_QUIET_SECONDS:g} s", FOLDER_QUIET_SECONDS)
             if self.stop_event.wait(self.poll_seconds if not lines else min(self.poll_seconds, 0.05)):
                 if not lines:
                     return [], [], [], [], 0.0, None
