@@ -305,6 +305,10 @@ def add_stream_args(p):
     group.add_argument("--stream-poll", type=float, default=1.0,
                        help="seconds between looks at an idle stream, and the longest wait to fill a batch once "
                             "some examples arrived (a batch may then be smaller) (default 1.0)")
+    group.add_argument("--kafka-config", default=None, metavar="FILE",
+                       help="Kafka client properties (key=value lines, librdkafka names) for --stream kafka:..., "
+                            "e.g. security.protocol=SASL_SSL, ssl.ca.location=..., sasl.mechanisms=PLAIN, "
+                            "sasl.username=..., sasl.password=...: passed to the consumer as they are")
     group.add_argument("--stream-journal", default=None, metavar="FILE",
                        help="append one line per step to FILE: the step number, then the stream example ids it "
                             "trained (ttf.data.ID_SHIFT); for exactly-once audits")
@@ -312,7 +316,7 @@ def add_stream_args(p):
 
 def check_stream_args(p, args):
     if not args.stream:
-        for name in ("stream_journal",):
+        for name in ("stream_journal", "kafka_config"):
             if getattr(args, name):
                 p.error(f"--{name.replace('_', '-')} needs --stream")
         return
@@ -329,15 +333,19 @@ def check_stream_args(p, args):
     if not (math.isfinite(args.stream_poll) and args.stream_poll > 0):
         p.error(f"--stream-poll must be a number > 0, got {args.stream_poll}")
     try:
-        ttf.data.parse_stream_spec(args.stream)
-    except ValueError as err:
+        kind, _ = ttf.data.parse_stream_spec(args.stream)
+        if args.kafka_config and kind != "kafka":
+            raise ValueError("--kafka-config is for --stream kafka:...")
+        args.kafka_settings = ttf.data.read_kafka_config(args.kafka_config) if args.kafka_config else None
+    except (ValueError, OSError) as err:
         p.error(str(err))
     args.data, args.synthetic = [], False  # nothing to read but the stream
 
 
 def open_stream(args):
     """The --stream source (raises ValueError naming a bad spec or a missing folder)."""
-    return ttf.data.open_stream(args.stream, args.schema, strict=not args.lenient, poll_seconds=args.stream_poll)
+    return ttf.data.open_stream(args.stream, args.schema, strict=not args.lenient, poll_seconds=args.stream_poll,
+                                kafka_config=args.kafka_settings)
 
 
 def train_stream(trainer):

@@ -214,3 +214,27 @@ def test_kafka_stream_names_messages_deleted_before_training(cluster, capfd):
     first = int(batch.example_ids[0])
     assert first > 0  # the oldest messages are gone: the next one available comes
     assert f"partition 0: offsets 0..{first - 1} are gone" in capfd.readouterr().err
+
+
+def test_kafka_client_properties_reach_the_consumer(cluster, tmp_path):
+    """TLS/SASL settings (--kafka-config) go to the real client as they are: a client id is
+    accepted and streams; a CA file that does not exist is the client's own error, naming it."""
+    cluster.create_topic("clicks", 1)
+    kafka_mock.produce_lines(cluster.bootstrap, "clicks", sample_lines()[:20], 1)
+    good = tmp_path / "client.properties"
+    good.write_text("# our cluster\nclient.id = ttf-test\n\n")
+    assert ttf.data.read_kafka_config(str(good)) == {"client.id": "ttf-test"}
+    stream = ttf.data.open_stream(f"kafka:{cluster.bootstrap}/clicks", kafka_config=ttf.data.read_kafka_config(str(good)))
+    ids, _, _ = drain(stream, 8, 20)
+    assert sorted(ids) == list(range(20))  # partition 0, offsets 0..19
+    stream.close()
+    tls = tmp_path / "tls.properties"
+    tls.write_text("security.protocol=ssl\nssl.ca.location=/nonexistent/ca.pem\n")
+    with pytest.raises(Exception, match="ssl.ca.location|/nonexistent/ca.pem"):
+        ttf.data.open_stream(f"kafka:{cluster.bootstrap}/clicks", kafka_config=ttf.data.read_kafka_config(str(tls)))
+    bad = tmp_path / "bad.properties"
+    bad.write_text("client.id=x\nnot a property\n")
+    with pytest.raises(ValueError, match=r"bad.properties:2: expected key=value"):
+        ttf.data.read_kafka_config(str(bad))
+    with pytest.raises(ValueError, match="Kafka settings were given for a folder stream"):
+        ttf.data.open_stream(f"folder:{tmp_path}", kafka_config={"client.id": "x"})

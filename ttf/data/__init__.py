@@ -19,7 +19,7 @@ Example:
 from ttf.data._reader import CSV_HEADER, NUM_DENSE, NUM_FIELDS, CriteoReader, Reader, criteo_dataset, parse_lines
 from ttf.data._shares import POSITION_FIELDS, InputPosition, plan_shares
 from ttf.data._stream import (ID_SHIFT, FolderStream, KafkaStream, StreamBatch, StreamSource, open_stream,
-                              parse_stream_spec, stream_batches, zero_features)
+                              parse_stream_spec, read_kafka_config, stream_batches, zero_features)
 from ttf.data._schema import (AVAZU, CRITEO, FIELD_SHIFT, MISSING_VALUE, SCHEMAS, Categorical, Dense, Hour, Label,
                               MultiHot, Schema, Skip, field_key, load_schema)
 from ttf.data._drift import DriftingSynthetic
@@ -28,6 +28,6 @@ from ttf.data._synthetic import (Synthetic, SyntheticCriteo, best_auc, cached_sy
 
 __all__ = ["AVAZU", "CRITEO", "CSV_HEADER", "FIELD_SHIFT", "MISSING_VALUE", "NUM_DENSE", "NUM_FIELDS", "SCHEMAS",
            "Categorical", "CriteoReader", "DriftingSynthetic", "FolderStream", "ID_SHIFT", "KafkaStream", "StreamBatch",
-           "StreamSource", "open_stream", "parse_stream_spec", "stream_batches", "zero_features", "InputPosition", "POSITION_FIELDS", "Dense", "Hour", "Label", "MultiHot", "Reader", "Schema", "Skip",
+           "StreamSource", "open_stream", "parse_stream_spec", "read_kafka_config", "stream_batches", "zero_features", "InputPosition", "POSITION_FIELDS", "Dense", "Hour", "Label", "MultiHot", "Reader", "Schema", "Skip",
            "Synthetic", "SyntheticCriteo", "best_auc", "cached_synthetic", "criteo_dataset", "field_key",
            "load_schema", "parse_lines", "plan_shares", "synthetic_dataset", "write_synthetic", "write_synthetic_criteo"]
