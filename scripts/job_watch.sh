@@ -48,22 +48,29 @@ wait_until_listening() {  # returns 1, having said why, when a server stops or T
   done
 }
 
+report_stopped_tasks() {  # reports each task of `alive` (watch_job's) that stopped since; sets STOPPED_PS
+  local i
+  for i in "${!TASK_NAMES[@]}"; do
+    [ "${alive[i]}" = 1 ] && ! task_running "$i" || continue
+    alive[i]=0
+    report_stop "$i"
+    if [ "$i" -lt "$NUM_PS" ]; then
+      echo "[$JOB_PREFIX] parameter server lost: the chief stops with an error; $JOB_RESUME_HINT" >&2
+      STOPPED_PS=1
+    elif chief_running; then
+      echo "[$JOB_PREFIX] the chief goes on with the remaining workers" >&2
+    fi
+  done
+}
+
 watch_job() {  # POLL_SECONDS: while the chief runs, reports every task that stops; returns 1 when
   # every worker is gone, or when the chief still runs 90 s after losing a parameter server
   local poll=$1 i alive=() ps_lost_at="" workers_alive
   for i in "${!TASK_NAMES[@]}"; do alive[i]=1; done
+  STOPPED_PS=""
   while chief_running; do
-    for i in "${!TASK_NAMES[@]}"; do
-      [ "${alive[i]}" = 1 ] && ! task_running "$i" || continue
-      alive[i]=0
-      report_stop "$i"
-      if [ "$i" -lt "$NUM_PS" ]; then
-        echo "[$JOB_PREFIX] parameter server lost: the chief stops with an error; $JOB_RESUME_HINT" >&2
-        ps_lost_at=$SECONDS
-      else
-        echo "[$JOB_PREFIX] the chief goes on with the remaining workers" >&2
-      fi
-    done
+    report_stopped_tasks
+    if [ -n "$STOPPED_PS" ] && [ -z "$ps_lost_at" ]; then ps_lost_at=$SECONDS; fi
     if [ -n "$ps_lost_at" ] && [ $((SECONDS - ps_lost_at)) -gt 90 ]; then
       echo "[$JOB_PREFIX] the chief did not stop within 90s of losing a parameter server: stopping it" >&2
       return 1
@@ -73,4 +80,5 @@ watch_job() {  # POLL_SECONDS: while the chief runs, reports every task that sto
     if [ "$workers_alive" = 0 ]; then echo "[$JOB_PREFIX] every worker is gone: stopping the job" >&2; return 1; fi
     sleep "$poll"
   done
+  report_stopped_tasks  # a task that stopped just before the chief (which then failed for it) is named too
 }
