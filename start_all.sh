@@ -58,7 +58,8 @@ Training:
                        (BASE/<version>/), then deltas of the touched rows every --publish-every S
                        (default 10); --dense-publish-every S (300), --rebase-every S (3600),
                        --export-rows fp32|fp16 (docs/serving.md); with --stream: --stream-poll S,
-                       --stream-journal FILE, --kafka-config FILE (TLS/SASL settings) (docs/streams.md)
+                       --stream-journal FILE, --kafka-config FILE (TLS/SASL settings), --ttl-seconds S
+                       (event-time TTL) (docs/streams.md)
   --lenient            skip and count bad input lines instead of stopping at the first
   --verbose            show TensorFlow's own log lines (hidden by default)
 Local job (default: a parameter-server cluster on this host):
@@ -146,7 +147,7 @@ while [ $# -gt 0 ]; do
     --export-dir) need_value "$@"; export_dir=$2; shift ;;
     --metrics-out) need_value "$@"; metrics=$2; shift ;;
     --logdir) need_value "$@"; logdir=$2; shift ;;
-    --publish-dir|--publish-every|--dense-publish-every|--rebase-every|--export-rows|--stream-poll|--stream-journal|--kafka-config)
+    --publish-dir|--publish-every|--dense-publish-every|--rebase-every|--export-rows|--stream-poll|--stream-journal|--kafka-config|--ttl-seconds)
       need_value "$@"; online_args+=("$1" "$2"); shift ;;
     --ps) need_value "$@"; num_ps=$2; shift ;;
     --workers) need_value "$@"; num_workers=$2; shift ;;

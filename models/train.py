@@ -305,6 +305,10 @@ def add_stream_args(p):
     group.add_argument("--stream-poll", type=float, default=1.0,
                        help="seconds between looks at an idle stream, and the longest wait to fill a batch once "
                             "some examples arrived (a batch may then be smaller) (default 1.0)")
+    group.add_argument("--ttl-seconds", type=float, default=None, metavar="S",
+                       help="event-time TTL (--tiacc): at each progress line, evict the ids not trained on an "
+                            "example newer than S seconds before the newest one (the stream's clock: file mtime or "
+                            "Kafka timestamp); evictions are published as deletes (ttf.embedding.EventTimeTTL)")
     group.add_argument("--kafka-config", default=None, metavar="FILE",
                        help="Kafka client properties (key=value lines, librdkafka names) for --stream kafka:..., "
                             "e.g. security.protocol=SASL_SSL, ssl.ca.location=..., sasl.mechanisms=PLAIN, "
@@ -316,7 +320,7 @@ def add_stream_args(p):
 
 def check_stream_args(p, args):
     if not args.stream:
-        for name in ("stream_journal", "kafka_config"):
+        for name in ("stream_journal", "kafka_config", "ttl_seconds"):
             if getattr(args, name):
                 p.error(f"--{name.replace('_', '-')} needs --stream")
         return
@@ -332,6 +336,8 @@ def check_stream_args(p, args):
                 "checkpoints on SIGTERM): drop them, and export or evaluate from its checkpoint")
     if not (math.isfinite(args.stream_poll) and args.stream_poll > 0):
         p.error(f"--stream-poll must be a number > 0, got {args.stream_poll}")
+    if args.ttl_seconds is not None and not (args.tiacc and math.isfinite(args.ttl_seconds) and args.ttl_seconds > 0):
+        p.error(f"--ttl-seconds needs --tiacc and a number of seconds > 0, got {args.ttl_seconds}")
     try:
         kind, _ = ttf.data.parse_stream_spec(args.stream)
         if args.kafka_config and kind != "kafka":
@@ -382,6 +388,15 @@ def train_stream(trainer):
 
 def log_stream_progress(trainer, step, loss):
     progress = trainer.stream.update_progress()
+    evicted = ""
+    if trainer.args.ttl_seconds:  # event-time TTL: note the tables' steps at the newest event time, evict
+        if trainer.event_ttl is None:
+            layers = ([trainer.model.sparse] if trainer.model.sparse is not None else []) + trainer.model.bags
+            trainer.event_ttl = ttf.embedding.EventTimeTTL(layers, trainer.args.ttl_seconds)
+        if trainer.stream.last_event_time is not None:
+            trainer.event_ttl.observe(trainer.stream.last_event_time)
+        trainer.event_ttl.evict()
+        evicted = f", {trainer.event_ttl.evicted} evicted by --ttl-seconds"
     lag = f"lag {progress['lag_seconds']:.1f} s"
     if progress["lag_messages"] >= 0:
         lag += f", {progress['lag_messages']} messages"
@@ -390,7 +405,7 @@ def log_stream_progress(trainer, step, loss):
     publisher = getattr(trainer, "publisher", None)
     published = f", published base {publisher.version} sequence {publisher.sequence}" if publisher else ""
     log(f"[train] step {step}: loss {loss:.4f}, {progress['examples_per_sec']:.1f} examples/s, {lag}, "
-        f"{progress['examples']} examples trained{published}" + trainer.table_progress())
+        f"{progress['examples']} examples trained{published}{evicted}" + trainer.table_progress())
     trainer.write_summary(step, loss, extra={ttf.summary.EXAMPLES_PER_SEC: progress["examples_per_sec"],
                                              "stream/lag_seconds": progress["lag_seconds"],
                                              "stream/lag_messages": progress["lag_messages"]})
@@ -668,6 +683,7 @@ class Trainer:
             # --stream: read by this process (the chief of a PS job); its position variables live
             # where the job's variables do (made after connecting), checkpointed as stream_position.
             self.stream = open_stream(args) if args.stream else None
+            self.event_ttl = None  # --ttl-seconds: made at the first progress line
             shard_devices = self.cluster.ps_devices() if self.cluster else None
             self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices,
                                    table_options=getattr(args, "table_options", None))

@@ -1,9 +1,10 @@
 """The online job as a user runs it: `python -m ttf.data.producer` renames hour files into a
 folder, `start_all.sh --stream folder:... --publish-dir ...` trains on them and publishes while
-a DeltaFollower follows; SIGTERM publishes, checkpoints and exits 0, and the follower then
-serves, bit for bit, the rows of the checkpoint taken at that moment (the trainer's table at
+a DeltaFollower follows, with event-time TTL evicting (published as deletes); SIGTERM
+publishes, checkpoints and exits 0, and the follower then serves, bit for bit, the rows of the checkpoint taken at that moment (the trainer's table at
 the follower's sequence number)."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def test_stream_job_publishes_and_the_follower_serves_the_checkpoint_rows(tmp_pa
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     job = subprocess.Popen([os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", "--single", "--batch-size", "64",
                             "--stream", f"folder:{incoming}", "--checkpoint-dir", str(ckpt),
-                            "--publish-dir", str(publish), "--publish-every", "1"],
+                            "--publish-dir", str(publish), "--publish-every", "1", "--ttl-seconds", "2"],
                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         follower = ttf.serving.DeltaFollower(str(publish))
@@ -58,6 +59,8 @@ def test_stream_job_publishes_and_the_follower_serves_the_checkpoint_rows(tmp_pa
     assert job.returncode == 0, out[-4000:]
     assert "[train] stopped by SIGTERM after step" in out and "exiting 0" in out, out[-3000:]
     assert "[train] published to" in out, out[-3000:]  # SIGTERM publishes before it checkpoints
+    evicted = [int(m) for m in re.findall(r", (\d+) evicted by --ttl-seconds", out)]
+    assert evicted and evicted[-1] > 0, out[-3000:]  # event-time TTL ran (files 1 s apart, TTL 2 s)
     follower.sync()
     assert follower.refused is None, follower.refused
     table = follower._info["tables"][0]  # pylint: disable=protected-access

@@ -111,6 +111,11 @@ class StreamSource(tf.Module):
         self.examples.assign_add(int(tf.size(batch.labels)))
         self._last_event_time = batch.event_time
 
+    @property
+    def last_event_time(self):
+        """The event time (seconds) of the newest committed batch's newest example, or None."""
+        return self._last_event_time
+
     def update_progress(self):
         """Refreshes and returns `progress` (asks the stream head for the lag: call it at
         progress-line time, not every step)."""

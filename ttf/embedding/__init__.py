@@ -1,7 +1,8 @@
 """Dynamic hash-table embeddings: the table resource and the Keras layers over it."""
+from ttf.embedding._event_ttl import EventTimeTTL
 from ttf.embedding._layers import DynamicEmbedding, FusedEmbedding, embedding_of, tables_in
 from ttf.embedding._logical import merge_exports, shard_of, table_summary
 from ttf.embedding._table import EmbeddingTable, RowInitializer, parse_size, tier_row_bytes
 
-__all__ = ["DynamicEmbedding", "EmbeddingTable", "FusedEmbedding", "RowInitializer", "embedding_of", "merge_exports",
+__all__ = ["DynamicEmbedding", "EventTimeTTL", "EmbeddingTable", "FusedEmbedding", "RowInitializer", "embedding_of", "merge_exports",
            "parse_size", "shard_of", "table_summary", "tables_in", "tier_row_bytes"]
