@@ -199,6 +199,34 @@ def test_a_half_written_delta_is_never_applied(tmp_path):
     assert np.all(follower.lookup("sparse", layer_keys(layer, [[30, 31]])).numpy() == 0)
 
 
+@pytest.mark.parametrize("damage", ["traversal", "absolute", "missing_field", "not_json", "unknown_table"])
+def test_a_manifest_never_makes_the_follower_read_outside_its_delta(tmp_path, damage):
+    """The delta folder is untrusted input: a part file naming another place, a manifest
+    missing a field or not JSON, a part of a table the base lacks: one clear refusal, nothing
+    applied, nothing read outside the folder."""
+    base = str(tmp_path / "ctr")
+    publish_chain(base, deltas=2)
+    secret = tmp_path / "outside.delta"
+    secret.write_bytes(b"not for the follower")
+    manifest_path = os.path.join(ttf.serving.delta_folder(base, 1, 2), "manifest.json")
+    manifest = json.load(open(manifest_path))
+    if damage == "traversal":
+        manifest["parts"][0]["file"] = "../../../../outside.delta"
+    elif damage == "absolute":
+        manifest["parts"][0]["file"] = str(secret)
+    elif damage == "missing_field":
+        del manifest["parts"][0]["fingerprint"]
+    elif damage == "unknown_table":
+        manifest["parts"][0]["table"] = "elsewhere"
+    with open(manifest_path, "w") as f:
+        f.write("{not json" if damage == "not_json" else json.dumps(manifest))
+    follower = ttf.serving.DeltaFollower(base)
+    assert follower.sequence == 1 and follower.refused is not None
+    assert {"traversal": "not a file name in the delta's folder", "absolute": "not a file name in the delta's folder",
+            "missing_field": "malformed", "not_json": "not a delta manifest",
+            "unknown_table": "which base version 1 lacks"}[damage] in follower.refused
+
+
 def test_a_full_disk_pauses_publishing_training_goes_on_and_it_resumes(tmp_path, monkeypatch, capfd):
     """ENOSPC injected at the part write (ttf.serving._publish._write_file)."""
     base = str(tmp_path / "ctr")

@@ -82,6 +82,11 @@ class DeltaFollower:
                 manifest = json.load(f)
         except FileNotFoundError:
             return False  # the manifest is written last: not whole yet
+        except ValueError as err:
+            return self._refuse(f"{path}/{MANIFEST}: not a delta manifest ({err})")
+        problem = _manifest_problem(manifest)
+        if problem:  # untrusted input: checked before any field is used
+            return self._refuse(f"{path}/{MANIFEST}: {problem}")
         if manifest.get("format") != FORMAT:
             return self._refuse(f"{path}: delta format {manifest.get('format')!r}, this follower reads {FORMAT}")
         sequence, version = manifest["sequence"], manifest["base_version"]
@@ -96,6 +101,8 @@ class DeltaFollower:
             return self._refuse(f"{path}: tables {manifest['tables']}, base version {version} has {names}")
         tables = {name: ([], [], []) for name in names}
         for part in manifest["parts"]:
+            if part["table"] not in tables:
+                return self._refuse(f"{path}: a part of table {part['table']!r}, which base version {version} lacks")
             fields = self._read(path, part)
             if fields is None:
                 return False
@@ -166,3 +173,20 @@ class DeltaFollower:
         print(f"ttf: DeltaFollower refuses {reason}; serving base {self.version} at sequence {self.sequence} until "
               f"the next base version", file=sys.stderr, flush=True)
         return False
+
+
+def _manifest_problem(manifest):
+    """What makes `manifest` unusable (a missing field, a part file that is not a plain name in
+    the delta's folder), or None: a delta folder never makes the follower read outside it."""
+    try:
+        for field in ("format", "sequence", "base_version", "tables", "parts", "row_dtype"):
+            manifest[field]  # noqa: B018  (presence)
+        parts = list(manifest["parts"]) + ([manifest["dense"]] if manifest.get("dense") else [])
+        for part in parts:
+            name = part["file"]
+            if not isinstance(name, str) or not name or name != os.path.basename(name) or name.startswith("."):
+                return f"part file {name!r} is not a file name in the delta's folder (refused: never read outside it)"
+            part["fingerprint"]  # noqa: B018
+    except (KeyError, TypeError) as err:
+        return f"malformed (missing or wrong field: {err!r})"
+    return None
