@@ -106,7 +106,7 @@ EOF
 
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
-table_args=() online_args=()
+given_args=()  # flags train.py takes as they are (and checks: one usage line, exit 2)
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data="" logdir=""
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
@@ -130,7 +130,7 @@ while [ $# -gt 0 ]; do
     --precision) need_value "$@"; precision=$2; shift ;;
     --optimizer) need_value "$@"; optimizer=$2; shift ;;
     --lr) need_value "$@"; lr=$2; shift ;;
-    --table-capacity|--evict-policy|--ttl-steps|--dram-budget|--ssd-dir) need_value "$@"; table_args+=("$1" "$2"); shift ;;
+    --table-capacity|--evict-policy|--ttl-steps|--dram-budget|--ssd-dir) need_value "$@"; given_args+=("$1" "$2"); shift ;;
     --steps) need_value "$@"; steps=$2; steps_given=1; shift ;;
     --stream) need_value "$@"; stream=$2; shift ;;
     --epochs) need_value "$@"; epochs=$2; shift ;;
@@ -148,7 +148,7 @@ while [ $# -gt 0 ]; do
     --metrics-out) need_value "$@"; metrics=$2; shift ;;
     --logdir) need_value "$@"; logdir=$2; shift ;;
     --publish-dir|--publish-every|--dense-publish-every|--rebase-every|--export-rows|--stream-poll|--stream-journal|--kafka-config|--ttl-seconds)
-      need_value "$@"; online_args+=("$1" "$2"); shift ;;
+      need_value "$@"; given_args+=("$1" "$2"); shift ;;
     --ps) need_value "$@"; num_ps=$2; shift ;;
     --workers) need_value "$@"; num_workers=$2; shift ;;
     --role) need_value "$@"; role=$2; shift ;;
@@ -213,7 +213,7 @@ elif [ -n "$stream" ]; then train_args+=(--stream "$stream"); [ "$steps_given" =
 else train_args+=(--steps "$steps"); fi
 [ -n "$precision" ] && train_args+=(--precision "$precision")
 [ -n "$lr" ] && train_args+=(--lr "$lr")
-train_args+=("${table_args[@]}" ${online_args[@]+"${online_args[@]}"})  # checked by train.py (one usage line, exit 2)
+train_args+=(${given_args[@]+"${given_args[@]}"})
 [ -n "$path_flag" ] && train_args+=("$path_flag")
 [ -n "$data" ] && train_args+=(--data "$data")
 [ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")

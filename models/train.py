@@ -391,8 +391,8 @@ def log_stream_progress(trainer, step, loss):
     evicted = ""
     if trainer.args.ttl_seconds:  # event-time TTL: note the tables' steps at the newest event time, evict
         if trainer.event_ttl is None:
-            layers = ([trainer.model.sparse] if trainer.model.sparse is not None else []) + trainer.model.bags
-            trainer.event_ttl = ttf.embedding.EventTimeTTL(layers, trainer.args.ttl_seconds)
+            trainer.event_ttl = ttf.embedding.EventTimeTTL(ttf.embedding.tables_in(trainer.model),
+                                                           trainer.args.ttl_seconds)
         if trainer.stream.last_event_time is not None:
             trainer.event_ttl.observe(trainer.stream.last_event_time)
         trainer.event_ttl.evict()
@@ -763,8 +763,7 @@ class Trainer:
         options = getattr(self.args, "table_options", None)
         if not options or not (options["capacity"] or options["evict_policy"] == "ttl" or options["dram_budget"]):
             return ""
-        layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
-        tables = [t for layer in layers for t in layer.tables]
+        tables = [t for layer in ttf.embedding.tables_in(self.model) for t in layer.tables]
         if options["dram_budget"]:
             return tier_progress([t.tier_stats() for t in tables])
         rows = sum(int(t.size()) for t in tables)
@@ -777,8 +776,7 @@ class Trainer:
         paths. Each shard's numbers are computed where it lives; only numbers travel."""
         if self.path != "ttf":
             return None
-        layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
-        summary = ttf.embedding.table_summary(*layers)
+        summary = ttf.embedding.table_summary(*ttf.embedding.tables_in(self.model))
         if self.horovod:  # every rank holds its own shard: add the ranks' numbers
             summary = ttf.embedding.table_summary(*self.horovod.hvd.allgather_object(summary))
         return summary
@@ -1015,8 +1013,7 @@ class Trainer:
             values["publish/sequence"] = self.publisher.sequence
         values.update(extra or {})
         if self.path == "ttf":
-            layers = ([self.model.sparse] if self.model.sparse is not None else []) + self.model.bags
-            tables = ttf.summary.table_scalars(layers)
+            tables = ttf.summary.table_scalars(ttf.embedding.tables_in(self.model))
             if self.horovod:  # each rank counted its own shards: add them up
                 per_rank = self.horovod.hvd.allgather_object(tables)
                 tables = {tag: sum(counts[tag] for counts in per_rank) for tag in tables}
