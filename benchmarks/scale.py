@@ -87,6 +87,12 @@ def ps_main(cluster_json, index):
     server.join()
 
 
+def progress(what, started, done=None):
+    """One line on stderr for long phases (a 100M-key run takes many minutes)."""
+    if done is None or done % (10 * BATCH) == 0:
+        print(f"[scale] {time.monotonic() - started:7.0f} s  {what}", file=sys.stderr, flush=True)
+
+
 def du_bytes(path):
     return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
@@ -124,34 +130,48 @@ def chief_main(args, cluster, procs):
         return tf.train.Checkpoint(layer=layer, dense=dense)
 
     source = layer_on(ps[:2])
-    for start in range(0, args.keys, BATCH):
-        keys = np.arange(start, min(start + BATCH, args.keys), dtype=np.int64) * 2654435761
-        owner = ttf.embedding.shard_of(keys, 2).numpy()
+
+    @tf.function
+    def fill(start, stop):  # the keys are made on each PS: nothing but two numbers leaves the chief
         for i, table in enumerate(source.tables):
-            mine = keys[owner == i]
             with tf.device(table._resource_device):  # pylint: disable=protected-access
+                keys = tf.range(start, stop) * 2654435761
+                mine = tf.boolean_mask(keys, tf.equal(ttf.embedding.shard_of(keys, 2), i))
                 ops().ttf_table_find_or_insert(table.resource_handle, mine, dim=args.dim)
-                ops().ttf_table_apply_adagrad(table.resource_handle, mine,
-                                              np.ones((len(mine), args.dim), np.float32), 0.1, 1e-7, 1)
+                ops().ttf_table_apply_adagrad(table.resource_handle, mine, tf.ones([tf.size(mine), args.dim]),
+                                              0.1, 1e-7, 1)
+
+    started = time.monotonic()
+    for start in range(0, args.keys, BATCH):
+        progress(f"filling: {start:,} of {args.keys:,} keys", started, start)
+        fill(tf.constant(start, tf.int64), tf.constant(min(start + BATCH, args.keys), tf.int64))
     shard_mib = [int(t.stats()[1]) / (1 << 20) for t in source.tables]
     want = ttf.embedding.table_summary(source)
 
     prefix = os.path.join(args.dir, "ckpt")
+    progress(f"saving {sum(shard_mib):,.0f} MiB of table", started)
     with PeakWatch(pids) as save:
         with_dense(source, ps[2 % args.ps]).write(prefix)
     ckpt_bytes = du_bytes(args.dir)
+    progress(f"saved {ckpt_bytes / (1 << 20):,.0f} MiB in {save.seconds:.0f} s; dd of as many bytes", started)
     disk = dd_mib_per_sec(args.dir, ckpt_bytes)
+    del source  # its summary is taken: freed so that one copy of the table at a time fits this machine
+    rss_freed = {name: status_kib(pid, "VmRSS") / 1024 for name, pid in pids.items()}
 
+    progress("restoring into 3 PS", started)
     three = layer_on(ps[:3])
     with PeakWatch(pids) as restore3:
         with_dense(three, ps[2 % args.ps]).read(prefix)
     got3 = ttf.embedding.table_summary(three)
+    shard3_mib = [int(t.stats()[1]) / (1 << 20) for t in three.tables]
     del three  # frees the 3-PS copy before the one-process one
 
+    progress("restoring into the chief alone", started)
     one = layer_on(["/job:chief/replica:0/task:0/device:CPU:0"])
     with PeakWatch(pids) as restore1:
         with_dense(one, ps[2 % args.ps]).read(prefix)
     got1 = ttf.embedding.table_summary(one)
+    progress("done", started)
 
     save_mib_s = ckpt_bytes / (1 << 20) / save.seconds
     return {
@@ -160,7 +180,11 @@ def chief_main(args, cluster, procs):
         "dd_fdatasync_mib_per_sec": disk, "save_vs_disk": save_mib_s / disk,
         "save_peak_extra_mib": save.extra_mib, "restore_3ps_seconds": restore3.seconds,
         "restore_3ps_peak_extra_mib": restore3.extra_mib, "restore_1_seconds": restore1.seconds,
-        "restore_1_peak_extra_mib": restore1.extra_mib,
+        "restore_1_peak_extra_mib": restore1.extra_mib, "rss_after_source_freed_mib": rss_freed,
+        "table_mib_per_ps_of_3": shard3_mib,
+        # what a restore needs beyond the shard it builds (a fresh PS: its peak minus its new shard)
+        "restore_3ps_extra_beyond_shard_mib": {f"ps{i}": restore3.extra_mib[f"ps{i}"] - mib
+                                               for i, mib in enumerate(shard3_mib)},
         "summary_source": want, "summary_3ps": got3, "summary_1": got1,
         "checksums_equal": want[:2] == got3[:2] == got1[:2],
     }

@@ -236,3 +236,46 @@ def test_publish_and_checkpoint_records_of_deleted_keys_are_independent():
     assert ops().ttf_table_deleted_keys(h, record="publish").numpy().tolist() == [3]  # the publisher's: untouched
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError, TypeError), match="record"):
         ops().ttf_table_deleted_keys(h, record="serving")
+
+
+def export_pages(h, since, delta):
+    """Every page of TtfTableExportPage, concatenated and ordered like export()."""
+    pages, page, num_pages = [], 0, 1
+    while page < num_pages:
+        out = ops().ttf_table_export_page(h, since, page, delta=delta)
+        pages.append({name: t.numpy() for name, t in zip(FIELDS, out)})
+        num_pages, page = int(out[8]), page + 1
+    whole = {name: np.concatenate([p[name] for p in pages]) for name in FIELDS[:5]}
+    for name in FIELDS[5:]:
+        assert all(np.array_equal(p[name], pages[0][name]) for p in pages), name  # the layout, on every page
+        whole[name] = pages[0][name]
+    for keys, fields in (("keys", ("keys", "values", "meta")), ("candidate_keys", ("candidate_keys", "candidate_meta"))):
+        order = np.argsort(whole[keys], kind="stable")
+        for name in fields:
+            whole[name] = whole[name][order]
+    return whole, len(pages)
+
+
+@pytest.mark.parametrize("delta_since", [None, 1, 2])
+def test_the_pages_of_an_export_are_the_whole_export(delta_since):
+    """Reference: TtfTableExport / TtfTableExportDelta of the same table, exactly."""
+    h = trained_table(np.arange(1, 3000, 7, dtype=np.int64), steps=3, admission=2, num_shards=5)
+    if delta_since is None:
+        want, (got, pages) = export(h), export_pages(h, 0, delta=False)
+    else:
+        want = export(h, ops().ttf_table_export_delta, delta_since, reset_deleted=False)
+        got, pages = export_pages(h, delta_since, delta=True)
+    assert pages == 5 and len(got["keys"]) > 0
+    for name in FIELDS:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_export_page_refuses_bad_input():
+    h = trained_table(np.arange(10, dtype=np.int64), num_shards=4)
+    for page in (-1, 4):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"page must be in \[0, 4\), got"):
+            ops().ttf_table_export_page(h, 0, page)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="since_step must be >= -1"):
+        ops().ttf_table_export_page(h, -5, 0, delta=True)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="scalar|rank"):
+        ops().ttf_table_export_page(h, [0, 1], 0)
