@@ -32,6 +32,7 @@ one JSON line only).
 Exit codes: 0 done, 2 bad usage, 1 failure (a checksum differs, a process died).
 """
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -155,7 +156,8 @@ def chief_main(args, cluster, procs):
     ckpt_bytes = du_bytes(args.dir)
     progress(f"saved {ckpt_bytes / (1 << 20):,.0f} MiB in {save.seconds:.0f} s; dd of as many bytes", started)
     disk = dd_mib_per_sec(args.dir, ckpt_bytes)
-    del source  # its summary is taken: freed so that one copy of the table at a time fits this machine
+    del source, fill  # (fill's graph holds the tables too) its summary is taken: freed so that one copy of
+    gc.collect()      # the table at a time fits this machine
     rss_freed = {name: status_kib(pid, "VmRSS") / 1024 for name, pid in pids.items()}
 
     progress("restoring into 3 PS", started)

@@ -60,9 +60,21 @@ elif mode == "misc":
     tdh.save_checkpoint(manager, 1)
     result["table_size"] = tdh.table_size(model)
     result["saved_model"] = outcome(lambda: tf.saved_model.save(model, f"{prefix}-saved-{rank}"))
-    version = tdh.export_for_serving(model, f"{prefix}-serving-{rank}")  # rank 0: base/1; others: None
-    result["serving_written"] = (os.path.exists(f"{prefix}-serving-{rank}")
-                                 and os.path.exists(os.path.join(version, "saved_model.pb")))
+    # tdh.export_for_serving: each rank writes its own shard's arrays (no table gathered: the
+    # gather of model.save would call hvd.allgather with a ttf_<layer>_export_* name).
+    gathers, allgather = [], hvd.allgather
+    hvd.allgather = lambda tensor, name=None, **kw: gathers.append(name) or allgather(tensor, name=name, **kw)
+    version = tdh.export_for_serving(model, f"{prefix}-serving")  # rank 0: base/1; others: None
+    hvd.allgather = allgather
+    result["export_gathers"] = [name for name in gathers if name and "_export_" in name]
+    result["serving_version"] = version
+    probe = tf.constant(np.concatenate([np.arange(30), np.arange(30) + 100, [7777, 8888, 9999]]).reshape(-1, 3),
+                        tf.int64)
+    trained = model(probe, training=False).numpy()  # every rank: the sharded lookup is a collective
+    if rank == 0:
+        served = tf.saved_model.load(version).signatures["serving_default"](ids=probe)["probability"].numpy()
+        result["served_max_diff"] = float(np.abs(served - trained).max())
+        result["served_spread"] = float(trained.std())
     with open(f"{prefix}-{rank}.json", "w") as f:
         json.dump(result, f)
     # Last (Horovod may be shut down after it): the idiom "restore on rank 0 only, then broadcast".

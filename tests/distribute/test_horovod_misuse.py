@@ -46,6 +46,10 @@ def test_restore_then_broadcast_saved_model_and_serving_export(tmp_path):
         assert result["idiom"]["error"] == "CollectiveMisuseError", result["idiom"]
         assert result["idiom"]["seconds"] < 60
         assert result["table_size"] == 60  # 10 examples x 3 fields per rank, distinct ids
-    # tdh.export_for_serving: rank 0 writes its path, rank 1 writes nothing.
-    assert rank0["serving_written"] and not rank1["serving_written"]
+    # tdh.export_for_serving: one version (rank 0 returns it), each rank's rows written by that
+    # rank (no table gathered), and it predicts what the 2-rank model predicts, both ranks' ids.
+    assert rank0["serving_version"] == f"{prefix}-serving/1" and rank1["serving_version"] is None
+    assert os.listdir(f"{prefix}-serving") == ["1"]
+    assert rank0["export_gathers"] == rank1["export_gathers"] == []
+    assert rank0["served_max_diff"] <= 1e-6 < rank0["served_spread"]
     assert not os.path.exists(f"{prefix}-saved-0") or not os.path.exists(os.path.join(f"{prefix}-saved-0", "saved_model.pb"))

@@ -549,22 +549,139 @@ def broadcast_variables(variables, root_rank=0):
         hvd.broadcast_variables(variables, root_rank=root_rank)
 
 
-def export_for_serving(model, path, **kwargs):
-    """ttf.export_for_serving for a model sharded over the ranks: every rank must call it
-    (each table's rows are gathered from every rank, a collective); rank 0 alone writes the
-    next version under `path`, once, and returns its folder (None on the other ranks).
-    kwargs go to ttf.export_for_serving."""
-    from ttf.serving import export_for_serving as export  # noqa: PLC0415 (serving imports this module's peers)
+def export_for_serving(model, base, **kwargs):
+    """ttf.export_for_serving for a model sharded over the ranks: call it on every rank, with
+    the same `base` on a filesystem every rank can write (one host, or a shared one, as for
+    save_checkpoint). No rank holds another rank's rows:
 
-    written = None
-    if hvd.rank() == 0:
-        written = export(model, path, **kwargs)
-    else:  # the same gathers, in the same order as rank 0's HashedTables, nothing written
-        for layer in tables_in(model):
-            layer.export_table()
+    1. Each rank builds the serving arrays of its own shard of each table (rows only,
+       HashedShard) and tells the others their layout (a few numbers).
+    2. Rank 0 writes the SavedModel (graph, dense weights, its own shards, and empty
+       placeholders of the other ranks' shards) into the version's temporary folder.
+    3. Every other rank writes its shards' arrays there (SaveV2) under the placeholders' names.
+    4. Rank 0 merges them into the SavedModel's variables (MergeV2Checkpoints: an index merge
+       and renames, no copy of another rank's rows), checks the graph and renames the version
+       into place (atomic, as ttf.export_for_serving).
+
+    kwargs go to ttf.export_for_serving. Returns the version's folder on rank 0, None on the
+    others. A failure on any rank raises on every rank, naming the rank."""
+    from ttf.serving._export import HashedShard, HashedTable  # noqa: PLC0415 (serving imports this module's peers)
+    from ttf.serving._export import export_for_serving as export  # noqa: PLC0415
+
+    rank, size = hvd.rank(), hvd.size()
+    row_dtype = kwargs.get("row_dtype", tf.float32)
+    layers = tables_in(model)
+    mine, local = [], {"error": None, "layouts": [], "base": os.path.abspath(os.fspath(base))}
+    try:
+        for layer in layers:
+            table = layer.tables[0]
+            exported = table.export()
+            default_row = tf.fill([1, layer.dim], tf.constant(table.default_value, tf.float32))
+            mine.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
+                                    dtype=row_dtype, name=f"shard_{rank}"))
+            local["layouts"].append(dict(mine[-1].layout, step=int(exported["step"])))
+            del exported  # the rows with their optimizer slots: freed once the shard is built
+    except Exception as err:  # noqa: BLE001 (every rank must reach the gather below, then all raise)
+        local["error"] = f"{type(err).__name__}: {str(err).strip()[:500]}"
     with collective("export_for_serving"):
-        hvd.allreduce(tf.constant(0), name="ttf_export_done")  # every rank returns once the folder is written
-    return written
+        every = hvd.allgather_object(local, name="ttf_export_layouts")
+    _raise_failed(every, "export_for_serving")
+    if len({e["base"] for e in every}) != 1:
+        raise ValueError(f"ttf (rank {rank}): export_for_serving was given different folders on the ranks "
+                         f"({sorted({e['base'] for e in every})}); pass every rank the same base on a filesystem "
+                         "they all can write")
+    names = [[f"frozen_tables/{j}/shards/{r}/{field}/.ATTRIBUTES/VARIABLE_VALUE" for field in ("keys", "offsets", "rows")]
+             for j in range(len(layers)) for r in range(size)]  # the SavedModel's names of each shard's arrays
+    if rank != 0:
+        return _write_rank_arrays(mine, names, rank, size)
+    frozen = [HashedTable(layer, dtype=row_dtype,
+                          rank_shards=[(mine[j] if r == 0 else every[r]["layouts"][j], every[r]["layouts"][j]["step"])
+                                       for r in range(size)])
+              for j, layer in enumerate(layers)]
+    told = []
+
+    def finish(temporary):  # the SavedModel is in `temporary`: every rank's arrays join it
+        with collective("export_for_serving"):
+            hvd.broadcast_object({"temporary": temporary}, root_rank=0, name="ttf_export_folder")
+        told.append(True)
+        with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
+            written = hvd.allgather_object({"error": None, "prefixes": []}, name="ttf_export_arrays")
+        _raise_failed(written, "export_for_serving")
+        placeholders = [name for j in range(len(layers)) for r in range(1, size) for name in names[j * size + r]]
+        _merge_rank_arrays(temporary, placeholders, [p for w in written for p in w["prefixes"]])
+
+    outcome = {"error": None}
+    try:
+        outcome["path"] = export(model, base, _frozen=frozen, _finish=finish, **kwargs)
+    except Exception as err:  # noqa: BLE001 (told to every rank below, then raised)
+        outcome["error"] = f"rank 0: {type(err).__name__}: {str(err).strip()[:500]}"
+        if not told:  # the other ranks wait for the folder: tell them instead
+            with collective("export_for_serving"):
+                hvd.broadcast_object({"error": outcome["error"]}, root_rank=0, name="ttf_export_folder")
+        with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
+            hvd.broadcast_object(outcome, root_rank=0, name="ttf_export_done")
+        raise
+    with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
+        hvd.broadcast_object(outcome, root_rank=0, name="ttf_export_done")
+    return outcome["path"]
+
+
+def _raise_failed(reports, what):
+    failed = [(r, report["error"]) for r, report in enumerate(reports) if report["error"]]
+    if failed:
+        raise RuntimeError(f"ttf (rank {hvd.rank()}): {what} failed on "
+                           + "; ".join(f"rank {r}: {error}" for r, error in failed))
+
+
+def _write_rank_arrays(shards, names, rank, size):
+    """export_for_serving on a rank other than 0: writes its shards' arrays into rank 0's
+    temporary version folder under the names of their placeholders, then waits for rank 0."""
+    told = hvd.broadcast_object(None, root_rank=0, name="ttf_export_folder")
+    if "error" in told:
+        raise RuntimeError(f"ttf (rank {rank}): export_for_serving failed on {told['error']}")
+    written = {"error": None, "prefixes": []}
+    try:
+        for j, shard in enumerate(shards):
+            prefix = os.path.join(told["temporary"], "variables", f"ttf-rank{rank}-t{j}")
+            arrays = shard.variables_by_name()
+            tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names[j * size + rank], shape_and_slices=[""] * 3,
+                              tensors=[arrays[field] for field in ("keys", "offsets", "rows")])
+            written["prefixes"].append(prefix)
+    except Exception as err:  # noqa: BLE001 (rank 0 learns it in the gather, then every rank raises)
+        written["error"] = f"{type(err).__name__}: {str(err).strip()[:500]}"
+    with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
+        hvd.allgather_object(written, name="ttf_export_arrays")
+    with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
+        outcome = hvd.broadcast_object(None, root_rank=0, name="ttf_export_done")
+    if outcome["error"]:
+        raise RuntimeError(f"ttf (rank {rank}): export_for_serving failed on {outcome['error']}")
+    return None
+
+
+def _merge_rank_arrays(temporary, placeholders, prefixes):
+    """Rank 0: the SavedModel's variables bundle, without the other ranks' (empty) placeholders,
+    merged with the bundles those ranks wrote (copied one entry at a time: rank 0's own arrays
+    only; the others' are renamed into place by the merge)."""
+    variables = os.path.join(temporary, "variables", "variables")
+    reader = tf.train.load_checkpoint(variables)
+    dtypes = reader.get_variable_to_dtype_map()
+    missing = sorted(set(placeholders) - set(dtypes))
+    if missing:  # TensorFlow named the SavedModel's variables otherwise
+        raise RuntimeError(f"the SavedModel holds no entries {missing[:3]}: report this as a ttf bug (TensorFlow "
+                           f"{tf.__version__})")
+    kept = [name for name in dtypes if name not in set(placeholders)]
+    copies = []
+    for i, name in enumerate(kept):
+        copy = os.path.join(temporary, "variables", f"ttf-rank0-e{i}")
+        value = tf.raw_ops.RestoreV2(prefix=variables, tensor_names=[name], shape_and_slices=[""],
+                                     dtypes=[dtypes[name]])[0]
+        tf.raw_ops.SaveV2(prefix=copy, tensor_names=[name], shape_and_slices=[""], tensors=[value])
+        copies.append(copy)
+        del value
+    for name in tf.io.gfile.glob(variables + ".*"):
+        tf.io.gfile.remove(name)
+    tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=copies + list(prefixes), destination_prefix=variables,
+                                  delete_old_dirs=False)
 
 
 def allreduce_dense(grads, compression="none", name="ttf_dense"):

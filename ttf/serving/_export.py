@@ -41,8 +41,11 @@ class HashedShard(tf.Module):
     vectorised gather: no search, no loop, no custom op.
     """
 
-    def __init__(self, keys, rows, default_row, dtype=tf.float32, name=None):
+    def __init__(self, keys, rows, default_row, dtype=tf.float32, name=None, layout=None):
         super().__init__(name=name)
+        if layout is not None:  # a shard another process writes (ttf.distribute.horovod.export_for_serving)
+            self._placeholder(layout, dtype)
+            return
         count = tf.size(keys, out_type=tf.int64)
         buckets = 1 << max(0, int(count.numpy() - 1).bit_length())  # >= count: ~1 key per bucket
         bucket = tf.cast(tf.bitwise.bitwise_and(bucket_hash(keys), tf.constant(buckets - 1, tf.uint64)), tf.int64)
@@ -57,6 +60,28 @@ class HashedShard(tf.Module):
         offsets = tf.cast(offsets, tf.int32) if int(count.numpy()) < (1 << 31) - 1 else offsets
         self.offsets = tf.Variable(offsets, trainable=False, name="offsets")
         self.rows = tf.Variable(tf.cast(tf.concat([tf.gather(rows, order), default_row], 0), dtype), trainable=False,
+                                name="rows")
+
+    @property
+    def layout(self):
+        """What a placeholder of this shard needs (plain numbers): see placeholder."""
+        return {"buckets": self.buckets, "probe": self.probe, "offsets_dtype": self.offsets.dtype.name,
+                "dim": int(self.rows.shape[1])}
+
+    def variables_by_name(self):
+        """{'keys' | 'offsets' | 'rows': variable} (the arrays a process writes for its shard)."""
+        return {"keys": self.keys, "offsets": self.offsets, "rows": self.rows}
+
+    def _placeholder(self, layout, dtype):
+        """Empty variables of unknown length in the layout of a shard built elsewhere: the graph
+        traced over them serves that shard once its arrays are restored into them (a SavedModel
+        whose variables another process wrote)."""
+        self.buckets, self.probe = int(layout["buckets"]), int(layout["probe"])
+        dim = int(layout["dim"])
+        self.keys = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False, name="keys")
+        self.offsets = tf.Variable(tf.zeros([0], layout["offsets_dtype"]), shape=tf.TensorShape([None]),
+                                   trainable=False, name="offsets")
+        self.rows = tf.Variable(tf.zeros([0, dim], dtype), shape=tf.TensorShape([None, dim]), trainable=False,
                                 name="rows")
 
     def find(self, keys):
@@ -109,12 +134,15 @@ class HashedTable(tf.Module):
       publish_record: export each shard with its "publish" record of deleted keys reset in
         the same snapshot (ttf.serving.Publisher's base); `exported_steps` then holds each
         shard's table step at that snapshot.
+      rank_shards: a layer sharded over Horovod ranks: [(shard, table step)] per rank, shard
+        being this rank's HashedShard or another rank's HashedShard.layout (a placeholder
+        whose arrays that rank writes: ttf.distribute.horovod.export_for_serving).
     """
 
     DELETED = -2  # the overlay slot of a deleted key
     EMPTY_KEY = -(1 << 63)  # reserved by the overlay's hash table (with EMPTY_KEY + 1)
 
-    def __init__(self, layer, dtype=tf.float32, name=None, publish_record=False):
+    def __init__(self, layer, dtype=tf.float32, name=None, publish_record=False, rank_shards=None):
         super().__init__(name=name or f"{layer.name}_frozen")
         if dtype not in (tf.float32, tf.float16):
             raise ValueError(f"serving rows must be float32 or float16, got {dtype}")
@@ -123,20 +151,25 @@ class HashedTable(tf.Module):
         self.default_row = tf.Variable(default_row, trainable=False, name="default_row")
         self.shards = []
         steps = []
-        # Horovod: a rank holds only its own shard, so the layer's logical export (gathered) is
-        # one shard here; elsewhere every shard of the layer is in reach of this process.
-        horovod = getattr(layer, "sharding", None) is not None
-        if horovod and publish_record:
+        sharding = getattr(layer, "sharding", None)
+        if sharding is not None and publish_record:
             raise ValueError("ttf.serving.Publisher does not publish tables sharded over Horovod ranks yet")
-        for i, table in enumerate([None] if horovod else layer.tables):
-            with tf.device("" if horovod else table._resource_device):  # built and kept where the shard's rows are
-                if horovod:
-                    exported = layer.export_table()
-                else:
-                    exported = table.export(reset_deleted=publish_record, record="publish")
+        if sharding is not None and rank_shards is None:
+            raise ValueError(f"{layer.name} is sharded over {sharding.size} Horovod ranks, each holding its own rows: "
+                             "export it with ttf.distribute.horovod.export_for_serving(model, base) on every rank")
+        if sharding is not None:  # Horovod: this rank's shard, built here, and the others' placeholders
+            for i, (shard, step) in enumerate(rank_shards):
+                if not isinstance(shard, HashedShard):  # its rank writes its arrays into the same SavedModel
+                    shard = HashedShard(None, None, None, dtype, name=f"shard_{i}", layout=shard)
+                self.shards.append(shard)
+                steps.append(step)
+        for i, table in enumerate(layer.tables if sharding is None else []):
+            with tf.device(table._resource_device):  # built and kept where the shard's rows are
+                exported = table.export(reset_deleted=publish_record, record="publish")
                 steps.append(int(exported["step"]))
                 self.shards.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
                                                dtype=dtype, name=f"shard_{i}"))
+                del exported  # the rows with their optimizer slots: freed once the shard is built
         self.exported_steps = np.array(steps, np.int64)  # not tracked: a numpy array
         # Open addressing, values in one array: lookups and inserts of a delta's keys run several
         # times faster than MutableHashTable's node map. Its two reserved keys (EMPTY_KEY and
@@ -235,7 +268,7 @@ SERVING_INFO = "assets.extra/ttf_serving.json"  # what DeltaFollower needs to kn
 
 
 def export_for_serving(model, base, version=None, input_signature=None, output_name="probability",
-                       row_dtype=tf.float32, publish_record=False):
+                       row_dtype=tf.float32, publish_record=False, _frozen=None, _finish=None):
     """Writes `model` for inference that needs only stock TensorFlow, as version `version`
     of TF Serving's layout: the SavedModel is `base/<version>/`.
 
@@ -268,6 +301,10 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
       publish_record: reset each table shard's "publish" record of deleted keys in the
         export's snapshot (for ttf.serving.Publisher, whose deltas start there).
 
+    (_frozen, _finish: ttf.distribute.horovod.export_for_serving's: the HashedTables of the
+    model's layers, and a call given the temporary folder once the SavedModel is in it,
+    before the checks and the rename.)
+
     Returns:
       the version's folder, `base/<version>`.
 
@@ -298,7 +335,7 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     if len({layer.name for layer in layers}) != len(layers):
         raise ValueError(f"export_for_serving: the model's ttf layers need distinct names (deltas name their "
                          f"tables), got {[layer.name for layer in layers]}")
-    frozen = [HashedTable(layer, dtype=row_dtype, publish_record=publish_record) for layer in layers]
+    frozen = _frozen or [HashedTable(layer, dtype=row_dtype, publish_record=publish_record) for layer in layers]
     structure, specs = _input_specs(model, input_signature)
 
     @tf.function(input_signature=specs, autograph=False)
@@ -332,6 +369,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     shutil.rmtree(temporary, ignore_errors=True)
     try:
         tf.saved_model.save(module, temporary, signatures=signatures)
+        if _finish is not None:
+            _finish(temporary)
         os.makedirs(os.path.join(temporary, os.path.dirname(SERVING_INFO)), exist_ok=True)
         with open(os.path.join(temporary, SERVING_INFO), "w") as f:
             json.dump(info, f)
