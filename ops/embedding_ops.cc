@@ -301,37 +301,6 @@ catch every change made after that save. record: whose deleted-key record is rea
 reset ("checkpoint" or "publish", see TtfTableExport).
 )doc");
 
-REGISTER_OP("TtfTableExportPage")
-    .Input("table: resource")
-    .Input("since_step: int64")
-    .Input("page: int32")
-    .Output("keys: int64")
-    .Output("values: float")
-    .Output("meta: int64")
-    .Output("candidate_keys: int64")
-    .Output("candidate_meta: int64")
-    .Output("optimizer: string")
-    .Output("slot_init: float")
-    .Output("step: int64")
-    .Output("num_pages: int32")
-    .Attr("delta: bool = false")
-    .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(ScalarInput(c, 1));
-      TF_RETURN_IF_ERROR(ScalarInput(c, 2));
-      TF_RETURN_IF_ERROR(ExportShape(c));
-      c->set_output(8, c->Scalar());
-      return OkStatus();
-    })
-    .Doc(R"doc(
-One page of a paged export: what TtfTableExport (delta=false) or TtfTableExportDelta
-(delta=true: rows and candidates last seen after since_step; since_step is ignored
-otherwise) gives for the table's lock shard `page` alone, taken under that shard's lock
-only, plus num_pages (the table's lock shards). Reading pages 0 .. num_pages - 1 gives
-the whole table while at most one page's rows are copied at a time (a save's memory is
-bounded by a page, not the table). The pages of one table are consistent with each other
-when nothing trains meanwhile; the deleted-key record is read apart (TtfTableDeletedKeys).
-)doc");
-
 REGISTER_OP("TtfTableDeletedKeys")
     .Input("table: resource")
     .Output("deleted_keys: int64")

@@ -352,10 +352,9 @@ Status GetRecordAttr(OpKernelConstruction* ctx, int* record) {
   return OkStatus();
 }
 
-// Export (all rows, or since a step; a page: the lock shards [first_shard, end_shard)),
-// writing straight into the outputs.
+// Export (all rows, or since a step), writing straight into the outputs.
 void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step, bool with_deleted,
-                bool reset_deleted, int record, int first_shard = 0, int end_shard = -1) {
+                bool reset_deleted, int record) {
   ExportLayout layout;
   auto allocate = [&](const ExportLayout& l, ExportBuffers* out) -> Status {
     layout = l;
@@ -373,8 +372,7 @@ void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step,
     return OkStatus();
   };
   std::vector<int64_t> deleted;
-  OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, with_deleted ? &deleted : nullptr, reset_deleted, record,
-                                    first_shard, end_shard));
+  OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, with_deleted ? &deleted : nullptr, reset_deleted, record));
   Tensor* opt = nullptr;
   OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &opt));
   opt->scalar<tstring>()() = layout.optimizer;
@@ -425,36 +423,6 @@ class TableExportDeltaOp : public TableOpKernel {
   int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableExportDelta").Device(DEVICE_CPU), TableExportDeltaOp);
-
-class TableExportPageOp : public TableOpKernel {
- public:
-  explicit TableExportPageOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("delta", &delta_));
-  }
-  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
-    const Tensor& since = ctx->input(1);
-    const Tensor& page = ctx->input(2);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(since.shape()) && TensorShapeUtils::IsScalar(page.shape()),
-                errors::InvalidArgument("since_step and page must be scalars, got shapes ",
-                                        since.shape().DebugString(), " and ", page.shape().DebugString()));
-    const int64_t since_step = since.scalar<int64_t>()();
-    OP_REQUIRES(ctx, !delta_ || since_step >= -1,
-                errors::InvalidArgument("since_step must be >= -1, got ", since_step));
-    const int p = page.scalar<int32_t>()();
-    OP_REQUIRES(ctx, p >= 0 && p < table->num_shards(),
-                errors::InvalidArgument("page must be in [0, ", table->num_shards(), "), got ", p));
-    ExportInto(ctx, table, delta_ ? since_step : std::numeric_limits<int64_t>::min(), false, false,
-               kCheckpointRecord, p, p + 1);
-    if (!ctx->status().ok()) return;
-    Tensor* num_pages = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(8, TensorShape({}), &num_pages));
-    num_pages->scalar<int32_t>()() = table->num_shards();
-  }
-
- private:
-  bool delta_;
-};
-REGISTER_KERNEL_BUILDER(Name("TtfTableExportPage").Device(DEVICE_CPU), TableExportPageOp);
 
 class TableDeletedKeysOp : public TableOpKernel {
  public:

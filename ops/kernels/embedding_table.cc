@@ -984,19 +984,13 @@ void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted, int 
 }
 
 Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                              bool reset_deleted, int record, int first_shard, int end_shard) {
-  if (end_shard < 0) end_shard = num_shards();
-  const bool whole = first_shard == 0 && end_shard == num_shards();
-  if (!whole && (deleted != nullptr || reset_deleted))  // the record spans every shard
-    return errors::Internal("a page of an export cannot read the deleted-key record");
+                              bool reset_deleted, int record) {
   std::unique_lock<std::mutex> record_lock(deleted_mu_, std::defer_lock);
   if (deleted != nullptr || reset_deleted) record_lock.lock();
-  // The exported shards locked shared for the whole export: one slot layout, exact counts,
-  // and the rows written straight into the caller's output tensors (no intermediate copy).
-  std::vector<TableShard*> shards;
-  for (int s = first_shard; s < end_shard; ++s) shards.push_back(shards_[s].get());
+  // Every shard locked shared for the whole export: one slot layout, exact counts, and the
+  // rows written straight into the caller's output tensors (no intermediate copy).
   std::vector<std::shared_lock<std::shared_mutex>> locks;
-  for (auto* sh : shards) locks.emplace_back(sh->mu);
+  for (auto& sh : shards_) locks.emplace_back(sh->mu);
   ExportLayout layout;
   layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
   layout.optimizer = optimizer_;
@@ -1004,7 +998,7 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   layout.step = step();
   const bool all = since_step == std::numeric_limits<int64_t>::min();
   Status disk_status = OkStatus();
-  for (auto* sh : shards) {
+  for (const auto& sh : shards_) {
     if (all) {
       layout.rows += sh->rows.index.size() + sh->disk.index.size();
       layout.candidates += sh->candidates.index.size();
@@ -1024,7 +1018,7 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   TF_RETURN_IF_ERROR(allocate(layout, &out));
   int64_t r = 0, c = 0;
   const int64_t stride = layout.stride;
-  for (auto* sh : shards) {
+  for (const auto& sh : shards_) {
     if (sh->rows.store.stride() != stride)  // cannot happen: layouts change under every lock
       return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", stride);
     sh->rows.index.ForEach([&](int64_t key, uint32_t id) {

@@ -406,10 +406,8 @@ class EmbeddingTable : public ResourceBase {
   // record was last reset (sorted, distinct); reset_deleted clears the record in the same
   // snapshot and starts it if it was off.
   // `record` (a DeletedRecord) names whose record of deleted keys is read and reset.
-  // first_shard..end_shard (end -1: the last): one page of a paged export, those lock shards
-  // only (locked while they are copied; deleted must then be null and reset_deleted false).
   Status Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                bool reset_deleted, int record, int first_shard = 0, int end_shard = -1);
+                bool reset_deleted, int record);
   // Returns (and with reset, clears and starts) the deleted-key record `record`.
   void DeletedKeys(bool reset, std::vector<int64_t>* deleted, int record);
   // Replaces the content (or upserts into it, src.merge) from an export; validates `src`

@@ -1,9 +1,8 @@
 """The sharded, streamed table format: a TF registered checkpoint saver for LogicalTable.
 
 Save: for each table, each shard (source i) is exported on its own device (a PS writes its
-part; in one process, one source per shard) one page at a time (a lock shard of the table:
-TtfTableExportPage, so a save's extra memory is a page, not the shard) and written there by
-SaveV2 in pieces of at most PIECE_BYTES, one small bundle per piece; the pieces are merged (MergeV2Checkpoints: index
+part; in one process, one source per shard) and written there by SaveV2 in pieces of at most
+PIECE_BYTES, one small bundle per piece; the pieces are merged (MergeV2Checkpoints: index
 merge + renames, no row copy) into this saver's prefix, which TensorFlow merges into the
 checkpoint. On Horovod, source i is rank i's shard: each rank writes its own pieces first
 (write_rank_part, called by ttf.distribute.horovod.save_checkpoint on every rank) into the
@@ -52,10 +51,11 @@ def _save(trackables, file_prefix):
         return [tf.identity(file_prefix)]
 
 
-def _since(logical):
-    """The delta's start (CheckpointManager.delta_plan), or None for a full save."""
-    mode = logical.mode
-    return None if mode is None or not mode.delta else logical.saved_step
+def _sources(logical):
+    """[(device, export)] of one save: each shard exported where it lives."""
+    layer, mode = logical.layer, logical.mode
+    since = None if mode is None or not mode.delta else logical.saved_step  # the plan of CheckpointManager.delta_plan
+    return [(table._resource_device, table.export(since_step=since)) for table in layer.tables]  # pylint: disable=protected-access
 
 
 def _save_table(name, logical, tmp):
@@ -64,10 +64,9 @@ def _save_table(name, logical, tmp):
         prefixes, layouts = _rank_parts(name, logical, delta)
     else:
         prefixes, layouts = [], []
-        for i, table in enumerate(logical.layer.tables):
-            with tf.device(table._resource_device):  # pylint: disable=protected-access  (the rows stay where they are)
-                written, layout = _write_source(tf.strings.join([tmp, f"-s{i}"]), f"{name}/ttf/src-{i}", table,
-                                                _since(logical))
+        for i, (device, export) in enumerate(_sources(logical)):
+            with tf.device(device):  # every op touching the shard's rows runs where they are
+                written, layout = _write_source(tf.strings.join([tmp, f"-s{i}"]), f"{name}/ttf/src-{i}", export)
             prefixes.append(written)
             layouts.append(layout)
     strides = tf.stack([layout["stride"] for layout in layouts])
@@ -85,43 +84,18 @@ def _save_table(name, logical, tmp):
     return prefixes
 
 
-def _write_source(prefix, base, table, since_step):
-    """Writes one source (a shard: `table`, on its device) under `base` (`<obj>/ttf/src-<i>`)
-    in bundles `prefix`-p<k> and `prefix`-header, one export page (one lock shard of the
-    table, TtfTableExportPage) at a time: the extra memory is a page, not the shard. Returns
-    (the bundles' prefixes [num_parts + 1], the layout: optimizer, slot_init, step and
-    stride, the row width with slots). since_step: None (full) or the delta's start."""
-    delta = since_step is not None
-    since = tf.cast(-1 if since_step is None else since_step, tf.int64)
-    deleted = None
-    if delta:  # read before the pages: a key deleted while they are taken is in the next delta's record
-        deleted = ops().ttf_table_deleted_keys(table.resource_handle, reset=False)
-    first = dict(zip(EXPORT_FIELDS + ("num_pages",),
-                     ops().ttf_table_export_page(table.resource_handle, since, 0, delta=delta)))
-    stride = tf.shape(first["values"])[1]
-    written = tf.TensorArray(tf.string, size=0, dynamic_size=True, infer_shape=False, element_shape=[])
-    k, written = _save_parts(prefix, base, first, tf.constant(0, tf.int64), written)
-    del first["keys"], first["values"], first["meta"]  # the page's rows: not kept alive by the layout below
-
-    def write_page(page, k, written):
-        export = dict(zip(EXPORT_FIELDS + ("num_pages",),
-                          ops().ttf_table_export_page(table.resource_handle, since, page, delta=delta)))
-        same = tf.debugging.assert_equal(
-            tf.shape(export["values"])[1], stride,
-            message=f"{base}: the table's slot layout changed during the save (an optimizer's first update ran "
-                    "beside it); save between training steps")
-        with tf.control_dependencies([same]):
-            k, written = _save_parts(prefix, base, export, k, written)
-        return page + 1, k, written
-
-    _, k, written = tf.while_loop(lambda page, *_: page < first["num_pages"], write_page,
-                                  (tf.constant(1, tf.int32), k, written))
+def _write_source(prefix, base, export):
+    """Writes one source (a shard's export) under `base` (`<obj>/ttf/src-<i>`) in bundles
+    `prefix`-p<k> and `prefix`-header; returns (their prefixes [num_parts + 1], its layout:
+    optimizer, slot_init, step and stride, the row width with slots)."""
+    parts, num_parts = _save_parts(prefix, base, export)
+    delta = "deleted_keys" in export
     names = [f"{base}/num_parts"] + ([f"{base}/deleted_keys"] if delta else [])
-    values = [k] + ([deleted] if delta else [])
+    values = [num_parts] + ([export["deleted_keys"]] if delta else [])
     header = _save_v2(tf.strings.join([prefix, "-header"]), names, values)
-    layout = {"optimizer": first["optimizer"], "slot_init": first["slot_init"], "step": first["step"],
-              "stride": stride}
-    return tf.concat([written.stack(), [header]], 0), layout
+    layout = {"optimizer": export["optimizer"], "slot_init": export["slot_init"], "step": export["step"],
+              "stride": tf.shape(export["values"])[1]}
+    return tf.concat([parts, [header]], 0), layout
 
 
 def table_names(checkpoint):
@@ -143,7 +117,9 @@ def write_rank_part(name, logical, prefix, rank, since_step):
     for rank 0, which merges every rank's bundles into the checkpoint (_rank_parts)."""
     table = logical.layer.tables[0]
     with tf.device(table._resource_device):  # pylint: disable=protected-access
-        written, layout = _write_source(tf.constant(prefix), f"{name}/ttf/src-{rank}", table, since_step)
+        export = table.export(since_step=since_step)
+        written, layout = _write_source(tf.constant(prefix), f"{name}/ttf/src-{rank}", export)
+        del export  # the rows' copy: freed before the next table's
     layout = {"optimizer": layout["optimizer"].numpy(), "slot_init": layout["slot_init"].numpy(),
               "step": int(layout["step"]), "stride": int(layout["stride"])}
     return [p.decode() for p in written.numpy()], layout
@@ -175,29 +151,30 @@ def _save_v2(prefix, names, tensors):
         return tf.identity(prefix)
 
 
-def _save_parts(prefix, base, export, k, written):
-    """Writes `export`'s rows and candidates (one page) in pieces of at most PIECE_BYTES,
-    numbered from k on (none for an empty page); returns (the next piece number, `written`
-    with the pieces' prefixes at their numbers)."""
+def _save_parts(prefix, base, export):
+    """Writes `export`'s rows and candidates in pieces of at most PIECE_BYTES; returns
+    (the pieces' prefixes [num_parts], num_parts)."""
     rows, candidates = tf.shape(export["keys"], tf.int64)[0], tf.shape(export["candidate_keys"], tf.int64)[0]
     row_bytes = 24 + 4 * tf.shape(export["values"], tf.int64)[1]  # key + meta + floats
     rows_per_part = tf.maximum(tf.constant(1, tf.int64), PIECE_BYTES // row_bytes)
     cands_per_part = tf.constant(max(1, PIECE_BYTES // 24), tf.int64)
-    num_parts = tf.maximum(-(-rows // rows_per_part), -(-candidates // cands_per_part))
+    num_parts = tf.maximum(tf.constant(1, tf.int64),
+                           tf.maximum(-(-rows // rows_per_part), -(-candidates // cands_per_part)))
 
-    def write_part(j, written):
-        r0, c0 = j * rows_per_part, j * cands_per_part
+    def write_part(k, written):
+        r0, c0 = k * rows_per_part, k * cands_per_part
         r1, c1 = tf.minimum(rows, r0 + rows_per_part), tf.minimum(candidates, c0 + cands_per_part)
         r0, c0 = tf.minimum(r0, rows), tf.minimum(c0, candidates)
         piece = [export["keys"][r0:r1], export["values"][r0:r1], export["meta"][r0:r1],
                  export["candidate_keys"][c0:c1], export["candidate_meta"][c0:c1]]
-        part = tf.strings.as_string(k + j)
+        part = tf.strings.as_string(k)
         names = [tf.strings.join([f"{base}/part-", part, f"/{field}"]) for field in PART_FIELDS]
         saved = _save_v2(tf.strings.join([prefix, "-p", part]), tf.stack(names), piece)
-        return j + 1, written.write(tf.cast(k + j, tf.int32), saved)
+        return k + 1, written.write(tf.cast(k, tf.int32), saved)
 
-    _, written = tf.while_loop(lambda j, _: j < num_parts, write_part, (tf.constant(0, tf.int64), written))
-    return k + num_parts, written
+    _, written = tf.while_loop(lambda k, _: k < num_parts, write_part,
+                               (tf.constant(0, tf.int64), tf.TensorArray(tf.string, size=tf.cast(num_parts, tf.int32))))
+    return written.stack(), num_parts
 
 
 # -- restore
