@@ -149,8 +149,6 @@ def test_bad_tier_arguments(tmp_path):
         EmbeddingTable(DIM, ssd_dir=str(tmp_path))
     with pytest.raises(ValueError, match="dram_budget must be an int >= 0"):
         EmbeddingTable(DIM, dram_budget=-1, ssd_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="cannot be combined with a capacity"):
-        EmbeddingTable(DIM, dram_budget=1 << 20, ssd_dir=str(tmp_path), capacity=10)
     with pytest.raises(tf.errors.InvalidArgumentError, match="ssd_dir '.*missing' cannot be written"):
         EmbeddingTable(DIM, dram_budget=1 << 20, ssd_dir=str(tmp_path / "missing"))
     with pytest.raises(tf.errors.InvalidArgumentError, match="dram_budget .* and ssd_dir .* go together"):
