@@ -12,6 +12,7 @@
 #endif
 
 #include "tensorflow/core/lib/strings/strcat.h"
+#include "tensorflow/core/platform/logging.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -446,6 +447,12 @@ int64_t EmbeddingTable::DramRowLimit(const TableShard& sh) const {
 }
 
 Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep) {
+  const int64_t share = config_.dram_budget / num_shards();
+  if (sh->disk.index.bytes() > share / 2 && !index_warned_.exchange(true)) {
+    LOG(WARNING) << "ttf: the SSD tier's key index of a table shard takes " << sh->disk.index.bytes()
+                 << " bytes of its " << share << "-byte share of dram_budget, leaving DRAM "
+                 << DramRowLimit(*sh) << " rows: more rows are read from disk. Raise dram_budget (--dram-budget).";
+  }
   // The disk index grows with what is demoted and counts inside the budget, so the limit can
   // fall while demoting: repeat until DRAM is within it (a pass or two: the index grows by
   // doubling) or only `keep` is left.

@@ -499,6 +499,7 @@ class EmbeddingTable : public ResourceBase {
   // serialised by deleted_mu_ (taken before any shard lock); appends hold the shard lock.
   std::atomic<bool> track_deleted_[kNumDeletedRecords] = {{false}, {false}};
   std::mutex deleted_mu_;
+  std::atomic<bool> index_warned_{false};  // the disk index took over half a shard's budget (logged once)
 };
 
 }  // namespace ttf
