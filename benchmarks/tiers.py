@@ -13,6 +13,10 @@ and once all in DRAM, each in its own child process (so each RSS is its own), al
 process's peak RSS against budget + 1.5 GiB, the DRAM hit rate and bytes per key.
   .venv/bin/python benchmarks/tiers.py --dram-budget 64M --ssd-dir /tmp/ttf-ssd   # ~3M keys
   .venv/bin/python benchmarks/tiers.py --dram-budget 2G --ssd-dir /mnt/ssd --keys 100000000  # the issue's
+With --checkpoint-dir DIR, the last tiered run also saves its table there (tf.train.Checkpoint:
+streamed in 64 MiB pieces) and a fresh process restores it into a tiered table: the peak
+extra RSS of each (and of a whole-table export, what an unstreamed save holds) is reported.
+  .venv/bin/python benchmarks/tiers.py --dram-budget 64M --ssd-dir /tmp/ttf-ssd --checkpoint-dir /tmp/ttf-ckpt --repeats 1
 
 Example (the issue's target; ~1 GiB RSS):
   .venv/bin/python benchmarks/tiers.py --capacity 1000000 --distinct 10000000
@@ -64,7 +68,11 @@ def parse_args(argv):
     tier.add_argument("--steps", type=int, default=60, help="timed training steps per run (default 60)")
     tier.add_argument("--warm-steps", type=int, default=20, help="untimed training steps first (default 20)")
     tier.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating (default 2)")
-    tier.add_argument("--child", choices=["tiered", "dram"], default=None, help=argparse.SUPPRESS)
+    tier.add_argument("--checkpoint-dir", default=None,
+                      help="also measure a checkpoint of the tiered table: its save (tf.train.Checkpoint, "
+                           "streamed piece by piece) and, in a fresh process, its restore into a tiered table; "
+                           "reports each one's peak extra RSS against the budget and the table (default: not run)")
+    tier.add_argument("--child", choices=["tiered", "dram", "restore"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.dram_budget is not None:
         try:
@@ -101,12 +109,63 @@ def peak_rss_bytes():
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
+def current_rss_bytes():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def peak_extra_mib(run):
+    """Runs run(); returns (its result, the process's peak RSS during it minus the RSS before, MiB):
+    VmHWM is reset to the current RSS first (/proc/self/clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = current_rss_bytes()
+    result = run()
+    return result, round((peak_rss_bytes() - before) / 2**20, 1)
+
+
+def tier_layer(args, tiered):
+    """A DynamicEmbedding of one table (so tf.train.Checkpoint saves it in ttf's format)."""
+    os.makedirs(args.ssd_dir, exist_ok=True)
+    layer = ttf.DynamicEmbedding(args.dim, seed=1, num_shards=args.num_shards, name="emb",
+                                 dram_budget=args.dram_budget if tiered else 0, ssd_dir=args.ssd_dir if tiered else "")
+    layer(tf.constant([[0]], tf.int64))  # built: its table exists
+    return layer
+
+
+def checkpoint_save(args, layer, table):
+    """The tiered table's save (the checkpoint format's streamed path), then for comparison
+    the whole-table export an unstreamed save would hold; peak extra RSS of each."""
+    os.makedirs(args.checkpoint_dir, exist_ok=True)
+    path, save_extra = peak_extra_mib(
+        lambda: tf.train.Checkpoint(layer=layer).write(os.path.join(args.checkpoint_dir, "ckpt")))
+    _, export_extra = peak_extra_mib(lambda: len(table.export()["keys"]))
+    size = sum(os.path.getsize(os.path.join(args.checkpoint_dir, f)) for f in os.listdir(args.checkpoint_dir)
+               if f.startswith("ckpt"))
+    return {"checkpoint": path, "checkpoint_mib": round(size / 2**20, 1), "save_peak_extra_mib": save_extra,
+            "whole_export_peak_extra_mib": export_extra}
+
+
+def restore_child(args):
+    """A fresh tiered table restored from --checkpoint-dir; prints its JSON line."""
+    layer = tier_layer(args, True)
+    table = layer.tables[0]
+    path = tf.train.latest_checkpoint(args.checkpoint_dir) or os.path.join(args.checkpoint_dir, "ckpt")
+    _, extra = peak_extra_mib(lambda: tf.train.Checkpoint(layer=layer).read(path).assert_consumed())
+    stats = table.tier_stats()
+    print(json.dumps({"path": "restore", "rows": int(table.size()), "restore_peak_extra_mib": extra,
+                      "dram_rows": stats["dram_rows"], "disk_rows": stats["disk_rows"],
+                      "peak_rss_mib": round(peak_rss_bytes() / 2**20, 1)}))
+    return 0
+
+
 def tier_child(args):
     """One run of the 10x case on one path; prints its JSON line."""
+    if args.child == "restore":
+        return restore_child(args)
     tiered = args.child == "tiered"
-    os.makedirs(args.ssd_dir, exist_ok=True)
-    table = EmbeddingTable(args.dim, num_shards=args.num_shards, seed=1,
-                           dram_budget=args.dram_budget if tiered else 0, ssd_dir=args.ssd_dir if tiered else "")
+    layer = tier_layer(args, tiered)
+    table = layer.tables[0]
     h = table.resource_handle
     mix = np.uint64(0x9E3779B97F4A7C15)
     t0 = time.perf_counter()
@@ -129,9 +188,11 @@ def tier_child(args):
             times.append(time.perf_counter() - t0)
     stats = table.tier_stats()
     rows = int(table.size())
-    print(json.dumps({
+    peak_rss_mib = round(peak_rss_bytes() / 2**20, 1)  # of training, before any checkpoint
+    saved = checkpoint_save(args, layer, table) if tiered and args.checkpoint_dir else {}
+    print(json.dumps({**saved,
         "path": args.child, "rows": rows, "fill_s": round(fill_s, 1),
-        "steps_per_s": round(1.0 / float(np.median(times)), 2), "peak_rss_mib": round(peak_rss_bytes() / 2**20, 1),
+        "steps_per_s": round(1.0 / float(np.median(times)), 2), "peak_rss_mib": peak_rss_mib,
         "dram_rows": stats["dram_rows"], "disk_rows": stats["disk_rows"],
         "dram_hit_rate": round(stats["dram_hits"] / max(1, stats["dram_hits"] + stats["disk_hits"]), 4),
         "ram_bytes_per_key": round((stats["dram_bytes"] + stats["disk_index_bytes"]) / max(rows, 1), 1),
@@ -152,6 +213,12 @@ def tier_main(args, argv):
                 sys.stderr.write(done.stderr[-3000:])
                 return 1
             runs[path].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    if args.checkpoint_dir:  # the last tiered run saved: restore it in a fresh process
+        done = subprocess.run(base + ["--child", "restore"], capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            sys.stderr.write(done.stderr[-3000:])
+            return 1
+        runs["restore"] = [json.loads(done.stdout.strip().splitlines()[-1])]
     tiered_sps = float(np.median([r["steps_per_s"] for r in runs["tiered"]]))
     dram_sps = float(np.median([r["steps_per_s"] for r in runs["dram"]]))
     budget_mib = args.dram_budget / 2**20
@@ -165,6 +232,13 @@ def tier_main(args, argv):
         "tiered_peak_rss_mib": peak, "rss_bound_mib": round(budget_mib + 1536, 1), "rss_target_met": peak <= budget_mib + 1536,
         "runs": runs, "tf_version": tf.__version__,
     }
+    if args.checkpoint_dir:
+        saved = runs["tiered"][-1]
+        result.update({"save_peak_extra_mib": saved["save_peak_extra_mib"],
+                       "whole_export_peak_extra_mib": saved["whole_export_peak_extra_mib"],
+                       "checkpoint_mib": saved["checkpoint_mib"],
+                       "restore_peak_extra_mib": runs["restore"][0]["restore_peak_extra_mib"],
+                       "restored_rows": runs["restore"][0]["rows"]})
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -223,8 +223,6 @@ def check_tier_flags(p, args, schema):
         p.error("--dram-budget and --ssd-dir tier ttf tables: add --tiacc")
     if not (args.dram_budget and args.ssd_dir):
         p.error("--dram-budget and --ssd-dir go together: give both for a DRAM + SSD tier, or neither")
-    if args.table_capacity or args.evict_policy == "ttl":
-        p.error("--dram-budget cannot be combined with --table-capacity or --evict-policy ttl yet: use one or the other")
     try:
         os.makedirs(args.ssd_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.ssd_dir).close()

@@ -27,5 +27,43 @@ comparisons (its rounding depends on the order of the sum). Each lock shard is r
 its shared lock, one at a time: lookups go on meanwhile.
 )doc");
 
+REGISTER_OP("TtfTableSave")
+    .Input("table: resource")
+    .Input("prefix: string")
+    .Input("tensor_base: string")
+    .Input("since_step: int64")
+    .Output("piece_prefixes: string")
+    .Output("optimizer: string")
+    .Output("slot_init: float")
+    .Output("step: int64")
+    .Output("stride: int32")
+    .Output("deleted_keys: int64")
+    .Attr("delta: bool = false")
+    .Attr("piece_bytes: int = 67108864")
+    .SetIsStateful()
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle unused;
+      for (int i = 1; i <= 3; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+      const auto n = shape_inference::InferenceContext::kUnknownDim;
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Scalar());
+      c->set_output(2, c->Vector(n));
+      c->set_output(3, c->Scalar());
+      c->set_output(4, c->Scalar());
+      c->set_output(5, c->Vector(n));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Writes the table (one consistent snapshot, as TtfTableExport takes it) into tensor bundles
+`prefix`-p<k>, one per piece of at most piece_bytes of rows (and of candidates), each holding
+`tensor_base`/part-<k>/{keys, values, meta, candidate_keys, candidate_meta}: the sharded
+checkpoint format of ttf/checkpoint/_format.py. The pieces are written one at a time while
+the snapshot is read, a tiered table's disk rows sequentially from its files, so the op's
+extra memory is one piece, not the table. Returns the pieces' prefixes (at least one), the
+layout (optimizer, slot_init, step, stride: the row width with slots) and, with delta, the
+keys deleted since the checkpoint record was last reset (not reset here). delta: only rows
+and candidates last seen after since_step (>= -1); without it since_step is ignored.
+)doc");
+
 }  // namespace ttf
 }  // namespace tensorflow

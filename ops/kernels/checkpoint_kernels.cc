@@ -1,9 +1,12 @@
-// Kernel of TtfTableSummary (ops/checkpoint_ops.cc).
+// Kernels of TtfTableSummary and TtfTableSave (ops/checkpoint_ops.cc).
 #include <cstring>
+#include <limits>
 
 #include "embedding_table.h"
 #include "table_kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/lib/strings/strcat.h"
+#include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -43,6 +46,12 @@ class TableSummaryOp : public TableOpKernel {
         for (int64_t i = 0; i < stride; ++i) value_sum += row[i];
         ++size;
       });
+      // A tiered shard's disk rows count the same (read sequentially, same lock).
+      OP_REQUIRES_OK(ctx, sh.disk.ForEachLive([&](int64_t key, const RowMeta& meta, const float* row) {
+        checksum += HashEntry(kRowSalt, key, row, stride, meta);
+        for (int64_t i = 0; i < stride; ++i) value_sum += row[i];
+        ++size;
+      }));
       const RowStore& candidates = sh.candidates.store;
       sh.candidates.index.ForEach([&](int64_t key, uint32_t id) {
         checksum += HashEntry(kCandidateSalt, key, nullptr, 0, candidates.meta(id));
@@ -58,6 +67,87 @@ class TableSummaryOp : public TableOpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableSummary").Device(DEVICE_CPU), TableSummaryOp);
+
+class TableSaveOp : public TableOpKernel {
+ public:
+  explicit TableSaveOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("delta", &delta_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("piece_bytes", &piece_bytes_));
+    OP_REQUIRES(ctx, piece_bytes_ > 0, errors::InvalidArgument("piece_bytes must be > 0, got ", piece_bytes_));
+  }
+
+ protected:
+  void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
+    static const char* kNames[] = {"prefix", "tensor_base", "since_step"};
+    for (int i = 1; i <= 3; ++i) {
+      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  errors::InvalidArgument(kNames[i - 1], " must be a scalar, got shape ",
+                                          ctx->input(i).shape().DebugString()));
+    }
+    const std::string prefix = ctx->input(1).scalar<tstring>()();
+    const std::string base = ctx->input(2).scalar<tstring>()();
+    OP_REQUIRES(ctx, !prefix.empty(), errors::InvalidArgument("prefix must not be empty"));
+    const int64_t since = ctx->input(3).scalar<int64_t>()();
+    OP_REQUIRES(ctx, !delta_ || since >= -1,
+                errors::InvalidArgument("since_step must be >= -1 for a delta, got ", since));
+    const int64_t since_step = delta_ ? since : std::numeric_limits<int64_t>::min();
+
+    // One piece's tensors at a time: allocated when Export knows its counts, written to
+    // their bundle and freed when it is filled.
+    Tensor fields[5];
+    ExportLayout layout;
+    std::vector<std::string> written;
+    auto allocate = [&](const ExportLayout& l, ExportBuffers* out) -> Status {
+      layout = l;
+      for (Tensor& t : fields) t = Tensor();  // the previous piece is freed before the next exists
+      fields[0] = Tensor(DT_INT64, TensorShape({l.rows}));
+      fields[1] = Tensor(DT_FLOAT, TensorShape({l.rows, l.stride}));
+      fields[2] = Tensor(DT_INT64, TensorShape({l.rows, 2}));
+      fields[3] = Tensor(DT_INT64, TensorShape({l.candidates}));
+      fields[4] = Tensor(DT_INT64, TensorShape({l.candidates, 2}));
+      out->keys = fields[0].flat<int64_t>().data();
+      out->values = fields[1].flat<float>().data();
+      out->meta = fields[2].flat<int64_t>().data();
+      out->candidate_keys = fields[3].flat<int64_t>().data();
+      out->candidate_meta = fields[4].flat<int64_t>().data();
+      return OkStatus();
+    };
+    ExportPieces pieces;
+    pieces.max_bytes = piece_bytes_;
+    pieces.done = [&](const ExportLayout& l, const ExportBuffers&) -> Status {
+      static const char* kFields[] = {"keys", "values", "meta", "candidate_keys", "candidate_meta"};
+      const std::string piece_prefix = strings::StrCat(prefix, "-p", l.piece);
+      BundleWriter writer(ctx->env(), piece_prefix);
+      for (int f = 0; f < 5; ++f)
+        TF_RETURN_IF_ERROR(writer.Add(strings::StrCat(base, "/part-", l.piece, "/", kFields[f]), fields[f]));
+      TF_RETURN_IF_ERROR(writer.Finish());
+      written.push_back(piece_prefix);
+      for (Tensor& t : fields) t = Tensor();
+      return OkStatus();
+    };
+    std::vector<int64_t> deleted;
+    OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, delta_ ? &deleted : nullptr, false, kCheckpointRecord,
+                                      pieces));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(written.size())}), &out));
+    for (size_t k = 0; k < written.size(); ++k) out->flat<tstring>()(k) = written[k];
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &out));
+    out->scalar<tstring>()() = layout.optimizer;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({static_cast<int64_t>(layout.slot_init.size())}), &out));
+    std::copy(layout.slot_init.begin(), layout.slot_init.end(), out->flat<float>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({}), &out));
+    out->scalar<int64_t>()() = layout.step;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({}), &out));
+    out->scalar<int32_t>()() = static_cast<int32_t>(layout.stride);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({static_cast<int64_t>(deleted.size())}), &out));
+    std::copy(deleted.begin(), deleted.end(), out->flat<int64_t>().data());
+  }
+
+ private:
+  bool delta_;
+  int64_t piece_bytes_;
+};
+REGISTER_KERNEL_BUILDER(Name("TtfTableSave").Device(DEVICE_CPU), TableSaveOp);
 
 }  // namespace
 }  // namespace ttf

@@ -339,7 +339,9 @@ class TableEvictOp : public TableOpKernel {
                   errors::InvalidArgument(i == 1 ? "min_last_seen" : "min_count", " must be a scalar, got shape ",
                                           ctx->input(i).shape().DebugString()));
     }
-    OutputScalar(ctx, 0, table->Evict(ctx->input(1).scalar<int64_t>()(), ctx->input(2).scalar<int64_t>()()));
+    int64_t evicted = 0;
+    OP_REQUIRES_OK(ctx, table->Evict(ctx->input(1).scalar<int64_t>()(), ctx->input(2).scalar<int64_t>()(), &evicted));
+    OutputScalar(ctx, 0, evicted);
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableEvict").Device(DEVICE_CPU), TableEvictOp);

@@ -12,6 +12,7 @@
 #endif
 
 #include "tensorflow/core/lib/strings/strcat.h"
+#include "tensorflow/core/platform/logging.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -80,9 +81,6 @@ Status ValidateConfig(const TableConfig& c) {
   if (c.tiered() == c.ssd_dir.empty())
     return errors::InvalidArgument("dram_budget (", c.dram_budget, ") and ssd_dir ('", c.ssd_dir,
                                    "') go together: set both for a DRAM + SSD tier, or neither");
-  if (c.tiered() && (c.capacity > 0 || c.evict_policy == EvictPolicy::kTtl))
-    return errors::InvalidArgument("a DRAM + SSD tier (dram_budget ", c.dram_budget, ") cannot be combined with a ",
-                                   "capacity or TTL eviction yet: use one or the other");
   if ((c.evict_policy == EvictPolicy::kTtl) != (c.ttl_steps > 0))
     return errors::InvalidArgument("ttl_steps (", c.ttl_steps, ") must be > 0 exactly when evict_policy is 'ttl'");
   if (!std::isfinite(c.init.a) || !std::isfinite(c.init.b))
@@ -278,16 +276,17 @@ Status WriteAll(int fd, const std::string& dir, const char* data, int64_t bytes,
   }
   return OkStatus();
 }
-Status ReadAll(int fd, const std::string& dir, char* data, int64_t bytes, off_t offset) {
+}  // namespace
+
+Status DiskReadAll(int fd, const std::string& dir, char* data, int64_t bytes, int64_t offset) {
   for (int64_t done = 0; done < bytes;) {
-    const ssize_t r = ::pread(fd, data + done, bytes - done, offset + done);
+    const ssize_t r = ::pread(fd, data + done, bytes - done, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return DiskError(dir, "reading rows", r < 0 ? errno : EIO);
     done += r;
   }
   return OkStatus();
 }
-}  // namespace
 
 Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows) {
   const int64_t bytes = record_bytes();
@@ -317,14 +316,14 @@ Status DiskTier::Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) 
   if (meta != nullptr && floats > 0) {  // a whole record: one read
     thread_local std::vector<char> record;
     record.resize(kHeaderWords * 8 + floats * sizeof(float));
-    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, record.data(), record.size(), offset));
+    TF_RETURN_IF_ERROR(DiskReadAll(fd_, dir_, record.data(), record.size(), offset));
     std::memcpy(header, record.data(), sizeof(header));
     std::memcpy(row, record.data() + sizeof(header), floats * sizeof(float));
   } else if (meta != nullptr) {
-    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, reinterpret_cast<char*>(header), sizeof(header), offset));
+    TF_RETURN_IF_ERROR(DiskReadAll(fd_, dir_, reinterpret_cast<char*>(header), sizeof(header), offset));
   } else if (floats > 0) {
     TF_RETURN_IF_ERROR(
-        ReadAll(fd_, dir_, reinterpret_cast<char*>(row), floats * sizeof(float), offset + kHeaderWords * 8));
+        DiskReadAll(fd_, dir_, reinterpret_cast<char*>(row), floats * sizeof(float), offset + kHeaderWords * 8));
   }
   if (meta != nullptr) *meta = RowMeta{header[1], header[2]};
   return OkStatus();
@@ -356,31 +355,33 @@ Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_
   DiskTier fresh;
   TF_RETURN_IF_ERROR(fresh.Open(dir_, new_stride));
   fresh.index = KeyIndex(KeyIndex::CapacityFor(index.size()));
-  const int64_t old_bytes = record_bytes(), new_bytes = fresh.record_bytes();
-  const int64_t per_pass = std::max<int64_t>(1, (4 << 20) / old_bytes);  // ~4 MiB read at a time
-  std::vector<char> in(per_pass * old_bytes);
-  fresh.buffer_.reserve(per_pass * new_bytes);
-  for (int64_t first = 0; first < next_slot_; first += per_pass) {
-    const int64_t n = std::min<int64_t>(per_pass, next_slot_ - first);
-    TF_RETURN_IF_ERROR(ReadAll(fd_, dir_, in.data(), n * old_bytes, static_cast<off_t>(first) * old_bytes));
-    fresh.buffer_.clear();
-    std::vector<int64_t> live_keys;
-    for (int64_t j = 0; j < n; ++j) {
-      const char* record = in.data() + j * old_bytes;
-      int64_t key;
-      std::memcpy(&key, record, sizeof(key));
-      if (index.Find(key, HashKey(key)) != static_cast<uint32_t>(first + j)) continue;  // stale
-      const size_t at = fresh.buffer_.size();
-      fresh.buffer_.resize(at + new_bytes);
-      std::memcpy(fresh.buffer_.data() + at, record, old_bytes);
-      float* row = reinterpret_cast<float*>(fresh.buffer_.data() + at + kHeaderWords * 8);
-      for (int64_t f = stride_; f < new_stride; ++f) row[f] = fill_per_slot[f / dim - 1];
-      live_keys.push_back(key);
-    }
+  const int64_t new_bytes = fresh.record_bytes();
+  const int64_t per_write = std::max<int64_t>(1, (4 << 20) / new_bytes);  // ~4 MiB written at a time
+  std::vector<int64_t> keys;
+  auto flush = [&]() -> Status {
     TF_RETURN_IF_ERROR(WriteAll(fresh.fd_, dir_, fresh.buffer_.data(), fresh.buffer_.size(),
                                 static_cast<off_t>(fresh.next_slot_) * new_bytes));
-    for (int64_t key : live_keys) fresh.index.Insert(key, HashKey(key), fresh.next_slot_++);
-  }
+    for (int64_t key : keys) fresh.index.Insert(key, HashKey(key), fresh.next_slot_++);
+    fresh.buffer_.clear();
+    keys.clear();
+    return OkStatus();
+  };
+  Status written = OkStatus();
+  TF_RETURN_IF_ERROR(ForEachLive([&](int64_t key, const RowMeta& meta, const float* old_row) {
+    if (!written.ok()) return;
+    const size_t at = fresh.buffer_.size();
+    fresh.buffer_.resize(at + new_bytes);
+    char* record = fresh.buffer_.data() + at;
+    const int64_t header[kHeaderWords] = {key, meta.count, meta.last_seen};
+    std::memcpy(record, header, sizeof(header));
+    float* row = reinterpret_cast<float*>(record + sizeof(header));
+    std::memcpy(row, old_row, stride_ * sizeof(float));
+    for (int64_t f = stride_; f < new_stride; ++f) row[f] = fill_per_slot[f / dim - 1];
+    keys.push_back(key);
+    if (static_cast<int64_t>(keys.size()) == per_write) written = flush();
+  }));
+  TF_RETURN_IF_ERROR(written);
+  TF_RETURN_IF_ERROR(flush());
   std::swap(fd_, fresh.fd_);  // `fresh` now closes the old file
   std::swap(index, fresh.index);
   std::swap(next_slot_, fresh.next_slot_);
@@ -437,13 +438,34 @@ Status EmbeddingTable::OpenTier() {
   return OkStatus();
 }
 
-int64_t EmbeddingTable::DramRowLimit(int64_t stride) const {
-  // Per row: value and slots, metadata, and an index entry (12 bytes at a load of ~1/2).
-  const int64_t row_bytes = stride * static_cast<int64_t>(sizeof(float)) + sizeof(RowMeta) + 24;
-  return std::max<int64_t>(1, config_.dram_budget / num_shards() / row_bytes);
+int64_t EmbeddingTable::DramRowLimit(const TableShard& sh) const {
+  // Per row: value and slots, metadata, and an index entry (12 bytes at a load of ~1/2). The
+  // disk tier's key index is RAM too and counts inside the budget: DRAM holds what is left.
+  const int64_t row_bytes = sh.rows.store.stride() * static_cast<int64_t>(sizeof(float)) + sizeof(RowMeta) + 24;
+  const int64_t left = config_.dram_budget / num_shards() - sh.disk.index.bytes();
+  return std::max<int64_t>(1, left / row_bytes);
 }
 
-Status EmbeddingTable::Demote(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep) {
+Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep) {
+  const int64_t share = config_.dram_budget / num_shards();
+  if (sh->disk.index.bytes() > share / 2 && !index_warned_.exchange(true)) {
+    LOG(WARNING) << "ttf: the SSD tier's key index of a table shard takes " << sh->disk.index.bytes()
+                 << " bytes of its " << share << "-byte share of dram_budget, leaving DRAM "
+                 << DramRowLimit(*sh) << " rows: more rows are read from disk. Raise dram_budget (--dram-budget).";
+  }
+  // The disk index grows with what is demoted and counts inside the budget, so the limit can
+  // fall while demoting: repeat until DRAM is within it (a pass or two: the index grows by
+  // doubling) or only `keep` is left.
+  while (true) {
+    const int64_t before = sh->rows.index.size();
+    TF_RETURN_IF_ERROR(DemotePass(sh, std::max<int64_t>(0, DramRowLimit(*sh) - reserve), keep));
+    if (sh->rows.index.size() <= std::max<int64_t>(0, DramRowLimit(*sh) - reserve) ||
+        sh->rows.index.size() == before)
+      return OkStatus();
+  }
+}
+
+Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep) {
   const int64_t size = sh->rows.index.size();
   if (size <= limit) return OkStatus();
   // Down to 15/16 of the limit at once, so the scan below is paid once per limit/16 demotions.
@@ -501,11 +523,10 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     // returns before any key of this update changed. This update's own rows never leave.
     // Demote may compact the store (new ids): the probes below come after it.
     const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
-    const int64_t limit = std::max<int64_t>(0, DramRowLimit(sh.rows.store.stride()) - missing);
-    if (sh.rows.index.size() > limit) {
+    if (sh.rows.index.size() > std::max<int64_t>(0, DramRowLimit(sh) - missing)) {
       std::vector<int64_t> keep(keys, keys + n);
       std::sort(keep.begin(), keep.end());
-      TF_RETURN_IF_ERROR(Demote(&sh, limit, keep));
+      TF_RETURN_IF_ERROR(Demote(&sh, missing, keep));
     }
   }
   while (true) {
@@ -580,43 +601,41 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     sh.rows.store.meta(id) = RowMeta{count, now};
     ids[i] = id;
   }
-  if (config_.capacity > 0 || config_.evict_policy == EvictPolicy::kTtl) EnforceCapacity(&sh, now);
+  Status evicted = OkStatus();
+  if (config_.capacity > 0 || config_.evict_policy == EvictPolicy::kTtl) evicted = EnforceCapacity(&sh, now);
   if (tiered) {
     sh.staged.clear();
     sh.staged_bytes.clear();
   }
-  return OkStatus();
+  return evicted;
 }
 
-void EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
+Status EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
   std::vector<int64_t> doomed;
   if (config_.evict_policy == EvictPolicy::kTtl && now >= sh->next_ttl_sweep) {
-    // Expired: not updated in the last ttl_steps steps. The sweep reads every row's metadata,
-    // so it runs every ttl_steps/16 steps: a row lives at most ttl_steps + ttl_steps/16 steps.
+    // Expired: not updated in the last ttl_steps steps. The sweep reads every row's metadata
+    // (a tiered shard's disk rows in one sequential pass), so it runs every ttl_steps/16
+    // steps: a row lives at most ttl_steps + ttl_steps/16 steps.
     const int64_t expired_before = now - config_.ttl_steps + 1;
     sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
       if (sh->rows.store.meta(id).last_seen < expired_before) doomed.push_back(key);
     });
-    for (int64_t key : doomed) {
-      sh->rows.Remove(key, HashKey(key));
-      RecordDeleted(sh, key);
-    }
-    sh->rows_evicted += doomed.size();
+    TF_RETURN_IF_ERROR(sh->disk.ForEachLive([&](int64_t key, const RowMeta& m, const float*) {
+      if (m.last_seen < expired_before) doomed.push_back(key);
+    }));
+    sh->rows_evicted += RemoveKeys(sh, doomed);
     doomed.clear();
     sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
       if (sh->candidates.store.meta(id).last_seen < expired_before) doomed.push_back(key);
     });
-    for (int64_t key : doomed) {
-      sh->candidates.Remove(key, HashKey(key));
-      RecordDeleted(sh, key);
-    }
+    RemoveKeys(sh, doomed);
     doomed.clear();
     sh->next_ttl_sweep = now + std::max<int64_t>(1, config_.ttl_steps / 16);
   }
-  if (config_.capacity == 0) return;
+  if (config_.capacity == 0) return OkStatus();
   const int64_t shard_capacity = (config_.capacity + num_shards() - 1) / num_shards();
-  const int64_t size = sh->rows.index.size();
-  if (size <= shard_capacity) return;
+  const int64_t size = sh->rows.index.size() + sh->disk.index.size();  // both tiers count
+  if (size <= shard_capacity) return OkStatus();
   // Over the capacity: evict down to 15/16 of it at once, so the scan below is paid once per
   // capacity/16 new rows, not at every update. Rows updated at `now` (this update's keys) stay.
   const int64_t target = shard_capacity - shard_capacity / 16;
@@ -631,19 +650,19 @@ void EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
   const bool lfu = config_.evict_policy == EvictPolicy::kLfu;
   std::vector<Victim> victims;
   victims.reserve(size);
-  sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
-    const RowMeta& m = sh->rows.store.meta(id);
+  auto consider = [&](int64_t key, const RowMeta& m) {
     if (m.last_seen >= now) return;
     victims.push_back(lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key});
-  });
+  };
+  sh->rows.index.ForEach([&](int64_t key, uint32_t id) { consider(key, sh->rows.store.meta(id)); });
+  TF_RETURN_IF_ERROR(sh->disk.ForEachLive([&](int64_t key, const RowMeta& m, const float*) { consider(key, m); }));
   const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
-  if (drop == 0) return;
+  if (drop == 0) return OkStatus();
   std::nth_element(victims.begin(), victims.begin() + (drop - 1), victims.end());
-  for (size_t i = 0; i < drop; ++i) {
-    sh->rows.Remove(victims[i].key, HashKey(victims[i].key));
-    RecordDeleted(sh, victims[i].key);
-  }
-  sh->rows_evicted += drop;
+  doomed.reserve(drop);
+  for (size_t i = 0; i < drop; ++i) doomed.push_back(victims[i].key);
+  sh->rows_evicted += RemoveKeys(sh, doomed);
+  return OkStatus();
 }
 
 namespace {
@@ -888,49 +907,51 @@ EmbeddingTable::TierStats EmbeddingTable::Tiers() const {
     t.dram_bytes += sh->rows.index.bytes() + sh->rows.store.bytes();
     t.disk_index_bytes += sh->disk.index.bytes();
     t.disk_file_bytes += sh->disk.file_bytes();
-    if (config_.tiered()) t.dram_row_limit += DramRowLimit(sh->rows.store.stride());
+    if (config_.tiered()) t.dram_row_limit += DramRowLimit(*sh);
   }
   return t;
 }
 
-int64_t EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count) {
-  int64_t evicted = 0;
+int64_t EmbeddingTable::RemoveKeys(TableShard* sh, const std::vector<int64_t>& keys) {
+  int64_t removed = 0;
+  for (int64_t key : keys) {
+    const uint64_t h = HashKey(key);
+    const uint32_t row = sh->rows.index.Erase(key, h);
+    const uint32_t cand = sh->candidates.index.Erase(key, h);
+    const bool on_disk = sh->disk.index.Erase(key, h) != KeyIndex::kNone;
+    if (row != KeyIndex::kNone) sh->rows.store.Release(row);
+    if (cand != KeyIndex::kNone) sh->candidates.store.Release(cand);
+    removed += row != KeyIndex::kNone || on_disk;
+    if (row != KeyIndex::kNone || on_disk || cand != KeyIndex::kNone) RecordDeleted(sh, key);
+  }
+  return removed;
+}
+
+Status EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count, int64_t* evicted) {
+  *evicted = 0;
+  auto expired = [&](const RowMeta& m) { return m.last_seen < min_last_seen || m.count < min_count; };
   std::vector<int64_t> doomed;
   for (auto& sh : shards_) {
     std::unique_lock<std::shared_mutex> lock(sh->mu);
     doomed.clear();
     sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
-      const RowMeta& m = sh->rows.store.meta(id);
-      if (m.last_seen < min_last_seen || m.count < min_count) doomed.push_back(key);
+      if (expired(sh->rows.store.meta(id))) doomed.push_back(key);
     });
-    for (int64_t key : doomed) {
-      sh->rows.Remove(key, HashKey(key));
-      RecordDeleted(sh.get(), key);
-    }
-    evicted += doomed.size();
+    // The disk tier's meta is on disk: one sequential pass; an unreadable file fails the op
+    // (shards before this one are evicted, this one is unchanged).
+    TF_RETURN_IF_ERROR(sh->disk.ForEachLive([&](int64_t key, const RowMeta& m, const float*) {
+      if (expired(m)) doomed.push_back(key);
+    }));
+    *evicted += RemoveKeys(sh.get(), doomed);
     doomed.clear();
-    sh->disk.index.ForEach([&](int64_t key, uint32_t slot) {  // the disk tier's meta is on disk
-      RowMeta m;
-      if (!sh->disk.Read(slot, &m, nullptr, 0).ok()) return;  // unreadable: kept, as if recent
-      if (m.last_seen < min_last_seen || m.count < min_count) doomed.push_back(key);
-    });
-    for (int64_t key : doomed) {
-      sh->disk.Remove(key, HashKey(key));
-      RecordDeleted(sh.get(), key);
-    }
-    evicted += doomed.size();
-    doomed.clear();
-    sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
+    sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {  // candidates go by last-seen only
       if (sh->candidates.store.meta(id).last_seen < min_last_seen) doomed.push_back(key);
     });
-    for (int64_t key : doomed) {
-      sh->candidates.Remove(key, HashKey(key));
-      RecordDeleted(sh.get(), key);
-    }
+    RemoveKeys(sh.get(), doomed);
     CompactIfSparse(sh.get());
   }
   ReleaseFreedMemory();  // RSS falls: the freed chunks go back to the system
-  return evicted;
+  return OkStatus();
 }
 
 int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
@@ -940,19 +961,8 @@ int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
   int64_t removed = 0;
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (by_shard[s].empty()) continue;
-    TableShard& sh = *shards_[s];
-    std::unique_lock<std::shared_mutex> lock(sh.mu);
-    for (int64_t key : by_shard[s]) {
-      const uint64_t h = HashKey(key);
-      const uint32_t row = sh.rows.index.Erase(key, h);
-      const uint32_t cand = sh.candidates.index.Erase(key, h);
-      const bool on_disk = sh.disk.index.Find(key, h) != KeyIndex::kNone;
-      if (row != KeyIndex::kNone) sh.rows.store.Release(row);
-      if (on_disk) sh.disk.Remove(key, h);
-      if (cand != KeyIndex::kNone) sh.candidates.store.Release(cand);
-      removed += row != KeyIndex::kNone || on_disk;
-      if (row != KeyIndex::kNone || on_disk || cand != KeyIndex::kNone) RecordDeleted(&sh, key);
-    }
+    std::unique_lock<std::shared_mutex> lock(shards_[s]->mu);
+    removed += RemoveKeys(shards_[s].get(), by_shard[s]);
   }
   return removed;
 }
@@ -984,11 +994,11 @@ void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted, int 
 }
 
 Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                              bool reset_deleted, int record) {
+                              bool reset_deleted, int record, const ExportPieces& pieces) {
   std::unique_lock<std::mutex> record_lock(deleted_mu_, std::defer_lock);
   if (deleted != nullptr || reset_deleted) record_lock.lock();
   // Every shard locked shared for the whole export: one slot layout, exact counts, and the
-  // rows written straight into the caller's output tensors (no intermediate copy).
+  // rows written straight into the caller's buffers (no intermediate copy).
   std::vector<std::shared_lock<std::shared_mutex>> locks;
   for (auto& sh : shards_) locks.emplace_back(sh->mu);
   ExportLayout layout;
@@ -997,61 +1007,90 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   layout.slot_init = slot_init_;
   layout.step = step();
   const bool all = since_step == std::numeric_limits<int64_t>::min();
-  Status disk_status = OkStatus();
+  int64_t total_rows = 0, total_candidates = 0;
   for (const auto& sh : shards_) {
     if (all) {
-      layout.rows += sh->rows.index.size() + sh->disk.index.size();
-      layout.candidates += sh->candidates.index.size();
+      total_rows += sh->rows.index.size() + sh->disk.index.size();
+      total_candidates += sh->candidates.index.size();
       continue;
     }
-    sh->rows.index.ForEach([&](int64_t, uint32_t id) { layout.rows += sh->rows.store.meta(id).last_seen > since_step; });
-    sh->disk.index.ForEach([&](int64_t, uint32_t slot) {
-      RowMeta m{0, 0};
-      if (disk_status.ok()) disk_status = sh->disk.Read(slot, &m, nullptr, 0);
-      layout.rows += m.last_seen > since_step;
-    });
+    sh->rows.index.ForEach([&](int64_t, uint32_t id) { total_rows += sh->rows.store.meta(id).last_seen > since_step; });
+    TF_RETURN_IF_ERROR(
+        sh->disk.ForEachLive([&](int64_t, const RowMeta& m, const float*) { total_rows += m.last_seen > since_step; }));
     sh->candidates.index.ForEach(
-        [&](int64_t, uint32_t id) { layout.candidates += sh->candidates.store.meta(id).last_seen > since_step; });
+        [&](int64_t, uint32_t id) { total_candidates += sh->candidates.store.meta(id).last_seen > since_step; });
   }
-  TF_RETURN_IF_ERROR(disk_status);
+  // The pieces: rows first, max_rows each; the last piece with rows also takes up to
+  // max_candidates candidates; the remaining candidates follow in pieces of their own.
+  const int64_t max_rows = std::max<int64_t>(1, pieces.max_bytes / (24 + 4 * layout.stride));
+  const int64_t max_candidates = std::max<int64_t>(1, pieces.max_bytes / 24);
+  std::vector<std::pair<int64_t, int64_t>> plan;  // (rows, candidates) per piece
+  for (int64_t left = total_rows; left > 0; left -= std::min(left, max_rows)) plan.emplace_back(std::min(left, max_rows), 0);
+  if (plan.empty()) plan.emplace_back(0, 0);
+  for (int64_t left = total_candidates; left > 0;) {
+    if (plan.back().second == max_candidates) plan.emplace_back(0, 0);
+    const int64_t take = std::min(left, max_candidates - plan.back().second);
+    plan.back().second = take;
+    left -= take;
+  }
   ExportBuffers out;
-  TF_RETURN_IF_ERROR(allocate(layout, &out));
-  int64_t r = 0, c = 0;
+  size_t piece = 0;
+  int64_t r = 0, c = 0;  // filled in the current piece
+  auto open_piece = [&]() -> Status {
+    layout.rows = plan[piece].first;
+    layout.candidates = plan[piece].second;
+    layout.piece = static_cast<int64_t>(piece);
+    r = c = 0;
+    return allocate(layout, &out);
+  };
+  auto close_piece = [&]() -> Status { return pieces.done ? pieces.done(layout, out) : OkStatus(); };
+  // Moves to the next piece while the current one has no room left of the kind wanted.
+  auto room_for = [&](bool row) -> Status {
+    while (row ? r == plan[piece].first : c == plan[piece].second) {
+      if (piece + 1 == plan.size())  // cannot happen: the counts were taken under these locks
+        return errors::Internal("table export found more ", row ? "rows" : "candidates", " than it counted");
+      TF_RETURN_IF_ERROR(close_piece());
+      ++piece;
+      TF_RETURN_IF_ERROR(open_piece());
+    }
+    return OkStatus();
+  };
+  TF_RETURN_IF_ERROR(open_piece());
   const int64_t stride = layout.stride;
+  Status status = OkStatus();
+  auto add_row = [&](int64_t key, const RowMeta& m, const float* row) {
+    if (!status.ok() || (m.last_seen <= since_step && !all)) return;
+    status = room_for(true);
+    if (!status.ok()) return;
+    out.keys[r] = key;
+    std::memcpy(out.values + r * stride, row, stride * sizeof(float));
+    out.meta[2 * r] = m.count;
+    out.meta[2 * r + 1] = m.last_seen;
+    ++r;
+  };
   for (const auto& sh : shards_) {
     if (sh->rows.store.stride() != stride)  // cannot happen: layouts change under every lock
       return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", stride);
-    sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
-      const RowMeta& m = sh->rows.store.meta(id);
-      if (m.last_seen <= since_step && !all) return;
-      out.keys[r] = key;
-      std::memcpy(out.values + r * stride, sh->rows.store.row(id), stride * sizeof(float));
-      out.meta[2 * r] = m.count;
-      out.meta[2 * r + 1] = m.last_seen;
-      ++r;
-    });
-    // The disk tier's rows, read straight into the output (same snapshot: writers wait).
-    sh->disk.index.ForEach([&](int64_t key, uint32_t slot) {
-      if (!disk_status.ok()) return;
-      RowMeta m;
-      disk_status = sh->disk.Read(slot, &m, nullptr, 0);
-      if (!disk_status.ok() || (m.last_seen <= since_step && !all)) return;
-      disk_status = sh->disk.Read(slot, nullptr, out.values + r * stride, stride);
-      out.keys[r] = key;
-      out.meta[2 * r] = m.count;
-      out.meta[2 * r + 1] = m.last_seen;
-      ++r;
-    });
-    TF_RETURN_IF_ERROR(disk_status);
+    sh->rows.index.ForEach(
+        [&](int64_t key, uint32_t id) { add_row(key, sh->rows.store.meta(id), sh->rows.store.row(id)); });
+    // The disk tier's rows, read sequentially (same snapshot: writers wait).
+    TF_RETURN_IF_ERROR(sh->disk.ForEachLive(add_row));
+    TF_RETURN_IF_ERROR(status);
+  }
+  for (const auto& sh : shards_) {
     sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
       const RowMeta& m = sh->candidates.store.meta(id);
-      if (m.last_seen <= since_step && !all) return;
+      if (!status.ok() || (m.last_seen <= since_step && !all)) return;
+      status = room_for(false);
+      if (!status.ok()) return;
       out.candidate_keys[c] = key;
       out.candidate_meta[2 * c] = m.count;
       out.candidate_meta[2 * c + 1] = m.last_seen;
       ++c;
     });
+    TF_RETURN_IF_ERROR(status);
   }
+  TF_RETURN_IF_ERROR(close_piece());
   if (deleted != nullptr || reset_deleted) CollectDeleted(reset_deleted, deleted, record);
   return OkStatus();
 }
@@ -1177,7 +1216,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
         if (id == KeyIndex::kNone) id = sh.candidates.Add(key, h);
         sh.candidates.store.meta(id) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
       }
-      if (config_.tiered()) tier_status.Update(Demote(&sh, DramRowLimit(stride), {}));
+      if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}));
     }
     AdvanceStep(src.step);
     return tier_status;
@@ -1208,7 +1247,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     }
     sh.candidates_dropped = 0;
     for (auto& record : sh.deleted_keys) std::vector<int64_t>().swap(record);  // a restored table starts a new history
-    if (config_.tiered()) tier_status.Update(Demote(&sh, DramRowLimit(stride), {}));
+    if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}));
     ReleaseFreedMemory();
   }
   optimizer_ = src.optimizer;

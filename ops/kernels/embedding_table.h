@@ -26,8 +26,11 @@
 #ifndef TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
 #define TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -240,6 +243,11 @@ class DiskTier {
   // gets fill_per_slot[f / dim - 1] after its old floats. On failure the tier is unchanged.
   Status Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
   Status CompactIfStale();  // Rewrite when stale records outnumber live ones
+  // Calls f(key, meta, row) for every live record (row: stride floats, valid during the call),
+  // reading the file sequentially ~4 MiB at a time: one pass, bounded RAM, no read per row.
+  // Returns the first read error (f is not called after it).
+  template <typename F>
+  Status ForEachLive(F&& f) const;
   int64_t file_bytes() const { return static_cast<int64_t>(next_slot_) * record_bytes(); }
   // Bumped by Clear and Rewrite (which renumber records): within one generation a slot's
   // record never changes, so (generation, slot) names one record's content.
@@ -254,6 +262,29 @@ class DiskTier {
   int64_t generation_ = 0;
   std::vector<char> buffer_;  // exclusive-lock paths only (Append, Rewrite)
 };
+
+// Reads `bytes` at `offset` (retrying short reads); an error names ssd_dir `dir` and errno.
+Status DiskReadAll(int fd, const std::string& dir, char* data, int64_t bytes, int64_t offset);
+
+template <typename F>
+Status DiskTier::ForEachLive(F&& f) const {
+  if (fd_ < 0 || index.size() == 0) return OkStatus();
+  const int64_t bytes = record_bytes();
+  const int64_t per_pass = std::max<int64_t>(1, (4 << 20) / bytes);
+  std::vector<char> in(std::min<int64_t>(per_pass, next_slot_) * bytes);
+  for (int64_t first = 0; first < next_slot_; first += per_pass) {
+    const int64_t n = std::min<int64_t>(per_pass, next_slot_ - first);
+    TF_RETURN_IF_ERROR(DiskReadAll(fd_, dir_, in.data(), n * bytes, first * bytes));
+    for (int64_t j = 0; j < n; ++j) {
+      const char* record = in.data() + j * bytes;
+      int64_t header[kHeaderWords];
+      std::memcpy(header, record, sizeof(header));
+      if (index.Find(header[0], HashKey(header[0])) != static_cast<uint32_t>(first + j)) continue;  // stale
+      f(header[0], RowMeta{header[1], header[2]}, reinterpret_cast<const float*>(record + sizeof(header)));
+    }
+  }
+  return OkStatus();
+}
 
 struct TableShard {
   explicit TableShard(int64_t stride) : rows(stride), candidates(0) {}
@@ -289,8 +320,8 @@ struct TableShard {
 // so neither disturbs the other's chain.
 enum DeletedRecord : int { kCheckpointRecord = 0, kPublishRecord = 1, kNumDeletedRecords = 2 };
 
-// Where Export writes, allocated by the caller once the counts are known (all shard locks
-// are held meanwhile, so the counts stay exact): keys [rows], values [rows, stride],
+// Where Export writes one piece, allocated by the caller once the counts are known (all shard
+// locks are held meanwhile, so the counts stay exact): keys [rows], values [rows, stride],
 // meta [rows, 2] (count, last_seen), candidate_keys [candidates], candidate_meta [candidates, 2].
 struct ExportBuffers {
   int64_t* keys = nullptr;
@@ -300,12 +331,22 @@ struct ExportBuffers {
   int64_t* candidate_meta = nullptr;
 };
 struct ExportLayout {
-  int64_t rows = 0, candidates = 0, stride = 0;
+  int64_t rows = 0, candidates = 0, stride = 0;  // of the piece being allocated
   std::string optimizer;
   std::vector<float> slot_init;
   int64_t step = 0;
+  int64_t piece = 0;  // its number: 0, 1, ...
 };
 using ExportAllocator = std::function<Status(const ExportLayout&, ExportBuffers*)>;
+// How Export cuts its snapshot: pieces of at most max_bytes (a row counts its key, meta and
+// floats; a candidate its key and meta; at least one of either a piece), rows first, the
+// last piece with rows also taking the first candidates. `done` is called with each piece
+// once it is filled, before the next is allocated, so a caller that writes the piece out
+// and frees it holds one piece at a time. Defaults: one piece, no callback.
+struct ExportPieces {
+  int64_t max_bytes = std::numeric_limits<int64_t>::max();
+  std::function<Status(const ExportLayout&, const ExportBuffers&)> done;
+};
 
 // An Import's input, read in place from the op's input tensors (never copied).
 struct ImportSource {
@@ -395,8 +436,9 @@ class EmbeddingTable : public ResourceBase {
   TierStats Tiers() const;
   int64_t MemoryBytes() const;
   // Removes keys whose last-seen step is below min_last_seen or whose count is below
-  // min_count; candidates go by last-seen only. Returns the number of rows removed.
-  int64_t Evict(int64_t min_last_seen, int64_t min_count);
+  // min_count, from both tiers; candidates go by last-seen only. Sets the number of rows
+  // removed. A disk tier that cannot be read fails it (Internal, naming ssd_dir).
+  Status Evict(int64_t min_last_seen, int64_t min_count, int64_t* evicted);
   // Removes these keys' rows and candidates; returns the number of rows removed.
   int64_t Remove(const int64_t* keys, int64_t n);
 
@@ -406,8 +448,9 @@ class EmbeddingTable : public ResourceBase {
   // record was last reset (sorted, distinct); reset_deleted clears the record in the same
   // snapshot and starts it if it was off.
   // `record` (a DeletedRecord) names whose record of deleted keys is read and reset.
+  // `pieces` cuts it (a save streams a tiered table's disk rows piece by piece through it).
   Status Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                bool reset_deleted, int record);
+                bool reset_deleted, int record, const ExportPieces& pieces = ExportPieces());
   // Returns (and with reset, clears and starts) the deleted-key record `record`.
   void DeletedKeys(bool reset, std::vector<int64_t>* deleted, int record);
   // Replaces the content (or upserts into it, src.merge) from an export; validates `src`
@@ -418,7 +461,11 @@ class EmbeddingTable : public ResourceBase {
   void DropOldestCandidates(TableShard* sh);
   // After an update at step `now` (shard lock held exclusively): TTL sweep, then eviction
   // down to the shard's share of the capacity by policy, never touching rows updated at `now`.
-  void EnforceCapacity(TableShard* sh, int64_t now);
+  // Tiered: the capacity counts both tiers' rows, and rows leave either tier by the policy.
+  Status EnforceCapacity(TableShard* sh, int64_t now);
+  // Removes each key's row (DRAM or disk) and candidate and records it deleted; returns the
+  // rows removed. Lock held exclusively.
+  int64_t RemoveKeys(TableShard* sh, const std::vector<int64_t>& keys);
   // Rebuilds a shard's stores densely when at most half their allocated rows are live, so
   // the freed chunks (and a too-large index) go back to the system. Lock held exclusively.
   void CompactIfSparse(TableShard* sh);
@@ -432,11 +479,14 @@ class EmbeddingTable : public ResourceBase {
   // must re-probe afterwards: other threads may have changed the shard meanwhile.
   void ReserveRoom(std::unique_lock<std::shared_mutex>& lock, KeyedStore* ks, int64_t extra);
   void FillDefault(float* out) const;
-  // The most DRAM rows a shard of a tiered table keeps, for rows of `stride` floats.
-  int64_t DramRowLimit(int64_t stride) const;
+  // The most DRAM rows a shard of a tiered table keeps: its share of the budget, less its
+  // disk tier's key index, over the bytes of a DRAM row (lock held).
+  int64_t DramRowLimit(const TableShard& sh) const;
   // Tiered, lock held exclusively: moves least recently updated rows to disk until the shard
-  // holds at most `limit` DRAM rows, never one whose key is in `keep` (sorted).
-  Status Demote(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep);
+  // holds at most DramRowLimit - `reserve` DRAM rows, never one whose key is in `keep` (sorted).
+  Status Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep);
+  // One pass of it: down to 15/16 of `limit` rows.
+  Status DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep);
 
   const TableConfig config_;
   std::vector<std::unique_ptr<TableShard>> shards_;
@@ -449,6 +499,7 @@ class EmbeddingTable : public ResourceBase {
   // serialised by deleted_mu_ (taken before any shard lock); appends hold the shard lock.
   std::atomic<bool> track_deleted_[kNumDeletedRecords] = {{false}, {false}};
   std::mutex deleted_mu_;
+  std::atomic<bool> index_warned_{false};  // the disk index took over half a shard's budget (logged once)
 };
 
 }  // namespace ttf

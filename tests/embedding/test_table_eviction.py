@@ -49,20 +49,30 @@ class ReferenceTable:
                 del self.meta[key]
 
 
+@pytest.mark.parametrize("tiered", [False, True], ids=["dram", "dram+ssd"])
 @pytest.mark.parametrize("policy,capacity,ttl_steps", [
     ("lru", 12, 0), ("lfu", 12, 0), ("ttl", 0, 3), ("ttl", 10, 4), ("lru", 40, 0)])
-def test_policy_keeps_the_ids_the_reference_keeps(policy, capacity, ttl_steps):
+def test_policy_keeps_the_ids_the_reference_keeps(policy, capacity, ttl_steps, tiered, tmp_path):
+    """Tiered: a DRAM budget of a few rows, so most rows live on disk; the capacity counts both
+    tiers and an evicted row leaves whichever tier holds it (the export reads both)."""
     rng = np.random.default_rng(len(policy) + capacity + ttl_steps)
-    table = EmbeddingTable(2, "zeros", num_shards=1, capacity=capacity, evict_policy=policy, ttl_steps=ttl_steps)
+    tier = dict(dram_budget=4 * ttf.embedding.tier_row_bytes(2, 0) + 192, ssd_dir=str(tmp_path)) if tiered else {}
+    table = EmbeddingTable(2, "zeros", num_shards=1, capacity=capacity, evict_policy=policy, ttl_steps=ttl_steps,
+                           **tier)
     reference = ReferenceTable(capacity, policy, ttl_steps)
     hot = np.arange(5)  # a few ids seen often (LFU keeps them), many seen rarely
+    disk_rows_seen = 0
     for step in range(1, 41):
         keys = np.concatenate([rng.choice(hot, 2), rng.integers(100, 160, int(rng.integers(1, 8)))])
         sgd_step(table, keys, step)
         reference.update(keys.tolist(), step)
         assert exported_meta(table) == reference.meta, f"step {step}"
+        if tiered:
+            disk_rows_seen = max(disk_rows_seen, table.tier_stats()["disk_rows"])
     assert len(reference.meta) < 2 * (capacity or 100)  # the policy did evict
     assert int(table.stats().rows_evicted) > 0
+    if tiered:
+        assert disk_rows_seen > 4, "the tier never held rows on disk"
 
 
 def test_size_stays_within_capacity_plus_one_batch_on_a_stream_of_new_ids():

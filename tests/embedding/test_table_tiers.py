@@ -108,6 +108,39 @@ def test_remove_and_evict_reach_disk_rows(tmp_path):
     assert_same_content(tiered, plain)
 
 
+def test_the_disk_index_counts_inside_the_budget(tmp_path):
+    """RAM = DRAM rows + the disk tier's key index: the rows get what the index leaves, so the
+    two together stay within the budget (plus one update's new rows) as the disk side grows."""
+    budget, row_bytes = 1 << 20, tier_row_bytes(DIM, 2)
+    table = EmbeddingTable(DIM, num_shards=1, dram_budget=budget, ssd_dir=str(tmp_path))
+    keys = np.arange(30000, dtype=np.int64) * 11  # ~3x the budget: the index (16-32 B a key) takes ~40% of it
+    limits = []
+    for step, batch in enumerate(np.array_split(keys, 30), start=1):
+        train_step(table, batch, step)
+        stats = table.tier_stats()
+        assert stats["dram_row_limit"] == (budget - stats["disk_index_bytes"]) // row_bytes, stats
+        assert stats["dram_rows"] * row_bytes + stats["disk_index_bytes"] <= budget + len(batch) * row_bytes, stats
+        limits.append(stats["dram_row_limit"])
+    assert stats["disk_index_bytes"] > 0 and limits[-1] < budget // row_bytes  # the index took its share
+    assert stats["dram_rows"] + stats["disk_rows"] == len(keys)
+
+
+def test_an_unreadable_disk_tier_fails_evict_instead_of_keeping_rows(tmp_path):
+    """Fault injection on the real file: the tier's (unlinked) file is truncated through
+    /proc/self/fd, so its records cannot be read; an evict must raise, not keep them."""
+    table = EmbeddingTable(DIM, num_shards=1, dram_budget=10 * tier_row_bytes(DIM, 2), ssd_dir=str(tmp_path))
+    for step, keys in enumerate(zipf_batches(2, 20, batch=16, vocab=200), start=1):
+        train_step(table, keys, step)
+    assert table.tier_stats()["disk_rows"] > 0
+    fds = [int(fd) for fd in os.listdir("/proc/self/fd")
+           if str(tmp_path) in (os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else "")]
+    assert fds, "the tier's file was not found among this process's files"
+    for fd in fds:
+        os.ftruncate(fd, 0)
+    with pytest.raises(tf.errors.InternalError, match=f"ssd_dir '{tmp_path}' failed .*reading rows"):
+        table.evict(10, 2)
+
+
 def test_checkpoints_cross_tiers_both_ways(tmp_path):
     budget = 30 * tier_row_bytes(DIM, 2) * 4
     tiered = EmbeddingTable(DIM, num_shards=4, dram_budget=budget, ssd_dir=str(tmp_path))
@@ -149,8 +182,6 @@ def test_bad_tier_arguments(tmp_path):
         EmbeddingTable(DIM, ssd_dir=str(tmp_path))
     with pytest.raises(ValueError, match="dram_budget must be an int >= 0"):
         EmbeddingTable(DIM, dram_budget=-1, ssd_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="cannot be combined with a capacity"):
-        EmbeddingTable(DIM, dram_budget=1 << 20, ssd_dir=str(tmp_path), capacity=10)
     with pytest.raises(tf.errors.InvalidArgumentError, match="ssd_dir '.*missing' cannot be written"):
         EmbeddingTable(DIM, dram_budget=1 << 20, ssd_dir=str(tmp_path / "missing"))
     with pytest.raises(tf.errors.InvalidArgumentError, match="dram_budget .* and ssd_dir .* go together"):

@@ -137,9 +137,8 @@ class Case:
                    shared_name=f"fuzz_{self.index}_{rng.integers(1 << 30)}")
         policy = pick(rng, ["lru", "lfu", "ttl"])
         cfg.update(evict_policy=policy, ttl_steps=int(pick(rng, [1, 2, 50])) if policy == "ttl" else 0)
-        if rng.random() < 0.3:  # a DRAM + SSD tier (not combinable with capacity or TTL)
-            cfg.update(capacity=0, evict_policy="lru", ttl_steps=0, dram_budget=int(pick(rng, [1, 100, 4096, 1 << 20])),
-                       ssd_dir=SSD_DIR)
+        if rng.random() < 0.3:  # a DRAM + SSD tier (with the capacity and policy drawn above)
+            cfg.update(dram_budget=int(pick(rng, [1, 100, 4096, 1 << 20])), ssd_dir=SSD_DIR)
         cfg.update(attrs)
         if not valid:
             key = pick(rng, ["dim", "num_shards", "init_a", "init_b", "default_value", "max_candidates",
@@ -271,7 +270,9 @@ class Case:
             self.call("evict", ops().ttf_table_evict, h, maybe_wrong(rng, rand_ints(rng, rand_shape(rng, 0))),
                       rand_ints(rng, rand_shape(rng, 0 if rng.random() < 0.8 else 1)))
         elif group == "export":
-            if rng.random() < 0.5:
+            if rng.random() < 0.3:
+                self.save(h)
+            elif rng.random() < 0.5:
                 self.call("export", ops().ttf_table_export, h, reset_deleted=bool(rng.random() < 0.5))
             else:
                 self.call("export_delta", ops().ttf_table_export_delta, h,
@@ -396,6 +397,23 @@ class Case:
         self.call("nothing touched outside the folder", _check_untouched, outside_changes)
         shutil.rmtree(case_dir, ignore_errors=True)
 
+    def save(self, h):
+        """TtfTableSave (the streamed checkpoint writer) into a scratch folder: random piece
+        sizes, full or delta, sometimes a broken input (prefix, since_step, piece_bytes)."""
+        from ttf._ops import ops
+        rng = self.rng
+        scratch = f"save-{self.index}-{rng.integers(1 << 30)}-"
+        prefix = os.path.join(SSD_DIR, scratch)
+        since = int(pick(rng, [-1, 0, 5, -7, -(2**63)]))
+        args = dict(delta=bool(rng.random() < 0.5), piece_bytes=int(pick(rng, [1, 100, 4096, 64 << 20, 0, -5])))
+        bad = rng.random()
+        if bad < 0.1:
+            prefix = pick(rng, ["", ["a", "b"], "/nonexistent/dir/x"])
+        self.call("save", ops().ttf_table_save, h, prefix, "t/ttf/src-0", since, **args)
+        for name in os.listdir(SSD_DIR):  # the bundles are the fuzzer's, not the table's: keep the folder empty
+            if name.startswith(scratch):
+                os.remove(os.path.join(SSD_DIR, name))
+
     # --- racing threads on one table
     def race(self):
         from ttf._ops import ops
@@ -403,7 +421,7 @@ class Case:
         dim = int(pick(rng, [4, 8, 1, 2, 16]))
         h, _ = self.table(dim)
         self.call("seed rows", ops().ttf_table_find_or_insert, h, self.ids(500), dim=dim)
-        kinds = ["lookup", "ragged", "apply", "import", "export", "evict", "delta", "remove", "find", "stats"]
+        kinds = ["lookup", "ragged", "apply", "import", "export", "evict", "delta", "remove", "find", "stats", "save"]
         chosen = [pick(rng, kinds) for _ in range(int(rng.integers(3, 7)))]
         chosen += ["apply", "import"] if rng.random() < 0.5 else ["export"]
         iterations = int(rng.integers(3, 12))
@@ -431,6 +449,8 @@ class Case:
                     local.import_(h, dim)
                 elif kind == "export":
                     local.call("race export", ops().ttf_table_export, h, reset_deleted=bool(local.rng.random() < 0.3))
+                elif kind == "save":
+                    local.save(h)
                 elif kind == "delta":
                     local.call("race delta", ops().ttf_table_export_delta, h, int(local.rng.integers(-1, 20)))
                 elif kind == "evict":

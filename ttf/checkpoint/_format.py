@@ -1,8 +1,9 @@
 """The sharded, streamed table format: a TF registered checkpoint saver for LogicalTable.
 
-Save: for each table, each shard (source i) is exported on its own device (a PS writes its
-part; in one process, one source per shard) and written there by SaveV2 in pieces of at most
-PIECE_BYTES, one small bundle per piece; the pieces are merged (MergeV2Checkpoints: index
+Save: for each table, each shard (source i) is written on its own device (a PS writes its
+part; in one process, one source per shard) by TtfTableSave, in pieces of at most PIECE_BYTES
+of rows (and of candidates), one small bundle per piece, written while the shard's snapshot
+is read (one piece in RAM at a time; a tiered shard's disk rows streamed from its files); the pieces are merged (MergeV2Checkpoints: index
 merge + renames, no row copy) into this saver's prefix, which TensorFlow merges into the
 checkpoint. On Horovod, source i is rank i's shard: each rank writes its own pieces first
 (write_rank_part, called by ttf.distribute.horovod.save_checkpoint on every rank) into the
@@ -51,11 +52,10 @@ def _save(trackables, file_prefix):
         return [tf.identity(file_prefix)]
 
 
-def _sources(logical):
-    """[(device, export)] of one save: each shard exported where it lives."""
-    layer, mode = logical.layer, logical.mode
-    since = None if mode is None or not mode.delta else logical.saved_step  # the plan of CheckpointManager.delta_plan
-    return [(table._resource_device, table.export(since_step=since)) for table in layer.tables]  # pylint: disable=protected-access
+def _since_step(logical):
+    """None (a full save) or the step a delta starts after (the plan of CheckpointManager.delta_plan)."""
+    mode = logical.mode
+    return None if mode is None or not mode.delta else logical.saved_step
 
 
 def _save_table(name, logical, tmp):
@@ -64,9 +64,10 @@ def _save_table(name, logical, tmp):
         prefixes, layouts = _rank_parts(name, logical, delta)
     else:
         prefixes, layouts = [], []
-        for i, (device, export) in enumerate(_sources(logical)):
-            with tf.device(device):  # every op touching the shard's rows runs where they are
-                written, layout = _write_source(tf.strings.join([tmp, f"-s{i}"]), f"{name}/ttf/src-{i}", export)
+        since = _since_step(logical)
+        for i, table in enumerate(logical.layer.tables):
+            with tf.device(table._resource_device):  # pylint: disable=protected-access  # where the shard's rows are
+                written, layout = _write_source(tf.strings.join([tmp, f"-s{i}"]), f"{name}/ttf/src-{i}", table, since)
             prefixes.append(written)
             layouts.append(layout)
     strides = tf.stack([layout["stride"] for layout in layouts])
@@ -84,17 +85,21 @@ def _save_table(name, logical, tmp):
     return prefixes
 
 
-def _write_source(prefix, base, export):
-    """Writes one source (a shard's export) under `base` (`<obj>/ttf/src-<i>`) in bundles
-    `prefix`-p<k> and `prefix`-header; returns (their prefixes [num_parts + 1], its layout:
-    optimizer, slot_init, step and stride, the row width with slots)."""
-    parts, num_parts = _save_parts(prefix, base, export)
-    delta = "deleted_keys" in export
+def _write_source(prefix, base, table, since_step):
+    """Writes one source (a table shard) under `base` (`<obj>/ttf/src-<i>`) in bundles
+    `prefix`-p<k> (TtfTableSave: one piece of at most PIECE_BYTES in RAM at a time, a tiered
+    table's disk rows streamed from its files) and `prefix`-header; returns (their prefixes
+    [num_parts + 1], its layout: optimizer, slot_init, step and stride, the row width with
+    slots). since_step: None (full) or the delta's start."""
+    delta = since_step is not None
+    parts, optimizer, slot_init, step, stride, deleted_keys = ops().ttf_table_save(
+        table.resource_handle, prefix, base, tf.cast(since_step if delta else -1, tf.int64), delta=delta,
+        piece_bytes=PIECE_BYTES)
+    num_parts = tf.size(parts, out_type=tf.int64)
     names = [f"{base}/num_parts"] + ([f"{base}/deleted_keys"] if delta else [])
-    values = [num_parts] + ([export["deleted_keys"]] if delta else [])
+    values = [num_parts] + ([deleted_keys] if delta else [])
     header = _save_v2(tf.strings.join([prefix, "-header"]), names, values)
-    layout = {"optimizer": export["optimizer"], "slot_init": export["slot_init"], "step": export["step"],
-              "stride": tf.shape(export["values"])[1]}
+    layout = {"optimizer": optimizer, "slot_init": slot_init, "step": step, "stride": stride}
     return tf.concat([parts, [header]], 0), layout
 
 
@@ -117,9 +122,7 @@ def write_rank_part(name, logical, prefix, rank, since_step):
     for rank 0, which merges every rank's bundles into the checkpoint (_rank_parts)."""
     table = logical.layer.tables[0]
     with tf.device(table._resource_device):  # pylint: disable=protected-access
-        export = table.export(since_step=since_step)
-        written, layout = _write_source(tf.constant(prefix), f"{name}/ttf/src-{rank}", export)
-        del export  # the rows' copy: freed before the next table's
+        written, layout = _write_source(tf.constant(prefix), f"{name}/ttf/src-{rank}", table, since_step)
     layout = {"optimizer": layout["optimizer"].numpy(), "slot_init": layout["slot_init"].numpy(),
               "step": int(layout["step"]), "stride": int(layout["stride"])}
     return [p.decode() for p in written.numpy()], layout
@@ -149,32 +152,6 @@ def _save_v2(prefix, names, tensors):
     saved = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(tensors), tensors=tensors)
     with tf.control_dependencies([saved]):
         return tf.identity(prefix)
-
-
-def _save_parts(prefix, base, export):
-    """Writes `export`'s rows and candidates in pieces of at most PIECE_BYTES; returns
-    (the pieces' prefixes [num_parts], num_parts)."""
-    rows, candidates = tf.shape(export["keys"], tf.int64)[0], tf.shape(export["candidate_keys"], tf.int64)[0]
-    row_bytes = 24 + 4 * tf.shape(export["values"], tf.int64)[1]  # key + meta + floats
-    rows_per_part = tf.maximum(tf.constant(1, tf.int64), PIECE_BYTES // row_bytes)
-    cands_per_part = tf.constant(max(1, PIECE_BYTES // 24), tf.int64)
-    num_parts = tf.maximum(tf.constant(1, tf.int64),
-                           tf.maximum(-(-rows // rows_per_part), -(-candidates // cands_per_part)))
-
-    def write_part(k, written):
-        r0, c0 = k * rows_per_part, k * cands_per_part
-        r1, c1 = tf.minimum(rows, r0 + rows_per_part), tf.minimum(candidates, c0 + cands_per_part)
-        r0, c0 = tf.minimum(r0, rows), tf.minimum(c0, candidates)
-        piece = [export["keys"][r0:r1], export["values"][r0:r1], export["meta"][r0:r1],
-                 export["candidate_keys"][c0:c1], export["candidate_meta"][c0:c1]]
-        part = tf.strings.as_string(k)
-        names = [tf.strings.join([f"{base}/part-", part, f"/{field}"]) for field in PART_FIELDS]
-        saved = _save_v2(tf.strings.join([prefix, "-p", part]), tf.stack(names), piece)
-        return k + 1, written.write(tf.cast(k, tf.int32), saved)
-
-    _, written = tf.while_loop(lambda k, _: k < num_parts, write_part,
-                               (tf.constant(0, tf.int64), tf.TensorArray(tf.string, size=tf.cast(num_parts, tf.int32))))
-    return written.stack(), num_parts
 
 
 # -- restore

@@ -116,17 +116,13 @@ def tier_row_bytes(dim, num_slots):
     return 4 * dim * (1 + num_slots) + 40
 
 
-def check_tier(dram_budget, ssd_dir, capacity=0, evict_policy="lru"):
-    """ValueError naming the argument unless (dram_budget, ssd_dir) is valid with the
-    eviction arguments."""
+def check_tier(dram_budget, ssd_dir):
+    """ValueError naming the argument unless (dram_budget, ssd_dir) is valid."""
     if not isinstance(dram_budget, (int, np.integer)) or dram_budget < 0:
         raise ValueError(f"dram_budget must be an int >= 0 bytes (0: no SSD tier), got {dram_budget!r}")
     if not isinstance(ssd_dir, str) or (dram_budget > 0) != bool(ssd_dir):
         raise ValueError(f"dram_budget ({dram_budget}) and ssd_dir ({ssd_dir!r}) go together: set both for a "
                          "DRAM + SSD tier, or neither")
-    if dram_budget and (capacity or evict_policy == "ttl"):
-        raise ValueError("a DRAM + SSD tier (dram_budget) cannot be combined with a capacity or TTL eviction yet: "
-                         "use one or the other")
 
 
 @registration.register_serializable(package="ttf", name="EmbeddingTable")
@@ -157,7 +153,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
       dram_budget: bytes of DRAM rows (see tier_row_bytes) this table keeps; with ssd_dir,
         the rows beyond it live in a file under ssd_dir (0: all rows in DRAM). Lookups
         read disk rows in place, updates bring them back to DRAM, so training is exactly
-        that of an all-DRAM table (docs/tiers.md). Not combinable with capacity or TTL.
+        that of an all-DRAM table (docs/tiers.md). The disk tier's key index counts inside
+        the budget. With a capacity or TTL, rows leave both tiers by the policy.
       ssd_dir: a writable directory for the disk tier (with dram_budget; InvalidArgument at
         creation if it cannot be written). Its file is a cache, unlinked at once: a
         checkpoint holds every row, and a killed process leaves nothing there.
@@ -175,7 +172,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         if not 1 <= num_shards <= 4096:
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
         check_eviction(capacity, evict_policy, ttl_steps)
-        check_tier(dram_budget, ssd_dir, capacity, evict_policy)
+        check_tier(dram_budget, ssd_dir)
         self.dram_budget = int(dram_budget)
         self.ssd_dir = ssd_dir
         self.capacity = int(capacity)
