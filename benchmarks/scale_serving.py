@@ -50,6 +50,11 @@ print(json.dumps({"rss_before": before, "rss_after": after}))
 """
 
 
+def say(what):
+    """A progress line on stderr (a 100M-key run takes many minutes)."""
+    print(f"[scale_serving] {time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keys", type=int, default=1_000_000, help="ids held by the table (default 1,000,000)")
@@ -78,12 +83,14 @@ def main(argv=None):
     probe = tf.constant(rng.permutation(np.concatenate([held, unseen])), tf.int64)
     dtype = tf.float16 if args.rows == "fp16" else tf.float32
 
+    say(f"building the hashed export of {len(keys):,} keys")
     t0 = time.perf_counter()
     rows = tf.random.stateless_normal([len(keys), args.dim], seed=[0, 1])  # made in TF: no NumPy copy
     hashed = ttf.serving.HashedShard(tf.constant(keys), rows, tf.zeros([1, args.dim]), dtype=dtype)
     build_hashed = time.perf_counter() - t0
     del rows, keys  # only the export's arrays stay
     count = int(tf.size(hashed.keys)) - 1
+    say(f"built in {build_hashed:.0f} s; building the StaticHashTable")
     t0 = time.perf_counter()
     # id -> the row's index in the export's own rows array (the padding row: never held), so both
     # paths gather from one array: what differs is only how an id is found.
@@ -105,6 +112,7 @@ def main(argv=None):
     reference = static_lookup(probe).numpy()
     for name, fn in paths.items():  # same rows from every path
         np.testing.assert_array_equal(fn(probe).numpy(), reference, err_msg=name)
+    say(f"built in {build_static:.0f} s; {args.reps} interleaved lookups per path")
     times = {name: [] for name in paths}
     for _ in range(args.reps):  # interleaved: the machine's load hits every path alike
         for name, fn in paths.items():
@@ -126,11 +134,13 @@ def main(argv=None):
             module.table = hashed
             lookup = tf.function(lambda keys: {"rows": hashed.lookup(keys)},
                                  input_signature=[tf.TensorSpec([None], tf.int64, name="keys")])
+            say("writing the export as a SavedModel")
             t0 = time.perf_counter()
             tf.saved_model.save(module, os.path.join(scratch, "1"), signatures={"lookup": lookup})
             result["save_seconds"] = time.perf_counter() - t0
             np.save(os.path.join(scratch, "probe.npy"), probe.numpy())
             del module, lookup, static, hashed, paths, hashed_lookup, static_lookup
+            say("loading it in a stock TF process")
             env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "PYTHONPATH")}
             proc = subprocess.run([sys.executable, "-c", LOAD, os.path.join(scratch, "1"),
                                    os.path.join(scratch, "probe.npy"), os.path.join(scratch, "out.npy")],
