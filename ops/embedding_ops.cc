@@ -39,6 +39,7 @@ REGISTER_OP("TtfEmbeddingTable")
     .Attr("default_value: float = 0.0")
     .Attr("admission_min_count: int >= 0 = 0")
     .Attr("max_candidates: int >= 1 = 4194304")
+    .Attr("admission_sketch_bytes: int >= 0 = 0")
     .Attr("num_shards: int >= 1 = 16")
     .Attr("capacity: int >= 0 = 0")
     .Attr("evict_policy: {'lru', 'lfu', 'ttl'} = 'lru'")
@@ -59,6 +60,11 @@ With admission_min_count > 0 a key gets a row only once it was seen in that many
 training updates (apply ops); until then it is an admission candidate. At most max_candidates
 candidates are kept: when full, the least recently seen eighth of a shard's candidates
 (fewest sightings first) is dropped and counted (TtfTableStats.candidates_dropped).
+admission_sketch_bytes > 0 (with admission_min_count > 0) counts sightings in a count-min
+sketch of that many bytes instead (4 rows of 8-bit counters per lock shard, conservative
+update, every counter halved each width/8 sightings of a shard): no candidate is stored, the
+memory is fixed, and a key seen once is admitted early with probability at most
+(1 / (4 * (admission_min_count - 1)))^4 (docs/tiers.md); the sketch is not checkpointed.
 capacity > 0 bounds the rows: after each update the table holds at most capacity rows
 (each lock shard its share, capacity / num_shards rounded up) plus that update's new keys;
 when over, it evicts down to 15/16 of the capacity by evict_policy: 'lru' (least recently
@@ -71,7 +77,8 @@ dram_budget > 0 (bytes) with ssd_dir: a DRAM + SSD tier. Each shard keeps at mos
 of the budget in DRAM rows (value, slots, metadata, index entry); before an update would
 exceed it, the least recently updated rows outside that update move to an unlinked file
 under ssd_dir. Lookups read disk rows in place; the update promotes them back to DRAM, so
-a tiered table trains exactly as an untiered one. Not combinable with capacity or TTL.
+a tiered table trains exactly as an untiered one. With capacity or TTL, both tiers count
+and an evicted row leaves either. The disk tier's key index counts inside the budget.
 ssd_dir must be writable (checked at creation); a full disk fails the op with
 ResourceExhausted, leaving every row in exactly one tier.
 dim must be in [1, 4096] and num_shards in [1, 4096]; init_a, init_b and default_value

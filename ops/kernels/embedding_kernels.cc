@@ -29,6 +29,7 @@ class EmbeddingTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("default_value", &config_.default_value));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_min_count", &config_.admission_min_count));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("max_candidates", &config_.max_candidates));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_sketch_bytes", &config_.admission_sketch_bytes));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
     std::string evict_policy;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &config_.capacity));

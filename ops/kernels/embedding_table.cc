@@ -52,7 +52,8 @@ bool TableConfig::operator==(const TableConfig& o) const {
          init.seed == o.init.seed && default_value == o.default_value &&
          admission_min_count == o.admission_min_count && max_candidates == o.max_candidates &&
          num_shards == o.num_shards && capacity == o.capacity && evict_policy == o.evict_policy &&
-         ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir;
+         ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir &&
+         admission_sketch_bytes == o.admission_sketch_bytes;
 }
 
 std::string TableConfig::DebugString() const {
@@ -63,7 +64,8 @@ std::string TableConfig::DebugString() const {
                          ", admission_min_count=", admission_min_count, ", max_candidates=", max_candidates,
                          ", num_shards=", num_shards, ", capacity=", capacity, ", evict_policy=",
                          kPolicies[static_cast<int>(evict_policy)], ", ttl_steps=", ttl_steps,
-                         ", dram_budget=", dram_budget, ", ssd_dir='", ssd_dir, "'");
+                         ", dram_budget=", dram_budget, ", ssd_dir='", ssd_dir,
+                         "', admission_sketch_bytes=", admission_sketch_bytes);
 }
 
 Status ValidateConfig(const TableConfig& c) {
@@ -75,6 +77,14 @@ Status ValidateConfig(const TableConfig& c) {
     return errors::InvalidArgument("admission_min_count must be >= 0, got ", c.admission_min_count);
   if (c.max_candidates < 1 || c.max_candidates > kMaxCandidates)
     return errors::InvalidArgument("max_candidates must be in [1, ", kMaxCandidates, "], got ", c.max_candidates);
+  if (c.admission_sketch_bytes < 0 || c.admission_sketch_bytes > (int64_t{1} << 40))
+    return errors::InvalidArgument("admission_sketch_bytes must be in [0, 2^40], got ", c.admission_sketch_bytes);
+  if (c.admission_sketch_bytes > 0 && c.admission_min_count == 0)
+    return errors::InvalidArgument("admission_sketch_bytes (", c.admission_sketch_bytes,
+                                   ") counts admission sightings: set admission_min_count > 0 too, or leave it 0");
+  if (c.admission_sketch_bytes > 0 && c.admission_sketch_bytes / c.num_shards < 512)
+    return errors::InvalidArgument("admission_sketch_bytes (", c.admission_sketch_bytes, ") must give each of the ",
+                                   c.num_shards, " shards at least 512 bytes");
   if (c.capacity < 0) return errors::InvalidArgument("capacity must be >= 0 (0: unbounded), got ", c.capacity);
   if (c.ttl_steps < 0) return errors::InvalidArgument("ttl_steps must be >= 0, got ", c.ttl_steps);
   if (c.dram_budget < 0) return errors::InvalidArgument("dram_budget must be >= 0 bytes (0: no SSD tier), got ", c.dram_budget);
@@ -394,7 +404,11 @@ Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_
 
 EmbeddingTable::EmbeddingTable(const TableConfig& config) : config_(config) {
   shards_.reserve(config.num_shards);
-  for (int i = 0; i < config.num_shards; ++i) shards_.emplace_back(new TableShard(config.dim));
+  for (int i = 0; i < config.num_shards; ++i) {
+    shards_.emplace_back(new TableShard(config.dim));
+    if (config.admission_sketch_bytes > 0)
+      shards_.back()->sketch = AdmissionSketch(config.admission_sketch_bytes / config.num_shards);
+  }
 }
 
 std::string EmbeddingTable::DebugString() const {
@@ -534,7 +548,7 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     // releases the lock (other threads may insert or evict meanwhile).
     const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
     if (missing == 0) break;
-    if (min_count > 0 && !sh.candidates.HasRoom(missing)) {
+    if (min_count > 0 && !sh.sketch.enabled() && !sh.candidates.HasRoom(missing)) {
       ReserveRoom(lock, &sh.candidates, missing);
       continue;
     }
@@ -581,7 +595,10 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
       }
     }
     int64_t count = 1;
-    if (min_count > 0) {
+    if (min_count > 0 && sh.sketch.enabled()) {
+      count = sh.sketch.Add(hashes[i]);
+      if (count < min_count) continue;  // not admitted yet: counted in the sketch only
+    } else if (min_count > 0) {
       uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
       if (cid == KeyIndex::kNone) {
         if (sh.candidates.index.size() >= candidates_per_shard) DropOldestCandidates(&sh);
@@ -771,8 +788,13 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
     }
     bool admitted_now = training;
     if (training && min_count > 0) {  // admitted by this step's update if this sighting reaches min_count
-      const uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
-      const int64_t seen = cid == KeyIndex::kNone ? 0 : sh.candidates.store.meta(cid).count;
+      int64_t seen = 0;
+      if (sh.sketch.enabled()) {
+        seen = sh.sketch.Estimate(hashes[i]);
+      } else {
+        const uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
+        seen = cid == KeyIndex::kNone ? 0 : sh.candidates.store.meta(cid).count;
+      }
       admitted_now = seen + 1 >= min_count;
     }
     if (admitted_now) {
@@ -799,6 +821,13 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
     }
   }
   return OkStatus();
+}
+
+void EmbeddingTable::FoldCandidatesIntoSketch(TableShard* sh) {
+  if (!sh->sketch.enabled() || sh->candidates.index.size() == 0) return;
+  sh->candidates.index.ForEach(
+      [&](int64_t key, uint32_t id) { sh->sketch.Add(HashKey(key), sh->candidates.store.meta(id).count); });
+  sh->candidates = KeyedStore(0);
 }
 
 void EmbeddingTable::DropOldestCandidates(TableShard* sh) {
@@ -887,7 +916,7 @@ int64_t EmbeddingTable::MemoryBytes() const {
   for (const auto& sh : shards_) {
     std::shared_lock<std::shared_mutex> lock(sh->mu);
     total += sizeof(TableShard) + sh->rows.index.bytes() + sh->rows.store.bytes() + sh->candidates.index.bytes() +
-             sh->candidates.store.bytes() +
+             sh->candidates.store.bytes() + sh->sketch.bytes() +
              (sh->deleted_keys[0].capacity() + sh->deleted_keys[1].capacity()) * sizeof(int64_t) +
              sh->disk.index.bytes();
   }
@@ -1216,6 +1245,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
         if (id == KeyIndex::kNone) id = sh.candidates.Add(key, h);
         sh.candidates.store.meta(id) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
       }
+      FoldCandidatesIntoSketch(&sh);
       if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}));
     }
     AdvanceStep(src.step);
@@ -1246,6 +1276,8 @@ Status EmbeddingTable::Import(const ImportSource& src) {
       sh.candidates.store.meta(static_cast<uint32_t>(j)) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
     }
     sh.candidates_dropped = 0;
+    if (sh.sketch.enabled()) sh.sketch = AdmissionSketch(config_.admission_sketch_bytes / num_shards());
+    FoldCandidatesIntoSketch(&sh);
     for (auto& record : sh.deleted_keys) std::vector<int64_t>().swap(record);  // a restored table starts a new history
     if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}));
     ReleaseFreedMemory();

@@ -87,6 +87,9 @@ struct TableConfig {
   float default_value = 0.0f;         // the row a missing (or not yet admitted) key reads
   int64_t admission_min_count = 0;    // a key gets a row once seen in this many updates
   int64_t max_candidates = int64_t{1} << 22;  // admission candidates kept (oldest dropped)
+  // > 0: sightings counted in a count-min sketch of this many bytes (AdmissionSketch), no
+  // candidates stored.
+  int64_t admission_sketch_bytes = 0;
   int num_shards = 16;
   // Bounded size: at most `capacity` rows (0: unbounded) after each update, plus that
   // update's own new keys; rows beyond it go by `evict_policy` (ttl: also every row not
@@ -286,12 +289,59 @@ Status DiskTier::ForEachLive(F&& f) const {
   return OkStatus();
 }
 
+// Admission counts in fixed memory: a count-min sketch (Cormode & Muthukrishnan, 2005) of
+// kDepth rows of 8-bit counters, updated conservatively (only the counters at the minimum
+// grow), every counter halved after each width/8 additions (the aging of TinyLFU, Einziger
+// et al., 2017). Each row gets at most width/8 increments a window, so a counter's expected
+// value stays below 1/4 (1/8 this window, at most 1/8 from halved earlier ones): a key never
+// seen reads >= c in all rows with probability at most (1/(4c))^kDepth (Markov, independent
+// row hashes). Guarded by the shard lock: Add exclusive, Estimate at least shared.
+class AdmissionSketch {
+ public:
+  static constexpr int kDepth = 4;
+  AdmissionSketch() = default;
+  explicit AdmissionSketch(int64_t bytes) {
+    width_ = 64;
+    while (width_ * 2 * kDepth <= bytes) width_ *= 2;
+    counters_.assign(width_ * kDepth, 0);
+  }
+  bool enabled() const { return width_ > 0; }
+  int64_t bytes() const { return static_cast<int64_t>(counters_.size()); }
+  int64_t Estimate(uint64_t hash) const {
+    int64_t least = 255;
+    for (int r = 0; r < kDepth; ++r) least = std::min<int64_t>(least, counters_[Slot(hash, r)]);
+    return least;
+  }
+  // Counts one sighting (at least `times` in all, for a restored candidate); returns the new estimate.
+  int64_t Add(uint64_t hash, int64_t times = 1) {
+    const int64_t updated = std::min<int64_t>(255, Estimate(hash) + times);
+    for (int r = 0; r < kDepth; ++r) {
+      uint8_t& c = counters_[Slot(hash, r)];
+      c = std::max<uint8_t>(c, static_cast<uint8_t>(updated));
+    }
+    if (++additions_ >= width_ / 8) {
+      for (uint8_t& c : counters_) c >>= 1;
+      additions_ = 0;
+    }
+    return updated;
+  }
+
+ private:
+  size_t Slot(uint64_t hash, int r) const {
+    return r * width_ + (Mix64(hash + 0x632be59bd9b4e019ULL * (r + 1)) & (width_ - 1));
+  }
+  int64_t width_ = 0;
+  int64_t additions_ = 0;
+  std::vector<uint8_t> counters_;
+};
+
 struct TableShard {
   explicit TableShard(int64_t stride) : rows(stride), candidates(0) {}
   mutable std::shared_mutex mu;
   KeyedStore rows;
   KeyedStore candidates;
   int64_t candidates_dropped = 0;     // by the max_candidates bound
+  AdmissionSketch sketch;             // admission_sketch_bytes > 0: sightings of keys without a row
   int64_t rows_evicted = 0;           // by the capacity and TTL (not by explicit Evict/Remove)
   int64_t next_ttl_sweep = 0;         // the step at which TTL next scans this shard
   // Removed rows and candidates, one record per reader (DeletedRecord) while it tracks them.
@@ -459,6 +509,8 @@ class EmbeddingTable : public ResourceBase {
 
  private:
   void DropOldestCandidates(TableShard* sh);
+  // Sketch tables: imported candidates count as their sightings in the sketch (lock held).
+  void FoldCandidatesIntoSketch(TableShard* sh);
   // After an update at step `now` (shard lock held exclusively): TTL sweep, then eviction
   // down to the shard's share of the capacity by policy, never touching rows updated at `now`.
   // Tiered: the capacity counts both tiers' rows, and rows leave either tier by the policy.

@@ -137,12 +137,15 @@ class Case:
                    shared_name=f"fuzz_{self.index}_{rng.integers(1 << 30)}")
         policy = pick(rng, ["lru", "lfu", "ttl"])
         cfg.update(evict_policy=policy, ttl_steps=int(pick(rng, [1, 2, 50])) if policy == "ttl" else 0)
+        if cfg["admission_min_count"] > 0 and rng.random() < 0.4:  # admission counted in a count-min sketch
+            cfg.update(admission_sketch_bytes=int(pick(rng, [cfg["num_shards"] * 512, 1 << 16, 1 << 20])))
         if rng.random() < 0.3:  # a DRAM + SSD tier (with the capacity and policy drawn above)
             cfg.update(dram_budget=int(pick(rng, [1, 100, 4096, 1 << 20])), ssd_dir=SSD_DIR)
         cfg.update(attrs)
         if not valid:
             key = pick(rng, ["dim", "num_shards", "init_a", "init_b", "default_value", "max_candidates",
-                             "admission_min_count", "seed", "capacity", "ttl_steps", "dram_budget", "ssd_dir"])
+                             "admission_min_count", "seed", "capacity", "ttl_steps", "dram_budget", "ssd_dir",
+                             "admission_sketch_bytes"])
             if key == "ssd_dir":
                 cfg.update(dram_budget=4096, ssd_dir=pick(rng, ["/nonexistent/ttf", "/proc", ""]))
             else:

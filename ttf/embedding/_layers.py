@@ -44,6 +44,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       seed: row initialisation seed.
       admission_min_count: an id gets its own row only at its this-many-th training update;
         until then it reads the default row and its gradient is dropped.
+      admission_sketch_bytes: > 0: count those sightings in a count-min sketch of this many
+        bytes per table shard (fixed memory; see ttf.embedding.EmbeddingTable).
       default_value: the value of every element of the default row.
       shard_devices: devices to shard the table over by id (a parameter-server cluster:
         ["/job:ps/replica:0/task:0", ...]); each step then makes one lookup and one update
@@ -79,7 +81,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def __init__(self, dim, initializer="uniform", combiner=None, name=None, seed=0, admission_min_count=0,
                  default_value=0.0, shard_devices=None, num_shards=16, capacity=0, evict_policy="lru", ttl_steps=0,
-                 dram_budget=0, ssd_dir="", **kwargs):
+                 dram_budget=0, ssd_dir="", admission_sketch_bytes=0, **kwargs):
         kwargs.setdefault("dtype", "float32")  # rows are float32 whatever the model's precision
         super().__init__(name=name, **kwargs)
         if combiner not in (None, "sum", "mean"):
@@ -91,7 +93,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         self.tables = [
             EmbeddingTable(dim, initializer, seed, default_value, admission_min_count, num_shards,
                            name=f"{self.name}_shard{i}", device=device, capacity=capacity,
-                           evict_policy=evict_policy, ttl_steps=ttl_steps, dram_budget=dram_budget, ssd_dir=ssd_dir)
+                           evict_policy=evict_policy, ttl_steps=ttl_steps, dram_budget=dram_budget, ssd_dir=ssd_dir,
+                           admission_sketch_bytes=admission_sketch_bytes)
             for i, device in enumerate(shard_devices or [""])
         ]
         # None, or an object whose lookup(layer, keys, row_splits, training) replaces the
@@ -289,7 +292,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                       admission_min_count=table.admission_min_count, default_value=table.default_value,
                       initializer=table.initializer.get_config(), num_shards=table.num_shards,
                       capacity=table.capacity, evict_policy=table.evict_policy, ttl_steps=table.ttl_steps,
-                      dram_budget=table.dram_budget, ssd_dir=table.ssd_dir)
+                      dram_budget=table.dram_budget, ssd_dir=table.ssd_dir,
+                      admission_sketch_bytes=table.admission_sketch_bytes)
         return config
 
 

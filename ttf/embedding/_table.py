@@ -143,6 +143,11 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
       default_value: what missing (and not yet admitted) keys read, in every element.
       admission_min_count: a key gets its own row once seen in this many training
         updates (0: at its first). Until then it reads the default row and gets no update.
+      admission_sketch_bytes: > 0 (with admission_min_count): count the sightings of keys
+        without a row in a count-min sketch of this many bytes (fixed memory, no candidate
+        stored; a key seen once is admitted early with probability at most
+        (1 / (4 * (admission_min_count - 1)))^4; not checkpointed, docs/tiers.md). 0: exact
+        candidates, at most 4M of them (oldest dropped).
       num_shards: lock shards inside the table (parallelism of lookups and updates).
       capacity: at most this many rows after each update (0: unbounded), plus that update's
         own new keys; when over, the table evicts down to 15/16 of it by evict_policy.
@@ -164,7 +169,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
 
     def __init__(self, dim, initializer="uniform", seed=0, default_value=0.0, admission_min_count=0,
                  num_shards=16, name="embedding_table", device="", capacity=0, evict_policy="lru", ttl_steps=0,
-                 dram_budget=0, ssd_dir=""):
+                 dram_budget=0, ssd_dir="", admission_sketch_bytes=0):
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if admission_min_count < 0:
@@ -173,6 +178,12 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
         check_eviction(capacity, evict_policy, ttl_steps)
         check_tier(dram_budget, ssd_dir)
+        if not isinstance(admission_sketch_bytes, (int, np.integer)) or admission_sketch_bytes < 0:
+            raise ValueError(f"admission_sketch_bytes must be an int >= 0, got {admission_sketch_bytes!r}")
+        if admission_sketch_bytes and not admission_min_count:
+            raise ValueError(f"admission_sketch_bytes ({admission_sketch_bytes}) counts admission sightings: set "
+                             "admission_min_count > 0 too, or leave it 0")
+        self.admission_sketch_bytes = int(admission_sketch_bytes)
         self.dram_budget = int(dram_budget)
         self.ssd_dir = ssd_dir
         self.capacity = int(capacity)
@@ -196,7 +207,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             init_b=self.initializer.b, seed=self.seed, default_value=self.default_value,
             admission_min_count=self.admission_min_count, num_shards=self.num_shards,
             capacity=self.capacity, evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
-            dram_budget=self.dram_budget, ssd_dir=self.ssd_dir, shared_name=self._shared_name)
+            dram_budget=self.dram_budget, ssd_dir=self.ssd_dir, admission_sketch_bytes=self.admission_sketch_bytes,
+            shared_name=self._shared_name)
 
     def _destroy_resource(self):
         ops().ttf_table_destroy(self.resource_handle)
@@ -281,7 +293,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
                       default_value=self.default_value, admission_min_count=self.admission_min_count,
                       num_shards=self.num_shards, name=self.name, capacity=self.capacity,
                       evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
-                      dram_budget=self.dram_budget, ssd_dir=self.ssd_dir)
+                      dram_budget=self.dram_budget, ssd_dir=self.ssd_dir,
+                      admission_sketch_bytes=self.admission_sketch_bytes)
         return nested_structure_coder.encode_structure(config)
 
     @classmethod
