@@ -29,6 +29,9 @@ def bucket_hash(keys):
     return tf.bitwise.right_shift(mix64(keys), tf.constant(32, tf.uint64))
 
 
+ROWS_PER_COPY = 1 << 20  # rows gathered per slice while a HashedShard is built
+
+
 class HashedShard(tf.Module):
     """One shard of a frozen table: a bucketed hash table in plain tensors.
 
@@ -59,8 +62,15 @@ class HashedShard(tf.Module):
         # int32 offsets where they fit (4 bytes per bucket instead of 8).
         offsets = tf.cast(offsets, tf.int32) if int(count.numpy()) < (1 << 31) - 1 else offsets
         self.offsets = tf.Variable(offsets, trainable=False, name="offsets")
-        self.rows = tf.Variable(tf.cast(tf.concat([tf.gather(rows, order), default_row], 0), dtype), trainable=False,
-                                name="rows")
+        del bucket, sizes, offsets  # the build's temporaries, freed before the rows' copy
+        # The rows in bucket order, copied in bounded slices into the variable: the build holds
+        # the input rows and one copy, never a gathered copy and a concatenated one besides.
+        held = int(count.numpy())
+        self.rows = tf.Variable(tf.zeros([held + 1, int(default_row.shape[1])], dtype), trainable=False, name="rows")
+        for start in range(0, held, ROWS_PER_COPY):
+            stop = min(held, start + ROWS_PER_COPY)
+            self.rows[start:stop].assign(tf.cast(tf.gather(rows, order[start:stop]), dtype))
+        self.rows[held:].assign(tf.cast(default_row, dtype))
 
     @property
     def layout(self):
