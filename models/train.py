@@ -390,9 +390,6 @@ def log_stream_progress(trainer, step, loss):
     progress = trainer.stream.update_progress()
     evicted = ""
     if trainer.args.ttl_seconds:  # event-time TTL: note the tables' steps at the newest event time, evict
-        if trainer.event_ttl is None:
-            trainer.event_ttl = ttf.embedding.EventTimeTTL(ttf.embedding.tables_in(trainer.model),
-                                                           trainer.args.ttl_seconds)
         if trainer.stream.last_event_time is not None:
             trainer.event_ttl.observe(trainer.stream.last_event_time)
         trainer.event_ttl.evict()
@@ -683,7 +680,6 @@ class Trainer:
             # --stream: read by this process (the chief of a PS job); its position variables live
             # where the job's variables do (made after connecting), checkpointed as stream_position.
             self.stream = open_stream(args) if args.stream else None
-            self.event_ttl = None  # --ttl-seconds: made at the first progress line
             shard_devices = self.cluster.ps_devices() if self.cluster else None
             self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices,
                                    table_options=getattr(args, "table_options", None))
@@ -701,9 +697,16 @@ class Trainer:
             parts["input_position"] = self.position
             if self.stream:
                 parts["stream_position"] = self.stream
+            # --ttl-seconds: its notes (table step at event time) are checkpointed with the tables they describe.
+            self.event_ttl = (ttf.embedding.EventTimeTTL(ttf.embedding.tables_in(self.model), args.ttl_seconds)
+                              if args.ttl_seconds else None)
+            if self.event_ttl is not None:
+                parts["event_ttl"] = self.event_ttl
             self.precision = make_precision_policy(args.precision)
             # --logdir: the ring of recent (label, prediction) pairs, beside the job's variables (a ps task in a cluster).
             self.auc_window = ttf.summary.RollingAUC(args.auc_window) if args.logdir else None
+            if self.auc_window is not None:  # a resumed job continues its window
+                parts["auc_window"] = self.auc_window
             if self.precision is not None:
                 parts["precision"] = self.precision
             self.train_step = self.guard = None
