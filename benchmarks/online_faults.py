@@ -100,15 +100,18 @@ def parse_args(argv):
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs in the sweep (default 20)")
     p.add_argument("--victims", nargs="+", choices=["trainer", "ps", "worker", "follower"], default=["trainer"],
                    help="processes to kill, each kill picks one at random (default trainer)")
+    p.add_argument("--in-order", action="store_true",
+                   help="kill the --victims in the order given (cycling) instead of at random (the test uses it)")
     p.add_argument("--kill-after", type=float, nargs=2, default=[1.0, 8.0], metavar=("MIN", "MAX"),
                    help="seconds after the job has trained 3 more steps at which a kill comes, uniform "
                         "(default 1 8)")
     p.add_argument("--rows-per-file", type=int, default=400, help="examples per stream file (default 400)")
-    p.add_argument("--file-every", type=float, default=1.5, help="seconds between stream files (default 1.5)")
-    p.add_argument("--batch-size", type=int, default=64, help="examples per step (default 64)")
+    p.add_argument("--file-every", type=float, default=2.0, help="seconds between stream files (default 2)")
+    p.add_argument("--batch-size", type=int, default=256, help="examples per step (default 256)")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
     p.add_argument("--publish-every", type=float, default=1.0, help="seconds between deltas (default 1)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds any one phase may take (default 300)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds any one phase may take; the final catch-up only while it trains nothing (default 300)")
     p.add_argument("--seed", type=int, default=0, help="kill times and victims (default 0)")
     p.add_argument("--workdir", default=None, help="where the stream, checkpoints and logs go (default a temporary "
                                                    "folder, removed when every check passed)")
@@ -304,7 +307,7 @@ def sweep(args):
             if job.proc.poll() is not None:
                 raise RuntimeError(f"the job exited ({job.proc.returncode}) before kill {k + 1}: {job.text()[-1500:]}")
             time.sleep(rng.uniform(*args.kill_after))
-            victim = rng.choice(args.victims)
+            victim = args.victims[k % len(args.victims)] if args.in_order else rng.choice(args.victims)
             steps = journal_steps(journal)
             if victim == "follower":
                 follower.kill()
@@ -335,8 +338,11 @@ def sweep(args):
         producer.done.set()
         producer.join()
         expected_ids = [(f << ID_SHIFT) | n for f in range(producer.files) for n in range(1, args.rows_per_file + 1)]
-        wait_for(lambda: len(replay(journal)) >= len(expected_ids) or job.proc.poll() is not None,
-                 "the job to train the whole stream", args.timeout)
+        trained_before = -1
+        while len(replay(journal)) < len(expected_ids) and job.proc.poll() is None:  # catch up, while it moves
+            trained_before = len(replay(journal))
+            wait_for(lambda: len(replay(journal)) != trained_before or job.proc.poll() is not None,
+                     "the job to train on (the rest of the stream)", args.timeout)
         job.proc.send_signal(signal.SIGTERM)  # train.py, or start_all.sh, which passes it to the chief
         code = job.wait_exit(args.timeout)
         text = job.text()
@@ -368,6 +374,9 @@ def sweep(args):
             "table_lost": sum(1 for c in per_example if c == 0),
             "table_duplicated": sum(c - 1 for c in per_example if c > 1),
             "follower": served, "seconds": time.time() - started, "workdir": work,
+            # rounds rolled back because a lost worker's step was run again (models/train.py roll_back)
+            "rollbacks": sum(open(os.path.join(work, f"job{n}.log"), encoding="utf-8", errors="replace").read()
+                             .count("[train] a worker was lost") for n in range(1, job.starts + 1)),
         }
     finally:
         producer.done.set()

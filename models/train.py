@@ -418,12 +418,15 @@ def train_stream_cluster(trainer):
     workers = len(trainer.cluster.worker_hosts)
     variables, guard = trainer.model.trainable_variables, trainer.guard
     step_fns = {}
+    with strategy.scope():  # on a ps: counts update starts, to see a lost worker's step run again
+        attempts = ttf.distribute.StepAttempts()
 
     def step_fn(dtype):  # one function per precision; batches of any size (reduce_retracing)
         if dtype not in step_fns:
             @tf.function(reduce_retracing=True)
             def worker_step(features, labels):
                 loss, grads = strategy.run(trainer.replica_grads, args=(dtype, features, labels))
+                loss = attempts.mark(loss)  # the guard's update depends on the loss: counted before it
                 skip = guard.apply_gradients(trainer.optimizer, loss, zip(grads, variables), strategy)
                 return tf.identity(loss), tf.identity(skip)
             step_fns[dtype] = worker_step
@@ -434,6 +437,7 @@ def train_stream_cluster(trainer):
     journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
     loss, low = float("nan"), trainer.use_bf16(None)
     stream.update_progress()
+    started_before = attempts.read()
     with ttf.distribute.StopOnSignal(stream) as stop:
         trainer.stop = stop
         while not stop.requested and (args.steps is None or step < args.steps):
@@ -452,6 +456,11 @@ def train_stream_cluster(trainer):
                        for b in batches]
             coordinator.join()
             fetched = [r.fetch() for r in results]
+            now_started = attempts.read()
+            started, started_before = now_started - started_before, now_started
+            if started != len(batches) and roll_back(trainer, started, len(batches)):
+                step = trainer.step()  # the round's batches are read again from the restored position
+                continue
             guard.observe([skip for _, skip in fetched], step)
             for batch in batches:  # after every step of the round: in stream order
                 stream.commit(batch)
@@ -472,6 +481,27 @@ def train_stream_cluster(trainer):
     if journal:
         journal.close()
     return step - start, time.perf_counter() - started
+
+
+def roll_back(trainer, started, steps):
+    """A round whose steps started `started` times for `steps` batches: the coordinator ran a
+    lost worker's step again, so a batch may be trained twice. Restores the last checkpoint
+    (model, stream position, TTL notes) and rewinds the stream to it; publishing starts a new
+    base (the follower must not keep rows of the rolled-back steps). Returns False (and warns)
+    when there is no checkpoint to go back to: the round then counts as trained."""
+    manager = trainer.manager
+    if manager is None or manager.restore_latest() is None:
+        log(f"[train] warning: {started} step starts for {steps} steps this round: a worker was lost and its step "
+            "run again, so its batch may be trained twice; give --checkpoint-dir for exactly once (the job then "
+            "rolls back to its last checkpoint)")
+        return False
+    trainer.stream.rewind()
+    if getattr(trainer, "publisher", None) is not None:
+        trainer.publisher.publish_base()
+    log(f"[train] a worker was lost: {started} step starts for {steps} steps this round (its step was run again, "
+        f"which may train a batch twice); rolled back to {manager.latest} at step {trainer.step()}, reading the "
+        f"stream again from {trainer.stream.describe()}")
+    return True
 
 
 def finish_stream(trainer, steps, seconds):

@@ -111,6 +111,12 @@ class StreamSource(tf.Module):
         self.examples.assign_add(int(tf.size(batch.labels)))
         self._last_event_time = batch.event_time
 
+    def rewind(self):
+        """Drops what was read past the committed position: the next batch starts at the
+        committed position again. Call it after restoring a checkpoint into a stream that
+        has been read (a job rolling back to its last checkpoint)."""
+        self._rewind()
+
     @property
     def last_event_time(self):
         """The event time (seconds) of the newest committed batch's newest example, or None."""
@@ -201,6 +207,9 @@ class FolderStream(StreamSource):
     def _committed(self):
         return (self.file.numpy().decode(), int(self.offset.numpy()), int(self.line.numpy()),
                 int(self.sequence.numpy()))
+
+    def _rewind(self):
+        self._reading = None
 
     def _assign(self, position):
         name, offset, line, sequence = position
@@ -354,6 +363,9 @@ class KafkaStream(StreamSource):
 
     def _assign(self, position):
         self.offsets.assign(position)
+
+    def _rewind(self):
+        self._next = None  # _ensure_assigned seeks every partition back to the committed offsets
 
     def _ensure_assigned(self):
         committed = self._committed()
