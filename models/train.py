@@ -755,6 +755,7 @@ class Trainer:
         if args.checkpoint_dir:
             self.manager = ttf.checkpoint.CheckpointManager(self.checkpoint, args.checkpoint_dir,
                                                             full_every=args.full_every, max_to_keep=3)
+            self._check_auc_window()
             if self.manager.restore_latest() is not None:
                 log(f"[train] resumed from {self.manager.latest} at step {self.step()}")
                 state = self.position.state.numpy()
@@ -773,6 +774,18 @@ class Trainer:
         # Only the chief (one process, a cluster's chief, Horovod rank 0) writes; the others' calls do nothing.
         self.summary = ttf.summary.JobSummary(args.logdir, writer=_LOG_RANK[0] == 0) if args.logdir else None
         self.step_before = self.step()
+
+    def _check_auc_window(self):
+        """--auc-window must be the size the checkpoint's window was saved with (one clear line, exit 2)."""
+        if self.auc_window is None or self.manager.latest is None:
+            return
+        shapes = tf.train.load_checkpoint(self.manager.latest).get_variable_to_shape_map()
+        saved = shapes.get("auc_window/_probs/.ATTRIBUTES/VARIABLE_VALUE")
+        if saved is not None and saved != [self.auc_window.capacity]:
+            print(f"[train] error: --auc-window {self.auc_window.capacity} differs from the {saved[0]} rows of the window "
+                  f"saved in {self.manager.latest}: give --auc-window {saved[0]} (or a new --checkpoint-dir)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
 
     def step(self):
         """The global step: steps applied, plus steps skipped as non-finite."""
