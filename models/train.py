@@ -710,6 +710,8 @@ class Trainer:
             # --stream: read by this process (the chief of a PS job); its position variables live
             # where the job's variables do (made after connecting), checkpointed as stream_position.
             self.stream = open_stream(args) if args.stream else None
+            if self.stream is not None:  # an idle stream still publishes the rows its last steps trained
+                self.stream.on_idle = self.maybe_publish
             shard_devices = self.cluster.ps_devices() if self.cluster else None
             self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices,
                                    table_options=getattr(args, "table_options", None))

@@ -274,3 +274,24 @@ def test_kafka_stream_rewinds_to_a_restored_position(cluster, tmp_path):
     assert len(set(before) | set(after)) == 120  # neither repeated nor skipped past the restored offsets
     offsets = {p: sorted(i & ((1 << ID_SHIFT) - 1) for i in before + after if i >> ID_SHIFT == p) for p in (0, 1)}
     assert all(o == list(range(len(o))) for o in offsets.values())  # each partition from its start, no gap
+
+
+def test_an_idle_stream_calls_on_idle_at_every_poll(tmp_path):
+    """A job publishes its last trained rows while the stream is idle: a blocking next_batch
+    calls stream.on_idle at each poll while there is nothing to read (models/train.py sets it
+    to its publisher), and not once a batch is there."""
+    stream = ttf.data.FolderStream(str(tmp_path), poll_seconds=0.05)
+    calls = []
+
+    def idle():
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            stream.stop()
+
+    stream.on_idle = idle
+    assert stream.next_batch(8) is None  # stopped from its third idle call
+    assert len(calls) == 3
+    stream.stop_event.clear()
+    drop(tmp_path, "part-000", sample_lines()[:8])
+    assert len(stream.next_batch(8).example_ids) == 8
+    assert len(calls) == 3  # a file was there: no idle call

@@ -75,6 +75,9 @@ class StreamSource(tf.Module):
         self._last_progress = (time.monotonic(), None)
         self._last_event_time = None
         self._block = True
+        # Called (no arguments) at every poll while a blocking next_batch finds nothing to read:
+        # a job publishes its last trained rows while the stream is idle (models/train.py sets it).
+        self.on_idle = None
 
     def stop(self):
         """Makes a waiting `next_batch` return None (e.g. from a SIGTERM handler)."""
@@ -147,6 +150,10 @@ class StreamSource(tf.Module):
         if not self._said_waiting and now - self._waiting_since >= after:
             print(f"[stream] waiting: {why}", file=sys.stderr, flush=True)
             self._said_waiting = True
+
+    def _idle(self):
+        if self.on_idle is not None:
+            self.on_idle()
 
     def _say_resumed(self):
         if self.progress["waiting"] and self._said_waiting:
@@ -261,6 +268,7 @@ class FolderStream(StreamSource):
                     return [], [], [], [], 0.0, None
             else:
                 self._say_waiting(f"no new file in {self.directory} for {FOLDER_QUIET_SECONDS:g} s", FOLDER_QUIET_SECONDS)
+                self._idle()
             if self.stop_event.wait(self.poll_seconds if not lines else min(self.poll_seconds, 0.05)):
                 if not lines:
                     return [], [], [], [], 0.0, None
@@ -409,6 +417,8 @@ class KafkaStream(StreamSource):
                 self._say_resumed()
             elif not lines and self._error is not None:
                 self._say_waiting(f"kafka brokers unreachable ({self._error}); the client retries")
+            if not lines and self._block:
+                self._idle()
             if lines and deadline is None:
                 deadline = time.monotonic() + self.poll_seconds
             if lines and time.monotonic() >= deadline:
