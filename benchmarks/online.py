@@ -17,14 +17,26 @@ freshness, with ttf.serving.Publisher and DeltaFollower on one process.
   polls every --poll seconds and, for each id, notes when its prediction first differs from
   an unseen id's (its row reached serving). Freshness = that time - the batch's arrival at
   the trainer (wall clock, same machine). p50 and p99.
+- cluster: freshness of the real job on a local parameter-server cluster (start_all.sh
+  --stream folder:... --publish-dir ...: 1 ps, 2 workers, the chief reading the stream and each
+  ps publishing its own rows). First a file of --keys / 26 rows, every value new (--keys ids),
+  is trained; then for --seconds a producer renames a file of --batch rows into the stream
+  folder --rate times a second, column C1 of each row a new value (a new id). A follower process
+  (DeltaFollower) predicts 8 watched rows of each file, as they are and with C1 replaced by an
+  id never seen; the row's freshness is the time its two predictions first differ (its C1 row
+  reached serving) minus the moment its file was renamed into the folder: reading, training
+  and publishing included. p50 and p99.
 
 Examples:
   python benchmarks/online.py --keys 1000000
   python benchmarks/online.py --keys 10000000 --publish-every 5 --seconds 120 --parts freshness
+  python benchmarks/online.py --parts cluster --keys 1000000 --rate 2 --batch 256 --publish-every 5 --seconds 120
 """
 import argparse
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,8 +146,10 @@ def parse_args(argv):
     p.add_argument("--rows", choices=["fp32", "fp16"], default="fp32", help="published row precision (default fp32)")
     p.add_argument("--publish-every", type=float, default=5.0, help="freshness: seconds between deltas (default 5)")
     p.add_argument("--seconds", type=float, default=60.0, help="freshness: seconds of training (default 60)")
-    p.add_argument("--rate", type=float, default=10.0, help="freshness: batches of new ids per second (default 10)")
-    p.add_argument("--batch", type=int, default=256, help="freshness: new ids per batch (default 256)")
+    p.add_argument("--rate", type=float, default=10.0, help="freshness: batches of new ids per second; cluster: "
+                   "files per second (default 10)")
+    p.add_argument("--batch", type=int, default=256, help="freshness: new ids per batch; cluster: rows per file, "
+                   "each with a new id (default 256)")
     p.add_argument("--poll", type=float, default=0.5, help="freshness: follower poll interval, seconds (default 0.5)")
     p.add_argument("--parts", default="size,memory,freshness", help="comma-separated parts to run (default all)")
     p.add_argument("--workdir", default=None, help="publish folder parent (default a temporary folder)")
@@ -147,9 +161,9 @@ def parse_args(argv):
     for name in ("publish_every", "seconds", "rate", "poll"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
-    unknown = set(args.parts.split(",")) - {"size", "memory", "freshness"}
+    unknown = set(args.parts.split(",")) - {"size", "memory", "freshness", "cluster"}
     if unknown:
-        p.error(f"--parts: unknown {sorted(unknown)}; choose from size, memory, freshness")
+        p.error(f"--parts: unknown {sorted(unknown)}; choose from size, memory, freshness, cluster")
     return args
 
 
@@ -294,6 +308,141 @@ def freshness(args, workdir, results):
           f"p99 {f['p99']:.2f} s, max {f['max']:.2f} s (targets: p50 <= 10 s, p99 <= 30 s)", flush=True)
 
 
+# The follower for the cluster part: predicts each watched row as it is and with C1 unseen.
+FOLLOW_ROWS = r"""
+import json, os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+sys.path.insert(0, sys.argv[4])
+import numpy as np, tensorflow as tf
+from ttf.serving import DeltaFollower
+
+base, arrivals_file, poll = sys.argv[1], sys.argv[2], float(sys.argv[3])
+follower = None
+pending, seen_lines, fresh = [], 0, []
+while True:
+    if follower is None:
+        try:
+            follower = DeltaFollower(base)
+        except (FileNotFoundError, ValueError):
+            time.sleep(poll)
+            continue
+    follower.sync()
+    with open(arrivals_file) as f:
+        lines = f.read().splitlines()
+    for line in lines[seen_lines:]:
+        if line == "end":
+            print(json.dumps({"freshness": fresh, "pending": len(pending), "version": follower.version,
+                              "sequence": follower.sequence}))
+            sys.exit(0)
+        pending.append(json.loads(line))
+    seen_lines = len(lines)
+    if pending:
+        ids = np.array([r["ids"] for r in pending], np.int64)
+        dense = np.array([r["dense"] for r in pending], np.float32)
+        unseen = ids.copy()
+        unseen[:, 0] = (1 << 62) + 12345  # C1 never seen: the prediction without the row
+        now = time.time()
+        both = follower.predict({"ids": np.concatenate([ids, unseen]), "dense": np.concatenate([dense, dense])})
+        probability = both["probability"].numpy().reshape(-1)
+        differs = probability[:len(pending)] != probability[len(pending):]
+        fresh.extend(now - r["arrived"] for r, d in zip(pending, differs) if d)
+        pending = [r for r, d in zip(pending, differs) if not d]
+    time.sleep(poll)
+"""
+
+
+def unique_rows_file(directory, name, rows, first, all_new=False, seed=0):
+    """Renames into `directory` a file of `rows` synthetic Criteo rows whose C1 values are
+    first, first + 1, ... (hex: each a new id); all_new: every categorical value new. Returns
+    (arrival time, lines)."""
+    hidden = os.path.join(directory, "." + name)
+    ttf.data.write_synthetic_criteo(hidden, rows, seed=seed)
+    with open(hidden, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        columns = line.split("\t")
+        for field in range(26 if all_new else 1):  # label, I1..I13, then C1..C26
+            columns[14 + field] = f"{(first + i) * 26 + field:012x}"
+        lines[i] = "\t".join(columns)
+    with open(hidden, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+    os.rename(hidden, os.path.join(directory, name))
+    return time.time(), lines
+
+
+def freshness_cluster(args, workdir, results):
+    incoming, base = os.path.join(workdir, "cluster-in"), os.path.join(workdir, "cluster-publish")
+    os.makedirs(incoming, exist_ok=True)
+    arrivals = os.path.join(workdir, "cluster-arrivals.jsonl")
+    open(arrivals, "w").close()
+    prefill_rows = max(args.keys // 26, 1)
+    unique_rows_file(incoming, "part-000000", prefill_rows, 0, all_new=True)
+    log = os.path.join(workdir, "cluster-job.log")
+    job = subprocess.Popen([os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", "--no-isolation", "--stream",
+                            f"folder:{incoming}", "--batch-size", "1024", "--publish-dir", base, "--publish-every",
+                            str(args.publish_every), "--", "--stream-poll", "0.2", "--precision", "fp32",
+                            "--log-every", "2", "--embedding-dim", str(args.dim)],
+                           cwd=ROOT, stdout=open(log, "w", encoding="utf-8"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    follower = None
+    try:
+        started = time.time()
+        while True:  # the prefill trained: the job's progress line counts it
+            with open(log, encoding="utf-8") as f:
+                trained = [int(m) for m in re.findall(r", (\d+) examples trained", f.read())]
+            if trained and trained[-1] >= prefill_rows:
+                break
+            if job.poll() is not None or time.time() - started > 3600:
+                raise SystemExit(f"[online] the cluster job stopped or stalled before training the prefill: "
+                                 f"{open(log, encoding='utf-8').read()[-2000:]}")
+            time.sleep(1)
+        print(f"[online] cluster: {prefill_rows} rows ({26 * prefill_rows} new ids) trained in "
+              f"{time.time() - started:.0f} s", flush=True)
+        follower = subprocess.Popen([sys.executable, "-c", FOLLOW_ROWS, base, arrivals, str(args.poll), ROOT],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        start, files, first = time.time(), 0, 1 << 32
+        with open(arrivals, "a", encoding="utf-8") as out:
+            while time.time() - start < args.seconds:
+                files += 1
+                arrived, lines = unique_rows_file(incoming, f"part-{files:06d}", args.batch, first, seed=files)
+                first += args.batch
+                watched = lines[:8]
+                features, _, _ = ttf.data.parse_lines(watched, "watched", np.arange(1, len(watched) + 1))
+                for ids, dense in zip(features["ids"].numpy().tolist(), features["dense"].numpy().tolist()):
+                    out.write(json.dumps({"ids": ids, "dense": dense, "arrived": arrived}) + "\n")
+                out.flush()
+                time.sleep(max(0.0, start + files / args.rate - time.time()))
+            time.sleep(2 * args.publish_every + 10)  # the last files train, publish and follow
+            out.write("end\n")
+        report, err = follower.communicate(timeout=600)
+        if follower.returncode != 0:
+            raise SystemExit(f"[online] follower failed:\n{err[-3000:]}")
+    finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+        if job.poll() is None:
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+    report = json.loads(report.strip().splitlines()[-1])
+    fresh = np.array(report["freshness"])
+    with open(log, encoding="utf-8") as f:
+        lags = [float(m) for m in re.findall(r", lag ([\d.]+) s", f.read())]
+    results["cluster"] = {"files": files, "rows_watched": len(fresh) + report["pending"], "reflected": len(fresh),
+                          "not_reflected": report["pending"], "p50": float(np.percentile(fresh, 50)),
+                          "p99": float(np.percentile(fresh, 99)), "max": float(fresh.max()),
+                          "publish_every": args.publish_every, "poll": args.poll, "prefill_ids": 26 * prefill_rows,
+                          "rows_per_sec": args.rate * args.batch, "max_lag_seconds": max(lags, default=0.0),
+                          "sequence": report["sequence"]}
+    f = results["cluster"]
+    print(f"[online] cluster freshness over {f['reflected']} of {f['rows_watched']} watched rows ({f['files']} files, "
+          f"{f['rows_per_sec']:g} rows/s, publish every {args.publish_every:g} s, poll {args.poll:g} s, "
+          f"{f['prefill_ids']} ids prefilled; stream lag at most {f['max_lag_seconds']:.1f} s): p50 {f['p50']:.2f} s, "
+          f"p99 {f['p99']:.2f} s, max {f['max']:.2f} s (targets: p50 <= 10 s, p99 <= 30 s)", flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     results = {"args": vars(args)}
@@ -304,6 +453,8 @@ def main(argv=None):
         size_and_memory(args, workdir, results)
     if "freshness" in parts:
         freshness(args, workdir, results)
+    if "cluster" in parts:
+        freshness_cluster(args, workdir, results)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

@@ -388,9 +388,6 @@ def log_stream_progress(trainer, step, loss):
     progress = trainer.stream.update_progress()
     evicted = ""
     if trainer.args.ttl_seconds:  # event-time TTL: note the tables' steps at the newest event time, evict
-        if trainer.event_ttl is None:
-            trainer.event_ttl = ttf.embedding.EventTimeTTL(ttf.embedding.tables_in(trainer.model),
-                                                           trainer.args.ttl_seconds)
         if trainer.stream.last_event_time is not None:
             trainer.event_ttl.observe(trainer.stream.last_event_time)
         trainer.event_ttl.evict()
@@ -419,12 +416,15 @@ def train_stream_cluster(trainer):
     workers = len(trainer.cluster.worker_hosts)
     variables, guard = trainer.model.trainable_variables, trainer.guard
     step_fns = {}
+    with strategy.scope():  # on a ps: counts update starts, to see a lost worker's step run again
+        attempts = ttf.distribute.StepAttempts()
 
     def step_fn(dtype):  # one function per precision; batches of any size (reduce_retracing)
         if dtype not in step_fns:
             @tf.function(reduce_retracing=True)
             def worker_step(features, labels):
                 loss, grads = strategy.run(trainer.replica_grads, args=(dtype, features, labels))
+                loss = attempts.mark(loss)  # the guard's update depends on the loss: counted before it
                 skip = guard.apply_gradients(trainer.optimizer, loss, zip(grads, variables), strategy)
                 return tf.identity(loss), tf.identity(skip)
             step_fns[dtype] = worker_step
@@ -435,6 +435,7 @@ def train_stream_cluster(trainer):
     journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
     loss, low = float("nan"), trainer.use_bf16(None)
     stream.update_progress()
+    started_before = attempts.read()
     with ttf.distribute.StopOnSignal(stream) as stop:
         trainer.stop = stop
         while not stop.requested and (args.steps is None or step < args.steps):
@@ -453,6 +454,11 @@ def train_stream_cluster(trainer):
                        for b in batches]
             coordinator.join()
             fetched = [r.fetch() for r in results]
+            now_started = attempts.read()
+            started, started_before = now_started - started_before, now_started
+            if started != len(batches) and roll_back(trainer, started, len(batches)):
+                step = trainer.step()  # the round's batches are read again from the restored position
+                continue
             guard.observe([skip for _, skip in fetched], step)
             for batch in batches:  # after every step of the round: in stream order
                 stream.commit(batch)
@@ -473,6 +479,27 @@ def train_stream_cluster(trainer):
     if journal:
         journal.close()
     return step - start, time.perf_counter() - started
+
+
+def roll_back(trainer, started, steps):
+    """A round whose steps started `started` times for `steps` batches: the coordinator ran a
+    lost worker's step again, so a batch may be trained twice. Restores the last checkpoint
+    (model, stream position, TTL notes) and rewinds the stream to it; publishing starts a new
+    base (the follower must not keep rows of the rolled-back steps). Returns False (and warns)
+    when there is no checkpoint to go back to: the round then counts as trained."""
+    manager = trainer.manager
+    if manager is None or manager.restore_latest() is None:
+        log(f"[train] warning: {started} step starts for {steps} steps this round: a worker was lost and its step "
+            "run again, so its batch may be trained twice; give --checkpoint-dir for exactly once (the job then "
+            "rolls back to its last checkpoint)")
+        return False
+    trainer.stream.rewind()
+    if getattr(trainer, "publisher", None) is not None:
+        trainer.publisher.publish_base()
+    log(f"[train] a worker was lost: {started} step starts for {steps} steps this round (its step was run again, "
+        f"which may train a batch twice); rolled back to {manager.latest} at step {trainer.step()}, reading the "
+        f"stream again from {trainer.stream.describe()}")
+    return True
 
 
 def finish_stream(trainer, steps, seconds):
@@ -681,7 +708,8 @@ class Trainer:
             # --stream: read by this process (the chief of a PS job); its position variables live
             # where the job's variables do (made after connecting), checkpointed as stream_position.
             self.stream = open_stream(args) if args.stream else None
-            self.event_ttl = None  # --ttl-seconds: made at the first progress line
+            if self.stream is not None:  # an idle stream still publishes the rows its last steps trained
+                self.stream.on_idle = self.maybe_publish
             shard_devices = self.cluster.ps_devices() if self.cluster else None
             self.model = ctr.build(self.spec, self.path, seed=args.seed, shard_devices=shard_devices,
                                    table_options=getattr(args, "table_options", None))
@@ -699,9 +727,16 @@ class Trainer:
             parts["input_position"] = self.position
             if self.stream:
                 parts["stream_position"] = self.stream
+            # --ttl-seconds: its notes (table step at event time) are checkpointed with the tables they describe.
+            self.event_ttl = (ttf.embedding.EventTimeTTL(ttf.embedding.tables_in(self.model), args.ttl_seconds)
+                              if args.ttl_seconds else None)
+            if self.event_ttl is not None:
+                parts["event_ttl"] = self.event_ttl
             self.precision = make_precision_policy(args.precision)
             # --logdir: the ring of recent (label, prediction) pairs, beside the job's variables (a ps task in a cluster).
             self.auc_window = ttf.summary.RollingAUC(args.auc_window) if args.logdir else None
+            if self.auc_window is not None:  # a resumed job continues its window
+                parts["auc_window"] = self.auc_window
             if self.precision is not None:
                 parts["precision"] = self.precision
             self.train_step = self.guard = None
@@ -720,6 +755,7 @@ class Trainer:
         if args.checkpoint_dir:
             self.manager = ttf.checkpoint.CheckpointManager(self.checkpoint, args.checkpoint_dir,
                                                             full_every=args.full_every, max_to_keep=3)
+            self._check_auc_window()
             if self.manager.restore_latest() is not None:
                 log(f"[train] resumed from {self.manager.latest} at step {self.step()}")
                 state = self.position.state.numpy()
@@ -738,6 +774,18 @@ class Trainer:
         # Only the chief (one process, a cluster's chief, Horovod rank 0) writes; the others' calls do nothing.
         self.summary = ttf.summary.JobSummary(args.logdir, writer=_LOG_RANK[0] == 0) if args.logdir else None
         self.step_before = self.step()
+
+    def _check_auc_window(self):
+        """--auc-window must be the size the checkpoint's window was saved with (one clear line, exit 2)."""
+        if self.auc_window is None or self.manager.latest is None:
+            return
+        shapes = tf.train.load_checkpoint(self.manager.latest).get_variable_to_shape_map()
+        saved = shapes.get("auc_window/_probs/.ATTRIBUTES/VARIABLE_VALUE")
+        if saved is not None and saved != [self.auc_window.capacity]:
+            print(f"[train] error: --auc-window {self.auc_window.capacity} differs from the {saved[0]} rows of the window "
+                  f"saved in {self.manager.latest}: give --auc-window {saved[0]} (or a new --checkpoint-dir)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
 
     def step(self):
         """The global step: steps applied, plus steps skipped as non-finite."""

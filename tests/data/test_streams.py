@@ -238,3 +238,60 @@ def test_kafka_client_properties_reach_the_consumer(cluster, tmp_path):
         ttf.data.read_kafka_config(str(bad))
     with pytest.raises(ValueError, match="Kafka settings were given for a folder stream"):
         ttf.data.open_stream(f"folder:{tmp_path}", kafka_config={"client.id": "x"})
+
+
+def rolled_back_in_place(stream, ckpt):
+    """Reads and commits 2 batches, checkpoints, reads (and commits) 2 more, restores the
+    checkpoint into the same stream and rewinds it (what a job rolling back does); returns
+    the ids before the checkpoint and those read after the rewind."""
+    before, _, _ = drain(stream, 30, 60)
+    saved = tf.train.Checkpoint(stream_position=stream).save(str(ckpt))
+    drain(stream, 30, 60)  # rolled back below
+    stream.next_batch(30)  # read ahead, never committed
+    tf.train.Checkpoint(stream_position=stream).restore(saved).assert_existing_objects_matched()
+    stream.rewind()
+    after, _, _ = drain(stream, 30, 60)
+    return before, after
+
+
+def test_folder_stream_rewinds_to_a_restored_position(tmp_path):
+    data = tmp_path / "in"
+    data.mkdir()
+    lines = sample_lines()
+    for i in range(4):
+        drop(data, f"part-{i:03d}", lines[i * 50:(i + 1) * 50])
+    before, after = rolled_back_in_place(ttf.data.FolderStream(str(data), poll_seconds=0.05), tmp_path / "c")
+    everything = [(f << ID_SHIFT) | n for f in range(4) for n in range(1, 51)]
+    assert before + after == everything[:120]  # after the rewind: the examples just after the checkpoint
+
+
+def test_kafka_stream_rewinds_to_a_restored_position(cluster, tmp_path):
+    cluster.create_topic("rewind", 2)
+    kafka_mock.produce_lines(cluster.bootstrap, "rewind", sample_lines(), 2)
+    stream = ttf.data.KafkaStream(cluster.bootstrap, "rewind", poll_seconds=0.2)
+    before, after = rolled_back_in_place(stream, tmp_path / "c")
+    stream.close()
+    assert len(set(before) | set(after)) == 120  # neither repeated nor skipped past the restored offsets
+    offsets = {p: sorted(i & ((1 << ID_SHIFT) - 1) for i in before + after if i >> ID_SHIFT == p) for p in (0, 1)}
+    assert all(o == list(range(len(o))) for o in offsets.values())  # each partition from its start, no gap
+
+
+def test_an_idle_stream_calls_on_idle_at_every_poll(tmp_path):
+    """A job publishes its last trained rows while the stream is idle: a blocking next_batch
+    calls stream.on_idle at each poll while there is nothing to read (models/train.py sets it
+    to its publisher), and not once a batch is there."""
+    stream = ttf.data.FolderStream(str(tmp_path), poll_seconds=0.05)
+    calls = []
+
+    def idle():
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            stream.stop()
+
+    stream.on_idle = idle
+    assert stream.next_batch(8) is None  # stopped from its third idle call
+    assert len(calls) == 3
+    stream.stop_event.clear()
+    drop(tmp_path, "part-000", sample_lines()[:8])
+    assert len(stream.next_batch(8).example_ids) == 8
+    assert len(calls) == 3  # a file was there: no idle call

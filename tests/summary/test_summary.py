@@ -163,3 +163,28 @@ def test_train_logdir_horovod_rank_zero_writes(horovod, synthetic, tmp_path):  #
     assert "[train] done: 120 steps" in out, out[-3000:]
     check_run(tmp_path / "tb", json.loads(metrics.read_text()), 120)  # rows: both ranks' shards added up
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1  # rank 0 alone writes
+
+
+def test_rolling_auc_window_survives_a_checkpoint_restore(tmp_path):
+    """A job restored from a checkpoint continues its window: the same AUC, after more
+    batches, as a window that was never interrupted (the ring and its row count are saved)."""
+    rng = np.random.default_rng(3)
+    batches = [((rng.random(50) < 0.4).astype(np.float32), rng.normal(size=50).astype(np.float32))
+               for _ in range(9)]
+    straight = ttf.summary.RollingAUC(capacity=300)
+    for y, z in batches:
+        straight.record(tf.constant(y), tf.constant(z))
+    first = ttf.summary.RollingAUC(capacity=300)
+    for y, z in batches[:5]:
+        first.record(tf.constant(y), tf.constant(z))
+    path = tf.train.Checkpoint(auc_window=first).write(str(tmp_path / "ckpt"))
+    resumed = ttf.summary.RollingAUC(capacity=300)
+    tf.train.Checkpoint(auc_window=resumed).read(path).assert_consumed()
+    for y, z in batches[5:]:
+        resumed.record(tf.constant(y), tf.constant(z))
+    assert resumed.rows() == straight.rows() == 450
+    assert resumed.auc() == straight.auc()  # the same 300 pairs: bit-equal
+    fresh = ttf.summary.RollingAUC(capacity=300)  # what a restart without it had: 4 batches, not the last 6
+    for y, z in batches[5:]:
+        fresh.record(tf.constant(y), tf.constant(z))
+    assert fresh.auc() != straight.auc()

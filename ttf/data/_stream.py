@@ -75,6 +75,9 @@ class StreamSource(tf.Module):
         self._last_progress = (time.monotonic(), None)
         self._last_event_time = None
         self._block = True
+        # Called (no arguments) at every poll while a blocking next_batch finds nothing to read:
+        # a job publishes its last trained rows while the stream is idle (models/train.py sets it).
+        self.on_idle = None
 
     def stop(self):
         """Makes a waiting `next_batch` return None (e.g. from a SIGTERM handler)."""
@@ -111,6 +114,12 @@ class StreamSource(tf.Module):
         self.examples.assign_add(int(tf.size(batch.labels)))
         self._last_event_time = batch.event_time
 
+    def rewind(self):
+        """Drops what was read past the committed position: the next batch starts at the
+        committed position again. Call it after restoring a checkpoint into a stream that
+        has been read (a job rolling back to its last checkpoint)."""
+        self._rewind()
+
     @property
     def last_event_time(self):
         """The event time (seconds) of the newest committed batch's newest example, or None."""
@@ -141,6 +150,10 @@ class StreamSource(tf.Module):
         if not self._said_waiting and now - self._waiting_since >= after:
             print(f"[stream] waiting: {why}", file=sys.stderr, flush=True)
             self._said_waiting = True
+
+    def _idle(self):
+        if self.on_idle is not None:
+            self.on_idle()
 
     def _say_resumed(self):
         if self.progress["waiting"] and self._said_waiting:
@@ -202,6 +215,9 @@ class FolderStream(StreamSource):
         return (self.file.numpy().decode(), int(self.offset.numpy()), int(self.line.numpy()),
                 int(self.sequence.numpy()))
 
+    def _rewind(self):
+        self._reading = None
+
     def _assign(self, position):
         name, offset, line, sequence = position
         self.file.assign(name)
@@ -252,6 +268,7 @@ class FolderStream(StreamSource):
                     return [], [], [], [], 0.0, None
             else:
                 self._say_waiting(f"no new file in {self.directory} for {FOLDER_QUIET_SECONDS:g} s", FOLDER_QUIET_SECONDS)
+                self._idle()
             if self.stop_event.wait(self.poll_seconds if not lines else min(self.poll_seconds, 0.05)):
                 if not lines:
                     return [], [], [], [], 0.0, None
@@ -355,6 +372,9 @@ class KafkaStream(StreamSource):
     def _assign(self, position):
         self.offsets.assign(position)
 
+    def _rewind(self):
+        self._next = None  # _ensure_assigned seeks every partition back to the committed offsets
+
     def _ensure_assigned(self):
         committed = self._committed()
         if self._assigned is not None and (self._next is not None):
@@ -397,6 +417,8 @@ class KafkaStream(StreamSource):
                 self._say_resumed()
             elif not lines and self._error is not None:
                 self._say_waiting(f"kafka brokers unreachable ({self._error}); the client retries")
+            if not lines and self._block:
+                self._idle()
             if lines and deadline is None:
                 deadline = time.monotonic() + self.poll_seconds
             if lines and time.monotonic() >= deadline:

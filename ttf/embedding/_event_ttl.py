@@ -7,15 +7,26 @@ then, each shard's table step beside the newest event time trained so far (`obse
 time gives, per shard, a step: rows last updated before it trained only examples older than the
 cut-off, and go (TtfTableEvict, on each shard's own device). Evictions reach a checkpoint's
 delta and a published delta as deleted keys, like any eviction. Coarse by design: a row is
-evicted at most one note interval late, never early. The notes live in the process: after a
-restart, rows older than the TTL wait one more TTL (kept, not lost).
+evicted at most one note interval late, never early.
+
+The notes are part of the job's checkpoint (put the EventTimeTTL in the tf.train.Checkpoint,
+as models/train.py does): a restart from a checkpoint makes the same eviction decisions as a
+run that was never interrupted. Restored into another number of shards, each note keeps the
+smallest step of its shards for every shard: rows may then go up to one TTL late, never early.
 """
 import bisect
 import math
+import warnings
+
+import tensorflow as tf
 
 
-class EventTimeTTL:
+class EventTimeTTL(tf.__internal__.tracking.Trackable):
     """Evicts the rows of `layers` not updated within `ttl_seconds` of event time.
+
+    A checkpointable object: its notes, the newest event time and the eviction count are
+    saved with the tf.train.Checkpoint it is put in (a few numbers per note: one note per
+    `observe`, dropped once older than the TTL).
 
     Example:
       >>> import ttf, tensorflow as tf
@@ -55,3 +66,27 @@ class EventTimeTTL:
         del self._times[:at], self._steps[:at]  # the cut-off only moves forward
         self.evicted += removed
         return removed
+
+    # -- checkpoint: the notes as tensors (times float64 [N], steps int64 [N, shards])
+
+    def _serialize_to_tensors(self):
+        steps = tf.constant(self._steps, tf.int64) if self._steps else tf.zeros([0, len(self.shards)], tf.int64)
+        return {"times": tf.constant(self._times, tf.float64, shape=[len(self._times)]),
+                "steps": steps, "newest": tf.constant(self.newest, tf.float64),
+                "evicted": tf.constant(self.evicted, tf.int64)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        times = [float(t) for t in restored_tensors["times"].numpy()]
+        steps = restored_tensors["steps"].numpy().reshape([len(times), -1])
+        if steps.shape[1] != len(self.shards):
+            # Another topology: a row's shard is not known, so each note keeps the smallest step of its
+            # shards for every shard (rows evicted late, never early).
+            warnings.warn(f"EventTimeTTL: the checkpoint's notes are of {steps.shape[1]} shards, this job has "
+                          f"{len(self.shards)}; each note keeps its smallest step, so old rows may stay up to one "
+                          "TTL longer")
+            steps = steps.min(axis=1, keepdims=True).repeat(len(self.shards), axis=1) if len(times) else \
+                steps.reshape([0, len(self.shards)])
+        self._times, self._steps = times, [[int(s) for s in row] for row in steps]
+        self.newest = float(restored_tensors["newest"].numpy())
+        self.evicted = int(restored_tensors["evicted"].numpy())
+        return tf.no_op()

@@ -22,7 +22,7 @@ _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
     plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars", content=b""))
 
 
-class RollingAUC:
+class RollingAUC(tf.Module):
     """The AUC over the most recent `capacity` training rows.
 
     `record(labels, logits)` runs inside the training step, on the predictions the loss is
@@ -35,7 +35,9 @@ class RollingAUC:
     Create it where the job's variables live (under a ParameterServerStrategy's scope the
     ring sits on a parameter server and every worker writes into it; rows that two workers
     write at once may overwrite each other's slots, which only changes which recent rows
-    are counted). Not part of any checkpoint: a resumed job starts an empty window.
+    are counted). A tf.Module: put it in the job's tf.train.Checkpoint (models/train.py
+    does, as `auc_window`) and a resumed job continues the window it had, so its AUC equals
+    that of a run never interrupted.
 
     Args:
       capacity: rows in the window (> 0; default 65536: 512 KiB of ring).
@@ -47,6 +49,7 @@ class RollingAUC:
     def __init__(self, capacity=65_536):
         if capacity <= 0:
             raise ValueError(f"RollingAUC capacity must be > 0, got {capacity}")
+        super().__init__(name="rolling_auc")
         self.capacity = int(capacity)
         # NaN marks a slot never written (and a skipped step's non-finite prediction): auc() drops them.
         self._probs = tf.Variable(tf.fill([self.capacity], float("nan")), trainable=False, name="rolling_auc_probs")
