@@ -4,11 +4,15 @@ A ttf table of --keys rows (dim 16, Adam slots, filled first) and the same rows 
 contiguous arrays, read with the same Zipf(1.1) ids (--batch ids a call; id rank r is ttf key
 r * 0x9E3779B97F4A7C15 and floor row r; rows filled in rank order on both sides). Each call is
 timed in CPU time of the whole process (time.process_time_ns: TensorFlow's pool threads
-count), reported as ns per id (median over calls). The paths:
+count), reported as ns per id (median over calls), after gc.freeze() (Python's collector
+scanning TensorFlow's heap inside timed calls was 7% of a lookup's profile). The paths:
 
   inference lookup
-    ttf            TtfEmbeddingLookup(training=False): ids -> [batch, dim] rows (+ unique, inverse)
-    ttf_tiered     the same on a table with the SSD tier on (dram_budget, ssd_dir), DRAM hits
+    ttf            TtfTableFind(training=False): ids -> [batch, dim] rows, what a ttf layer runs at
+                   inference (one probe per id, no de-dup)
+    ttf_unique     TtfEmbeddingLookup(training=False): the same rows plus the unique keys and
+                   inverse index a training lookup returns (a de-dup, then a copy per id)
+    ttf_tiered     TtfTableFind on a table with the SSD tier on (dram_budget, ssd_dir), DRAM hits
     np_take        np.take of the rows from a contiguous [keys, dim] array
     cpp_gather     a C++ loop copying the value part of rows of a [keys, 3 * dim] array
   training step (forward rows, then the Adam update of value and both slots)
@@ -33,6 +37,7 @@ Prints a table of ns/id and the ratios ttf / floor; --out FILE also writes the J
 """
 import argparse
 import ctypes
+import gc
 import json
 import os
 import statistics
@@ -139,9 +144,15 @@ class TtfFamily:
         self.grads = tf.constant(rng.normal(size=(args.batch, args.dim)).astype(np.float32))
 
     def paths(self):
-        return {f"lookup/{self.prefix}": self.lookup, f"train/{self.prefix}": self.train}
+        paths = {f"lookup/{self.prefix}": self.lookup, f"train/{self.prefix}": self.train}
+        if self.prefix == "ttf":
+            paths["lookup/ttf_unique"] = self.lookup_unique
+        return paths
 
     def lookup(self, b):
+        return ops().ttf_table_find(self.handle, self.batches[b], dim=self.dim, training=False)
+
+    def lookup_unique(self, b):
         return ops().ttf_embedding_lookup(self.handle, self.batches[b], dim=self.dim, training=False)[0]
 
     def train(self, b):
@@ -213,6 +224,13 @@ def build(args, family):
     return FloorFamily(args) if family == "floor" else TtfFamily(args, tiered=family == "tiered")
 
 
+def quiet_gc():
+    """Moves the objects built so far out of the collector's reach: its full scans of
+    TensorFlow's Python heap would otherwise land inside random timed calls, of any path."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_round(families, args, times):
     """One round: every path of every family, interleaved call by call."""
     paths = {name: fn for fam in families for name, fn in fam.paths().items()}
@@ -226,6 +244,7 @@ def run_round(families, args, times):
 def run_child(args):
     """--child FAMILY: build it, warm up, time --calls calls per path (one round), print JSON."""
     fam = build(args, args.child)
+    quiet_gc()
     for name, fn in fam.paths().items():  # warm-up: first-call tracing and page faults
         for b in range(8):
             fn(b)
@@ -274,6 +293,7 @@ def main(argv=None):
             t0 = time.perf_counter()
             families.append(build(args, family))
             print(f"[floor] {family}: built in {time.perf_counter() - t0:.1f}s", flush=True)
+        quiet_gc()
         for fam in families:  # warm-up
             for fn in fam.paths().values():
                 for b in range(8):

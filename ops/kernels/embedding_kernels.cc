@@ -97,7 +97,7 @@ void ScatterRows(OpKernelContext* ctx, const std::vector<float>& rows, const std
   const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   Shard(workers->num_threads, workers->workers, inverse.size(), 4 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
-      std::memcpy(out + p * dim, rows.data() + static_cast<int64_t>(inverse[p]) * dim, dim * sizeof(float));
+      CopyRow(out + p * dim, rows.data() + static_cast<int64_t>(inverse[p]) * dim, dim);
   });
 }
 
@@ -129,7 +129,7 @@ class EmbeddingLookupOp : public TableOpKernel {
     OP_REQUIRES(ctx, ids.dims() >= 1,
                 errors::InvalidArgument("ids must have rank >= 1, got shape ", ids.shape().DebugString()));
     GroupedKeys grouped;
-    std::vector<float> rows;
+    std::vector<float>& rows = ScratchRows();
     OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, ids, training_, &grouped, &rows));
     TensorShape out_shape = ids.shape();
     out_shape.AddDim(dim_);
@@ -175,7 +175,7 @@ class EmbeddingLookupRaggedOp : public TableOpKernel {
                 errors::InvalidArgument("row_splits must end at the number of values (", values.NumElements(),
                                         "), got ", sp(bags)));
     GroupedKeys grouped;
-    std::vector<float> rows;
+    std::vector<float>& rows = ScratchRows();
     OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, values, training_, &grouped, &rows));
     Tensor* embeddings = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({bags, dim_}), &embeddings));
@@ -261,7 +261,7 @@ class TableLookupOp : public TableOpKernel {
     OP_REQUIRES(ctx, keys.dims() == 1,
                 errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
     GroupedKeys grouped;
-    std::vector<float> rows;
+    std::vector<float>& rows = ScratchRows();
     if (kInsert) {
       OP_REQUIRES(ctx, keys.NumElements() <= kMaxKeysPerCall,
                   errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", keys.NumElements()));
@@ -273,6 +273,22 @@ class TableLookupOp : public TableOpKernel {
         shard_status[s] = table->FindOrInsert(s, &grouped.keys[off], &grouped.hashes[off], n, rows.data() + off * dim_);
       });
       for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);
+    } else if (!training_) {  // rows only, no unique keys: one probe per id, straight into the output
+      OP_REQUIRES(ctx, keys.NumElements() <= kMaxKeysPerCall,
+                  errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", keys.NumElements()));
+      GroupedPositions by_shard;
+      GroupPositions(keys.flat<int64_t>().data(), keys.NumElements(), *table, &by_shard);
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({keys.NumElements(), dim_}), &out));
+      float* rows_out = out->flat<float>().data();
+      std::vector<Status> shard_status(table->num_shards());
+      ForEachShard(ctx, by_shard, table->num_shards(), 50 * dim_, [&](int s) {
+        const int64_t off = by_shard.offsets[s], n = by_shard.offsets[s + 1] - off;
+        shard_status[s] = table->Find(s, &by_shard.keys[off], &by_shard.hashes[off], n, false, rows_out,
+                                      &by_shard.positions[off]);
+      });
+      for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);
+      return;
     } else {
       OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, keys, training_, &grouped, &rows));
     }
