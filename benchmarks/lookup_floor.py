@@ -8,11 +8,9 @@ count), reported as ns per id (median over calls), after gc.freeze() (Python's c
 scanning TensorFlow's heap inside timed calls was 7% of a lookup's profile). The paths:
 
   inference lookup
-    ttf            TtfTableFind(training=False): ids -> [batch, dim] rows, what a ttf layer runs at
-                   inference (one probe per id, no de-dup)
-    ttf_unique     TtfEmbeddingLookup(training=False): the same rows plus the unique keys and
-                   inverse index a training lookup returns (a de-dup, then a copy per id)
-    ttf_tiered     TtfTableFind on a table with the SSD tier on (dram_budget, ssd_dir), DRAM hits
+    ttf            TtfEmbeddingLookup(training=False), what a ttf layer runs at inference: ids ->
+                   [batch, dim] rows (+ unique keys, inverse index)
+    ttf_tiered     the same on a table with the SSD tier on (dram_budget, ssd_dir), DRAM hits
     np_take        np.take of the rows from a contiguous [keys, dim] array
     cpp_gather     a C++ loop copying the value part of rows of a [keys, 3 * dim] array
   training step (forward rows, then the Adam update of value and both slots)
@@ -144,15 +142,9 @@ class TtfFamily:
         self.grads = tf.constant(rng.normal(size=(args.batch, args.dim)).astype(np.float32))
 
     def paths(self):
-        paths = {f"lookup/{self.prefix}": self.lookup, f"train/{self.prefix}": self.train}
-        if self.prefix == "ttf":
-            paths["lookup/ttf_unique"] = self.lookup_unique
-        return paths
+        return {f"lookup/{self.prefix}": self.lookup, f"train/{self.prefix}": self.train}
 
     def lookup(self, b):
-        return ops().ttf_table_find(self.handle, self.batches[b], dim=self.dim, training=False)
-
-    def lookup_unique(self, b):
         return ops().ttf_embedding_lookup(self.handle, self.batches[b], dim=self.dim, training=False)[0]
 
     def train(self, b):

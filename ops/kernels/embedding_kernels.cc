@@ -273,22 +273,6 @@ class TableLookupOp : public TableOpKernel {
         shard_status[s] = table->FindOrInsert(s, &grouped.keys[off], &grouped.hashes[off], n, rows.data() + off * dim_);
       });
       for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);
-    } else if (!training_) {  // rows only, no unique keys: one probe per id, straight into the output
-      OP_REQUIRES(ctx, keys.NumElements() <= kMaxKeysPerCall,
-                  errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", keys.NumElements()));
-      GroupedPositions by_shard;
-      GroupPositions(keys.flat<int64_t>().data(), keys.NumElements(), *table, &by_shard);
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({keys.NumElements(), dim_}), &out));
-      float* rows_out = out->flat<float>().data();
-      std::vector<Status> shard_status(table->num_shards());
-      ForEachShard(ctx, by_shard, table->num_shards(), 50 * dim_, [&](int s) {
-        const int64_t off = by_shard.offsets[s], n = by_shard.offsets[s + 1] - off;
-        shard_status[s] = table->Find(s, &by_shard.keys[off], &by_shard.hashes[off], n, false, rows_out,
-                                      &by_shard.positions[off]);
-      });
-      for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);
-      return;
     } else {
       OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, keys, training_, &grouped, &rows));
     }

@@ -705,7 +705,7 @@ std::vector<uint32_t>& ScratchIds(int64_t n) {
 }
 
 Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training,
-                            float* out, const int32_t* positions) const {
+                            float* out) const {
   const TableShard& sh = *shards_[s];
   const bool tiered = config_.tiered();
   int64_t disk_hits = 0;
@@ -724,7 +724,7 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   for (int64_t i = 0; i < n; ++i) {
     if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
     const uint32_t id = ids[i];
-    float* dst = out + (positions == nullptr ? i : static_cast<int64_t>(positions[i])) * dim;
+    float* dst = out + i * dim;
     if (id != KeyIndex::kNone) {
       CopyRow(dst, sh.rows.store.row(id), dim);
       continue;

@@ -393,10 +393,7 @@ class EmbeddingTable : public ResourceBase {
   // (inference), always the default row. Nothing is inserted or counted: a step that never
   // reaches its update (a skipped, non-finite step) leaves the table as it was.
   // A key whose row is on the disk tier reads it from there (promotion happens at apply).
-  // With `positions`, key i's row goes to out + positions[i] * dim (keys need not be distinct:
-  // the inference lookup writes straight into its output, one probe per id).
-  Status Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out,
-              const int32_t* positions = nullptr) const;
+  Status Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
   // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
   // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a
   // row gets count + 1 and last_seen = now; a missing key gets a row (initializer, then the

@@ -23,45 +23,6 @@ struct GroupedKeys {
   int64_t size() const { return static_cast<int64_t>(keys.size()); }
 };
 
-// Every key of a batch (duplicates kept), ordered by shard as GroupKeys orders the distinct
-// ones: keys[offsets[s] .. offsets[s+1]) live in shard s, and positions[j] is the input
-// position of keys[j]. For the inference lookup, which needs no unique keys: a duplicate's
-// second probe (a hot key, in cache) costs less than the de-dup and the copy back.
-struct GroupedPositions {
-  std::vector<int64_t> keys;
-  std::vector<uint64_t> hashes;
-  std::vector<int64_t> offsets;  // num_shards + 1
-  std::vector<int32_t> positions;
-  int64_t size() const { return static_cast<int64_t>(keys.size()); }
-};
-
-inline void GroupPositions(const int64_t* keys, int64_t n, const EmbeddingTable& table, GroupedPositions* out) {
-  const int num_shards = table.num_shards();
-  thread_local std::vector<uint64_t> tl_hashes;
-  thread_local std::vector<int32_t> tl_shard_of;
-  std::vector<uint64_t>& hashes = tl_hashes;  // bound once: a shared library's thread_local costs a call
-  std::vector<int32_t>& shard_of = tl_shard_of;
-  hashes.resize(n);
-  shard_of.resize(n);
-  out->offsets.assign(num_shards + 1, 0);
-  for (int64_t p = 0; p < n; ++p) {
-    hashes[p] = HashKey(keys[p]);
-    shard_of[p] = table.ShardOf(hashes[p]);
-    ++out->offsets[shard_of[p] + 1];
-  }
-  for (int s = 0; s < num_shards; ++s) out->offsets[s + 1] += out->offsets[s];
-  std::vector<int64_t> cursor(out->offsets.begin(), out->offsets.end() - 1);
-  out->keys.resize(n);
-  out->hashes.resize(n);
-  out->positions.resize(n);
-  for (int64_t p = 0; p < n; ++p) {
-    const int64_t dst = cursor[shard_of[p]]++;
-    out->keys[dst] = keys[p];
-    out->hashes[dst] = hashes[p];
-    out->positions[dst] = static_cast<int32_t>(p);
-  }
-}
-
 inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& table, GroupedKeys* out) {
   // De-duplicate with a local open-addressing set sized for a load factor <= 1/2, holding
   // each slot's key beside its position (no second, dependent load per probe), its slots
@@ -144,8 +105,8 @@ inline std::vector<float>& ScratchRows() {
 
 // Runs fn(shard) for every table shard on TensorFlow's CPU pool. `cost_per_key` is a rough
 // cycle count, so tiny batches stay on the calling thread.
-template <typename Grouped, typename Fn>
-void ForEachShard(OpKernelContext* ctx, const Grouped& grouped, int num_shards, int64_t cost_per_key, Fn fn) {
+template <typename Fn>
+void ForEachShard(OpKernelContext* ctx, const GroupedKeys& grouped, int num_shards, int64_t cost_per_key, Fn fn) {
   const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   const int64_t per_shard = cost_per_key * (grouped.size() / num_shards + 1);
   Shard(workers->num_threads, workers->workers, num_shards, per_shard, [&](int64_t begin, int64_t end) {

@@ -159,8 +159,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         if self.sharding is not None:
             return self.sharding.lookup(self, keys, row_splits, training)
         if not training:
-            if len(self.tables) == 1 and row_splits is None:  # rows only (TtfTableFind): no de-dup, no unique keys
-                return self._combine(self.tables[0].lookup(tf.reshape(keys, [-1]), False), keys, None)
             return self._forward(keys, row_splits, training=False)[0]
         if not self.built:
             self.build(None)
