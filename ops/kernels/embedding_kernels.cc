@@ -98,7 +98,7 @@ void ScatterRows(OpKernelContext* ctx, const std::vector<float>& rows, const std
   const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   Shard(workers->num_threads, workers->workers, inverse.size(), 4 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
-      std::memcpy(out + p * dim, rows.data() + static_cast<int64_t>(inverse[p]) * dim, dim * sizeof(float));
+      CopyRow(out + p * dim, rows.data() + static_cast<int64_t>(inverse[p]) * dim, dim);
   });
 }
 
@@ -130,7 +130,7 @@ class EmbeddingLookupOp : public TableOpKernel {
     OP_REQUIRES(ctx, ids.dims() >= 1,
                 errors::InvalidArgument("ids must have rank >= 1, got shape ", ids.shape().DebugString()));
     GroupedKeys grouped;
-    std::vector<float> rows;
+    std::vector<float>& rows = ScratchRows();
     OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, ids, training_, &grouped, &rows));
     TensorShape out_shape = ids.shape();
     out_shape.AddDim(dim_);
@@ -176,7 +176,7 @@ class EmbeddingLookupRaggedOp : public TableOpKernel {
                 errors::InvalidArgument("row_splits must end at the number of values (", values.NumElements(),
                                         "), got ", sp(bags)));
     GroupedKeys grouped;
-    std::vector<float> rows;
+    std::vector<float>& rows = ScratchRows();
     OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, values, training_, &grouped, &rows));
     Tensor* embeddings = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({bags, dim_}), &embeddings));
@@ -262,7 +262,7 @@ class TableLookupOp : public TableOpKernel {
     OP_REQUIRES(ctx, keys.dims() == 1,
                 errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
     GroupedKeys grouped;
-    std::vector<float> rows;
+    std::vector<float>& rows = ScratchRows();
     if (kInsert) {
       OP_REQUIRES(ctx, keys.NumElements() <= kMaxKeysPerCall,
                   errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", keys.NumElements()));

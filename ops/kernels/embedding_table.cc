@@ -154,7 +154,7 @@ void RowInitializer::Fill(int64_t key, float* row, int64_t dim) const {
 // ---------------------------------------------------------------- KeyIndex
 
 KeyIndex::KeyIndex(int64_t capacity)
-    : keys_(capacity), ids_(capacity, kNone), mask_(capacity - 1), capacity_(capacity) {}
+    : slots_(capacity, Slot{0, kNone}), mask_(capacity - 1), capacity_(capacity) {}
 
 int64_t KeyIndex::CapacityFor(int64_t keys) {
   int64_t cap = 16;
@@ -164,9 +164,8 @@ int64_t KeyIndex::CapacityFor(int64_t keys) {
 
 void KeyIndex::Insert(int64_t key, uint64_t hash, uint32_t id) {
   uint64_t pos = hash & mask_;
-  while (ids_[pos] != kNone) pos = (pos + 1) & mask_;
-  keys_[pos] = key;
-  ids_[pos] = id;
+  while (slots_[pos].id != kNone) pos = (pos + 1) & mask_;
+  slots_[pos] = Slot{key, id};
   ++size_;
 }
 
@@ -174,24 +173,23 @@ uint32_t KeyIndex::Erase(int64_t key, uint64_t hash) {
   if (capacity_ == 0) return kNone;
   uint64_t pos = hash & mask_;
   while (true) {
-    if (ids_[pos] == kNone) return kNone;
-    if (keys_[pos] == key) break;
+    if (slots_[pos].id == kNone) return kNone;
+    if (slots_[pos].key == key) break;
     pos = (pos + 1) & mask_;
   }
-  const uint32_t erased = ids_[pos];
+  const uint32_t erased = slots_[pos].id;
   // Backward-shift deletion: pull later entries of the probe run into the hole when their
   // home slot does not lie cyclically in (hole, current].
   uint64_t hole = pos;
-  for (uint64_t cur = (pos + 1) & mask_; ids_[cur] != kNone; cur = (cur + 1) & mask_) {
-    const uint64_t home = HashKey(keys_[cur]) & mask_;
+  for (uint64_t cur = (pos + 1) & mask_; slots_[cur].id != kNone; cur = (cur + 1) & mask_) {
+    const uint64_t home = HashKey(slots_[cur].key) & mask_;
     const bool stays = (hole <= cur) ? (hole < home && home <= cur) : (hole < home || home <= cur);
     if (!stays) {
-      keys_[hole] = keys_[cur];
-      ids_[hole] = ids_[cur];
+      slots_[hole] = slots_[cur];
       hole = cur;
     }
   }
-  ids_[hole] = kNone;
+  slots_[hole].id = kNone;
   --size_;
   return erased;
 }
@@ -211,7 +209,7 @@ int64_t RowStore::ChunksNeeded(int64_t extra) const {
 
 RowStore::Chunk RowStore::NewChunk(int64_t stride) {
   Chunk chunk;
-  if (stride > 0) chunk.values.reset(new float[kChunkRows * stride]);
+  if (stride > 0) chunk.values = NewAlignedFloats(kChunkRows * stride);
   chunk.meta.reset(new RowMeta[kChunkRows]);
   return chunk;
 }
@@ -232,7 +230,7 @@ int64_t RowStore::bytes() const {
 
 void RowStore::Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim) {
   for (Chunk& chunk : chunks_) {
-    std::unique_ptr<float[]> wider(new float[kChunkRows * new_stride]);
+    AlignedFloats wider = NewAlignedFloats(kChunkRows * new_stride);
     for (int64_t r = 0; r < kChunkRows; ++r) {
       float* dst = wider.get() + r * new_stride;
       std::memcpy(dst, chunk.values.get() + r * stride_, stride_ * sizeof(float));
@@ -720,7 +718,7 @@ Status EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* 
     if (ids[i] == KeyIndex::kNone) {
       FillDefault(out + i * dim);
     } else {
-      std::memcpy(out + i * dim, sh.rows.store.row(ids[i]), dim * sizeof(float));
+      CopyRow(out + i * dim, sh.rows.store.row(ids[i]), dim);
     }
   }
   return OkStatus();
@@ -760,11 +758,11 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 4]));
+    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
     const uint32_t id = ids[i];
     float* dst = out + i * dim;
     if (id != KeyIndex::kNone) {
-      std::memcpy(dst, sh.rows.store.row(id), dim * sizeof(float));
+      CopyRow(dst, sh.rows.store.row(id), dim);
       continue;
     }
     if (tiered) {  // read from disk without promoting: the apply promotes (TouchKeys)

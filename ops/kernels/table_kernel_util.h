@@ -24,34 +24,55 @@ struct GroupedKeys {
 };
 
 inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& table, GroupedKeys* out) {
-  // De-duplicate with a local open-addressing set sized for a load factor <= 1/2.
+  // De-duplicate with a local open-addressing set sized for a load factor <= 1/2, holding
+  // each slot's key beside its position (no second, dependent load per probe), its slots
+  // prefetched 16 keys ahead (a set of 2n slots outgrows the L1 cache).
   int64_t cap = 16;
   while (cap < 2 * n) cap *= 2;
   const uint64_t mask = cap - 1;
   // Per-thread scratch reused across calls: large fresh buffers would page-fault every step.
-  thread_local std::vector<int32_t> slots;
-  thread_local std::vector<int64_t> first_keys;
-  thread_local std::vector<uint64_t> first_hashes;
-  slots.assign(cap, -1);
-  first_keys.clear();
-  first_hashes.clear();
+  // Bound to references once: each access to a thread_local of a shared library is a call.
+  thread_local std::vector<uint64_t> tl_hashes;
+  thread_local std::vector<int32_t> tl_slot_pos;   // -1: empty, else the key's index in first_keys
+  thread_local std::vector<int64_t> tl_slot_keys;  // read only where slot_pos >= 0
+  thread_local std::vector<int64_t> tl_first_keys;
+  thread_local std::vector<uint64_t> tl_first_hashes;
+  std::vector<uint64_t>& hashes = tl_hashes;
+  std::vector<int32_t>& slot_pos = tl_slot_pos;
+  std::vector<int64_t>& slot_keys = tl_slot_keys;
+  std::vector<int64_t>& first_keys = tl_first_keys;
+  std::vector<uint64_t>& first_hashes = tl_first_hashes;
+  hashes.resize(n);
+  for (int64_t p = 0; p < n; ++p) hashes[p] = HashKey(keys[p]);
+  slot_pos.assign(cap, -1);
+  if (static_cast<int64_t>(slot_keys.size()) < cap) slot_keys.resize(cap);
+  if (static_cast<int64_t>(first_keys.size()) < n) first_keys.resize(n), first_hashes.resize(n);
   out->inverse.resize(n);
+  int32_t* inverse = out->inverse.data();
+  int32_t u = 0;
   for (int64_t p = 0; p < n; ++p) {
-    const int64_t key = keys[p];
-    const uint64_t h = HashKey(key);
-    uint64_t pos = h & mask;
-    while (slots[pos] >= 0 && first_keys[slots[pos]] != key) pos = (pos + 1) & mask;
-    if (slots[pos] < 0) {
-      slots[pos] = static_cast<int32_t>(first_keys.size());
-      first_keys.push_back(key);
-      first_hashes.push_back(h);
+    if (p + 16 < n) {
+      const uint64_t ahead = hashes[p + 16] & mask;
+      __builtin_prefetch(&slot_pos[ahead]);
+      __builtin_prefetch(&slot_keys[ahead]);
     }
-    out->inverse[p] = slots[pos];
+    const int64_t key = keys[p];
+    uint64_t pos = hashes[p] & mask;
+    while (slot_pos[pos] >= 0 && slot_keys[pos] != key) pos = (pos + 1) & mask;
+    if (slot_pos[pos] < 0) {
+      slot_pos[pos] = u;
+      slot_keys[pos] = key;
+      first_keys[u] = key;
+      first_hashes[u] = hashes[p];
+      ++u;
+    }
+    inverse[p] = slot_pos[pos];
   }
   // Counting sort of the distinct keys by shard; remap inverse to the sorted order.
   const int num_shards = table.num_shards();
-  const int64_t u = first_keys.size();
-  thread_local std::vector<int32_t> shard_of;
+  thread_local std::vector<int32_t> tl_shard_of, tl_new_pos;
+  std::vector<int32_t>& shard_of = tl_shard_of;
+  std::vector<int32_t>& new_pos = tl_new_pos;
   shard_of.resize(u);
   out->offsets.assign(num_shards + 1, 0);
   for (int64_t i = 0; i < u; ++i) {
@@ -60,7 +81,6 @@ inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& tabl
   }
   for (int s = 0; s < num_shards; ++s) out->offsets[s + 1] += out->offsets[s];
   std::vector<int64_t> cursor(out->offsets.begin(), out->offsets.end() - 1);
-  thread_local std::vector<int32_t> new_pos;
   new_pos.resize(u);
   out->keys.resize(u);
   out->hashes.resize(u);
@@ -70,7 +90,17 @@ inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& tabl
     out->keys[dst] = first_keys[i];
     out->hashes[dst] = first_hashes[i];
   }
-  for (int64_t p = 0; p < n; ++p) out->inverse[p] = new_pos[out->inverse[p]];
+  for (int64_t p = 0; p < n; ++p) inverse[p] = new_pos[inverse[p]];
+}
+
+// A per-thread buffer for the rows of a lookup's distinct keys, reused across calls: a fresh
+// vector per call was zero-filled (and its pages faulted in) at every lookup. The buffer of
+// a call of more than kMaxKeptScratchFloats floats is given back at the next call.
+constexpr size_t kMaxKeptScratchFloats = size_t{1} << 22;  // 16 MiB
+inline std::vector<float>& ScratchRows() {
+  thread_local std::vector<float> rows;
+  if (rows.capacity() > kMaxKeptScratchFloats) std::vector<float>().swap(rows);
+  return rows;
 }
 
 // Runs fn(shard) for every table shard on TensorFlow's CPU pool. `cost_per_key` is a rough

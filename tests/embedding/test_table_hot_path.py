@@ -1,0 +1,119 @@
+"""The lookup and apply hot paths (issue 18 item 5) against plain NumPy references: the
+de-dup (its prefetching loop at batch sizes around the prefetch distance, duplicates, empty
+batches), present and absent keys, the index under insert/remove churn, and the vectorized
+Adam update at a dim that is and one that is not a multiple of the vector width."""
+import numpy as np
+import pytest
+
+import ttf  # noqa: F401  (sets up Keras 2 before TF is used)
+from ttf._ops import ops
+from ttf.embedding import EmbeddingTable
+
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def mix64(keys):
+    """SplitMix64's finaliser in NumPy (uint64 arithmetic wraps), as the kernels hash keys."""
+    x = keys.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (x ^ (x >> np.uint64(31))) & M64
+
+
+def reference_grouping(ids, num_shards):
+    """Distinct keys in first-seen order, then stably by lock shard ((hash >> 40) % shards);
+    inverse maps each id to its key's place."""
+    flat = ids.ravel()
+    _, first = np.unique(flat, return_index=True)
+    distinct = flat[np.sort(first)]
+    shard = (mix64(distinct) >> np.uint64(40)) % np.uint64(num_shards)
+    unique_keys = distinct[np.argsort(shard, kind="stable")]
+    place = {k: i for i, k in enumerate(unique_keys)}
+    return unique_keys, np.array([place[k] for k in flat], np.int32)
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 33, 5000])
+def test_dedup_order_and_inverse_match_reference(n):
+    # Sizes below, at and above the de-dup's 16-key prefetch distance; a pool of 40 keys,
+    # so larger batches are mostly duplicates.
+    rng = np.random.default_rng(n)
+    pool = rng.integers(-(1 << 62), 1 << 62, size=40)
+    ids = pool[rng.integers(0, 40, size=n)].astype(np.int64)
+    table = EmbeddingTable(8, "normal", seed=4, default_value=0.25, num_shards=4)
+    ops().ttf_table_find_or_insert(table.resource_handle, pool[::2].astype(np.int64), dim=8)  # half present
+    emb, unique_keys, inverse = ops().ttf_embedding_lookup(table.resource_handle, ids, dim=8, training=False)
+    expected_keys, expected_inverse = reference_grouping(ids, 4)
+    np.testing.assert_array_equal(unique_keys.numpy(), expected_keys)
+    np.testing.assert_array_equal(inverse.numpy(), expected_inverse)
+    # Rows: present keys their own row (a pure function of seed and key), absent the default.
+    ex = {k: v.numpy() for k, v in table.export().items()}
+    rows = dict(zip(ex["keys"], ex["values"]))
+    expected = np.array([rows.get(k, np.full(8, 0.25, np.float32)) for k in ids]).reshape(n, 8)
+    np.testing.assert_array_equal(emb.numpy(), expected)  # exact: copies only
+    np.testing.assert_array_equal(table.lookup(ids, training=False).numpy(), expected)
+
+
+def test_index_churn_keeps_every_key_reachable():
+    # One lock shard, so every key shares one index: removals (backward-shift deletion of the
+    # 12-byte slots), re-insertions and growth, then every key checked against a reference.
+    rng = np.random.default_rng(5)
+    keys = rng.choice(np.arange(-(1 << 40), 1 << 40, 7919, dtype=np.int64), size=6000, replace=False)
+    table = EmbeddingTable(4, "uniform", seed=9, default_value=-1.0, num_shards=1)
+    fresh = EmbeddingTable(4, "uniform", seed=9, num_shards=1)  # the reference rows: (seed, key) only
+    h = table.resource_handle
+    ops().ttf_table_find_or_insert(h, keys[:3000], dim=4)
+    removed = rng.choice(keys[:3000], size=1500, replace=False)
+    assert int(ops().ttf_table_remove(h, removed)) == 1500
+    ops().ttf_table_find_or_insert(h, keys[3000:], dim=4)  # grows the index past its old size
+    ops().ttf_table_find_or_insert(h, removed[:500], dim=4)  # back in, new row ids
+    present = np.setdiff1d(keys, removed[500:])
+    assert int(table.size()) == len(present)
+    got = table.lookup(keys, training=False).numpy()
+    want = ops().ttf_table_find_or_insert(fresh.resource_handle, keys, dim=4).numpy()
+    gone = np.isin(keys, removed[500:])
+    np.testing.assert_array_equal(got[~gone], want[~gone])
+    np.testing.assert_array_equal(got[gone], np.full((gone.sum(), 4), -1.0, np.float32))
+
+
+@pytest.mark.parametrize("dim", [5, 16])
+def test_adam_apply_matches_float32_reference(dim):
+    # The update loop vectorizes (4 floats at a time, plus a remainder at dim 5): the same
+    # float32 operations in the same order as a NumPy reference, so equal to 1e-6 (exact on
+    # x86-64; a target that fuses multiply-adds may differ in the last bit).
+    rng = np.random.default_rng(dim)
+    lr, b1, b2, eps = np.float32(0.01), np.float32(0.9), np.float32(0.999), np.float32(1e-7)
+    table = EmbeddingTable(dim, "normal", seed=1)
+    h = table.resource_handle
+    pool = np.arange(50, dtype=np.int64) * 1_000_003
+    ref = {}
+    for step in range(1, 4):
+        keys = pool[rng.integers(0, 50, size=70)]  # duplicates: summed before the update
+        grads = rng.normal(size=(70, dim)).astype(np.float32)
+        rows = table.lookup(keys, training=True).numpy()  # new keys read their initial rows
+        ops().ttf_table_apply_adam(h, keys, grads, lr, b1, b2, eps, step)
+        t = np.float32(step)
+        alpha = lr * np.sqrt(np.float32(1) - b2 ** t) / (np.float32(1) - b1 ** t)
+        summed = {}
+        for key, row, g in zip(keys, rows, grads):
+            ref.setdefault(key, [row.copy(), np.zeros(dim, np.float32), np.zeros(dim, np.float32)])
+            summed[key] = summed.get(key, np.zeros(dim, np.float32)) + g
+        for key, g in summed.items():
+            value, m, v = ref[key]
+            m += (g - m) * (np.float32(1) - b1)
+            v += (g * g - v) * (np.float32(1) - b2)
+            value -= (m * alpha) / (np.sqrt(v) + eps)
+    ex = {k: v.numpy() for k, v in table.export().items()}
+    assert len(ex["keys"]) == len(ref)
+    for key, values in zip(ex["keys"], ex["values"]):
+        np.testing.assert_allclose(values, np.concatenate(ref[key]), rtol=1e-6, atol=0, err_msg=f"key {key}")
+
+
+def test_empty_batches():
+    table = EmbeddingTable(16, seed=2)
+    h = table.resource_handle
+    empty = np.zeros([0], np.int64)
+    emb, unique_keys, inverse = ops().ttf_embedding_lookup(h, np.zeros([0, 26], np.int64), dim=16, training=True)
+    assert emb.shape == (0, 26, 16) and unique_keys.shape == (0,) and inverse.shape == (0,)
+    assert table.lookup(empty, training=False).shape == (0, 16)
+    assert int(ops().ttf_table_apply_adam(h, empty, np.zeros([0, 16], np.float32), 0.1, 0.9, 0.999, 1e-7, 1)) == 0
+    assert int(table.size()) == 0
