@@ -356,19 +356,22 @@ Status GetRecordAttr(OpKernelConstruction* ctx, int* record) {
 void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step, bool with_deleted,
                 bool reset_deleted, int record) {
   ExportLayout layout;
+  // The room (temporaries), then the outputs: their first rows, sliced (no copy).
+  Tensor room[5];
   auto allocate = [&](const ExportLayout& l, ExportBuffers* out) -> Status {
     layout = l;
-    Tensor *keys, *values, *meta, *candidate_keys, *candidate_meta;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({l.rows}), &keys));
-    TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({l.rows, l.stride}), &values));
-    TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({l.rows, 2}), &meta));
-    TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({l.candidates}), &candidate_keys));
-    TF_RETURN_IF_ERROR(ctx->allocate_output(4, TensorShape({l.candidates, 2}), &candidate_meta));
-    out->keys = keys->flat<int64_t>().data();
-    out->values = values->flat<float>().data();
-    out->meta = meta->flat<int64_t>().data();
-    out->candidate_keys = candidate_keys->flat<int64_t>().data();
-    out->candidate_meta = candidate_meta->flat<int64_t>().data();
+    if (out == nullptr) {
+      for (int i = 0; i < 5; ++i) ctx->set_output(i, room[i].Slice(0, i < 3 ? l.rows : l.candidates));
+      return OkStatus();
+    }
+    const TensorShape shapes[5] = {TensorShape({l.rows}), TensorShape({l.rows, l.stride}), TensorShape({l.rows, 2}),
+                                   TensorShape({l.candidates}), TensorShape({l.candidates, 2})};
+    for (int i = 0; i < 5; ++i) TF_RETURN_IF_ERROR(ctx->allocate_temp(i == 1 ? DT_FLOAT : DT_INT64, shapes[i], &room[i]));
+    out->keys = room[0].flat<int64_t>().data();
+    out->values = room[1].flat<float>().data();
+    out->meta = room[2].flat<int64_t>().data();
+    out->candidate_keys = room[3].flat<int64_t>().data();
+    out->candidate_meta = room[4].flat<int64_t>().data();
     return OkStatus();
   };
   std::vector<int64_t> deleted;

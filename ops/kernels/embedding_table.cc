@@ -986,74 +986,126 @@ void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted, int 
 Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
                               bool reset_deleted, int record) {
   std::unique_lock<std::mutex> record_lock(deleted_mu_, std::defer_lock);
-  if (deleted != nullptr || reset_deleted) record_lock.lock();
-  // Every shard locked shared for the whole export: one slot layout, exact counts, and the
-  // rows written straight into the caller's output tensors (no intermediate copy).
-  std::vector<std::shared_lock<std::shared_mutex>> locks;
-  for (auto& sh : shards_) locks.emplace_back(sh->mu);
-  ExportLayout layout;
-  layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
-  layout.optimizer = optimizer_;
-  layout.slot_init = slot_init_;
-  layout.step = step();
+  const bool with_record = deleted != nullptr || reset_deleted;
+  if (with_record) record_lock.lock();
+  // Deletions from here on are recorded (a first reset starts the record); each shard's part
+  // is read (and reset) under its lock together with its rows below.
+  if (reset_deleted) track_deleted_[record].store(true, std::memory_order_relaxed);
+  std::vector<int64_t> collected;
   const bool all = since_step == std::numeric_limits<int64_t>::min();
-  Status disk_status = OkStatus();
-  for (const auto& sh : shards_) {
-    if (all) {
-      layout.rows += sh->rows.index.size() + sh->disk.index.size();
-      layout.candidates += sh->candidates.index.size();
-      continue;
+  // Attempt 0 copies shard by shard: a shard's lock is held (shared) only while that shard is
+  // copied, so an update waits for one shard's copy, not the whole table's (a consistent
+  // snapshot per shard; each row is exact as of its shard's copy). The room is the rows counted
+  // beforehand plus headroom for rows inserted meanwhile; when a shard outgrew it (or the slot
+  // layout changed), attempt 1 holds every shard lock for the whole export (one snapshot).
+  for (int attempt = 0;; ++attempt) {
+    const bool hold_all = attempt > 0;
+    std::vector<std::shared_lock<std::shared_mutex>> locks;
+    for (auto& sh : shards_) locks.emplace_back(sh->mu);
+    ExportLayout layout;
+    layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
+    layout.optimizer = optimizer_;
+    layout.slot_init = slot_init_;
+    layout.step = step();
+    Status disk_status = OkStatus();
+    for (const auto& sh : shards_) {
+      if (all) {
+        layout.rows += sh->rows.index.size() + sh->disk.index.size();
+        layout.candidates += sh->candidates.index.size();
+        continue;
+      }
+      sh->rows.index.ForEach([&](int64_t, uint32_t id) { layout.rows += sh->rows.store.meta(id).last_seen > since_step; });
+      sh->disk.index.ForEach([&](int64_t, uint32_t slot) {
+        RowMeta m{0, 0};
+        if (disk_status.ok()) disk_status = sh->disk.Read(slot, &m, nullptr, 0);
+        layout.rows += m.last_seen > since_step;
+      });
+      sh->candidates.index.ForEach(
+          [&](int64_t, uint32_t id) { layout.candidates += sh->candidates.store.meta(id).last_seen > since_step; });
     }
-    sh->rows.index.ForEach([&](int64_t, uint32_t id) { layout.rows += sh->rows.store.meta(id).last_seen > since_step; });
-    sh->disk.index.ForEach([&](int64_t, uint32_t slot) {
-      RowMeta m{0, 0};
-      if (disk_status.ok()) disk_status = sh->disk.Read(slot, &m, nullptr, 0);
-      layout.rows += m.last_seen > since_step;
-    });
-    sh->candidates.index.ForEach(
-        [&](int64_t, uint32_t id) { layout.candidates += sh->candidates.store.meta(id).last_seen > since_step; });
-  }
-  TF_RETURN_IF_ERROR(disk_status);
-  ExportBuffers out;
-  TF_RETURN_IF_ERROR(allocate(layout, &out));
-  int64_t r = 0, c = 0;
-  const int64_t stride = layout.stride;
-  for (const auto& sh : shards_) {
-    if (sh->rows.store.stride() != stride)  // cannot happen: layouts change under every lock
-      return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", stride);
-    sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
-      const RowMeta& m = sh->rows.store.meta(id);
-      if (m.last_seen <= since_step && !all) return;
-      out.keys[r] = key;
-      std::memcpy(out.values + r * stride, sh->rows.store.row(id), stride * sizeof(float));
-      out.meta[2 * r] = m.count;
-      out.meta[2 * r + 1] = m.last_seen;
-      ++r;
-    });
-    // The disk tier's rows, read straight into the output (same snapshot: writers wait).
-    sh->disk.index.ForEach([&](int64_t key, uint32_t slot) {
-      if (!disk_status.ok()) return;
-      RowMeta m;
-      disk_status = sh->disk.Read(slot, &m, nullptr, 0);
-      if (!disk_status.ok() || (m.last_seen <= since_step && !all)) return;
-      disk_status = sh->disk.Read(slot, nullptr, out.values + r * stride, stride);
-      out.keys[r] = key;
-      out.meta[2 * r] = m.count;
-      out.meta[2 * r + 1] = m.last_seen;
-      ++r;
-    });
     TF_RETURN_IF_ERROR(disk_status);
-    sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
-      const RowMeta& m = sh->candidates.store.meta(id);
-      if (m.last_seen <= since_step && !all) return;
-      out.candidate_keys[c] = key;
-      out.candidate_meta[2 * c] = m.count;
-      out.candidate_meta[2 * c + 1] = m.last_seen;
-      ++c;
-    });
+    const int64_t counted_rows = layout.rows, counted_candidates = layout.candidates;
+    if (!hold_all) {
+      locks.clear();
+      layout.rows += counted_rows / 32 + 1024;
+      layout.candidates += counted_candidates / 32 + 1024;
+    }
+    ExportBuffers out;
+    TF_RETURN_IF_ERROR(allocate(layout, &out));
+    int64_t r = 0, c = 0;
+    const int64_t stride = layout.stride;
+    bool fits = true;
+    for (const auto& sh : shards_) {
+      std::shared_lock<std::shared_mutex> shard_lock;
+      if (!hold_all) shard_lock = std::shared_lock<std::shared_mutex>(sh->mu);
+      if (sh->rows.store.stride() != stride) {  // the slot layout changed after the count
+        if (hold_all) return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", stride);
+        fits = false;
+        break;
+      }
+      // Rows past the room (inserted after the count) end this attempt; attempt 1 has exact room.
+      sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
+        const RowMeta& m = sh->rows.store.meta(id);
+        if (m.last_seen <= since_step && !all) return;
+        if (r == layout.rows) {
+          fits = false;
+          return;
+        }
+        out.keys[r] = key;
+        std::memcpy(out.values + r * stride, sh->rows.store.row(id), stride * sizeof(float));
+        out.meta[2 * r] = m.count;
+        out.meta[2 * r + 1] = m.last_seen;
+        ++r;
+      });
+      // The disk tier's rows, read straight into the output (same snapshot: writers wait).
+      sh->disk.index.ForEach([&](int64_t key, uint32_t slot) {
+        if (!disk_status.ok()) return;
+        RowMeta m;
+        disk_status = sh->disk.Read(slot, &m, nullptr, 0);
+        if (!disk_status.ok() || (m.last_seen <= since_step && !all)) return;
+        if (r == layout.rows) {
+          fits = false;
+          return;
+        }
+        disk_status = sh->disk.Read(slot, nullptr, out.values + r * stride, stride);
+        out.keys[r] = key;
+        out.meta[2 * r] = m.count;
+        out.meta[2 * r + 1] = m.last_seen;
+        ++r;
+      });
+      TF_RETURN_IF_ERROR(disk_status);
+      sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
+        const RowMeta& m = sh->candidates.store.meta(id);
+        if (m.last_seen <= since_step && !all) return;
+        if (c == layout.candidates) {
+          fits = false;
+          return;
+        }
+        out.candidate_keys[c] = key;
+        out.candidate_meta[2 * c] = m.count;
+        out.candidate_meta[2 * c + 1] = m.last_seen;
+        ++c;
+      });
+      if (!fits) break;
+      // This shard's deletions, in the same snapshot as its rows. Kept across a retry: a
+      // key deleted and re-inserted is then in both lists, and an import removes before it upserts.
+      if (with_record) {
+        std::vector<int64_t>& mine = sh->deleted_keys[record];
+        collected.insert(collected.end(), mine.begin(), mine.end());
+        if (reset_deleted) std::vector<int64_t>().swap(mine);
+      }
+    }
+    if (!fits) continue;
+    layout.rows = r;
+    layout.candidates = c;
+    TF_RETURN_IF_ERROR(allocate(layout, nullptr));  // the final counts: the caller trims its room
+    if (deleted != nullptr) {
+      std::sort(collected.begin(), collected.end());
+      collected.erase(std::unique(collected.begin(), collected.end()), collected.end());
+      deleted->swap(collected);
+    }
+    return OkStatus();
   }
-  if (deleted != nullptr || reset_deleted) CollectDeleted(reset_deleted, deleted, record);
-  return OkStatus();
 }
 
 namespace {

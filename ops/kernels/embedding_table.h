@@ -19,8 +19,10 @@
 // evictions take it exclusive. An operation holds one shard lock at a time, except the
 // whole-table operations, which take all of them in shard order (so they cannot deadlock
 // with each other): slot re-layout and Import take them exclusive (the slot layout and the
-// content change for every shard at once: no reader ever sees two layouts), Export takes
-// them shared (one consistent snapshot, one layout; writers wait, readers go on). Growth
+// content change for every shard at once: no reader ever sees two layouts). Export counts
+// under all of them (shared), then copies shard by shard under that shard's lock only, so a
+// save stalls an update for one shard's copy; when the table outgrew the room or its slot
+// layout changed meanwhile, it copies again under all of them (see Export). Growth
 // allocates with the lock released (ReserveRoom), then re-takes it to rehash, so a growing
 // shard never blocks readers during the allocation itself.
 #ifndef TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
@@ -289,9 +291,11 @@ struct TableShard {
 // so neither disturbs the other's chain.
 enum DeletedRecord : int { kCheckpointRecord = 0, kPublishRecord = 1, kNumDeletedRecords = 2 };
 
-// Where Export writes, allocated by the caller once the counts are known (all shard locks
-// are held meanwhile, so the counts stay exact): keys [rows], values [rows, stride],
-// meta [rows, 2] (count, last_seen), candidate_keys [candidates], candidate_meta [candidates, 2].
+// Where Export writes: keys [rows], values [rows, stride], meta [rows, 2] (count, last_seen),
+// candidate_keys [candidates], candidate_meta [candidates, 2]. The allocator is called with
+// `out` set for room of layout.rows / layout.candidates (more than the final counts when shards
+// are copied one at a time; called again for a retry), then once with `out` null and the final
+// counts: the first rows of the last room hold the export.
 struct ExportBuffers {
   int64_t* keys = nullptr;
   float* values = nullptr;
@@ -400,9 +404,10 @@ class EmbeddingTable : public ResourceBase {
   // Removes these keys' rows and candidates; returns the number of rows removed.
   int64_t Remove(const int64_t* keys, int64_t n);
 
-  // One consistent snapshot under every shard lock (shared): the rows and candidates whose
-  // last-seen step is > since_step (INT64_MIN: all), written straight into the buffers
-  // `allocate` returns. With `deleted` non-null, also the keys removed since the deleted-key
+  // A snapshot of each shard, taken under that shard's lock (shared) alone, one shard after
+  // the other (so an update waits for one shard's copy, not the table's): the rows and
+  // candidates whose last-seen step is > since_step (INT64_MIN: all), written straight into
+  // the buffers `allocate` returns. A shard's deleted keys are read (and reset) with its rows. With `deleted` non-null, also the keys removed since the deleted-key
   // record was last reset (sorted, distinct); reset_deleted clears the record in the same
   // snapshot and starts it if it was off.
   // `record` (a DeletedRecord) names whose record of deleted keys is read and reset.
