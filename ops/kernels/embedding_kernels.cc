@@ -366,7 +366,16 @@ void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step,
     }
     const TensorShape shapes[5] = {TensorShape({l.rows}), TensorShape({l.rows, l.stride}), TensorShape({l.rows, 2}),
                                    TensorShape({l.candidates}), TensorShape({l.candidates, 2})};
-    for (int i = 0; i < 5; ++i) TF_RETURN_IF_ERROR(ctx->allocate_temp(i == 1 ? DT_FLOAT : DT_INT64, shapes[i], &room[i]));
+    for (int i = 0; i < 5; ++i) {
+      Tensor grown;
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(i == 1 ? DT_FLOAT : DT_INT64, shapes[i], &grown));
+      const int64_t keep = i < 3 ? l.keep_rows : l.keep_candidates;
+      if (keep > 0) {  // a grown room: the first rows already written move over
+        const size_t row_bytes = room[i].TotalBytes() / room[i].dim_size(0);
+        std::memcpy(grown.data(), room[i].data(), keep * row_bytes);
+      }
+      room[i] = std::move(grown);
+    }
     out->keys = room[0].flat<int64_t>().data();
     out->values = room[1].flat<float>().data();
     out->meta = room[2].flat<int64_t>().data();

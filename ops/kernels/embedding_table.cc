@@ -993,22 +993,31 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   if (reset_deleted) track_deleted_[record].store(true, std::memory_order_relaxed);
   std::vector<int64_t> collected;
   const bool all = since_step == std::numeric_limits<int64_t>::min();
-  // Attempt 0 copies shard by shard: a shard's lock is held (shared) only while that shard is
-  // copied, so an update waits for one shard's copy, not the whole table's (a consistent
-  // snapshot per shard; each row is exact as of its shard's copy). The room is the rows counted
-  // beforehand plus headroom for rows inserted meanwhile; when a shard outgrew it (or the slot
-  // layout changed), attempt 1 holds every shard lock for the whole export (one snapshot).
+  // Attempt 0 takes each shard's lock (shared) alone, one shard after the other, to count its
+  // rows and then to copy them, so an update waits for one shard's copy, not the whole table's
+  // (a consistent snapshot per shard; each row is exact as of its shard's copy). Rows inserted
+  // or touched (a delta) after the count grow the room, with this shard's lock held so its
+  // copy restarts on the same content. A slot re-layout after the count (it changes every
+  // shard at once) makes attempt 1 hold every shard lock for the whole export (one snapshot).
   for (int attempt = 0;; ++attempt) {
     const bool hold_all = attempt > 0;
     std::vector<std::shared_lock<std::shared_mutex>> locks;
-    for (auto& sh : shards_) locks.emplace_back(sh->mu);
+    if (hold_all) {
+      for (auto& sh : shards_) locks.emplace_back(sh->mu);
+    }
     ExportLayout layout;
-    layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
-    layout.optimizer = optimizer_;
-    layout.slot_init = slot_init_;
-    layout.step = step();
+    {
+      std::shared_lock<std::shared_mutex> first;  // the slot layout is read under any shard lock
+      if (!hold_all) first = std::shared_lock<std::shared_mutex>(shards_[0]->mu);
+      layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
+      layout.optimizer = optimizer_;
+      layout.slot_init = slot_init_;
+      layout.step = step();
+    }
     Status disk_status = OkStatus();
     for (const auto& sh : shards_) {
+      std::shared_lock<std::shared_mutex> shard_lock;
+      if (!hold_all) shard_lock = std::shared_lock<std::shared_mutex>(sh->mu);
       if (all) {
         layout.rows += sh->rows.index.size() + sh->disk.index.size();
         layout.candidates += sh->candidates.index.size();
@@ -1024,33 +1033,45 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
           [&](int64_t, uint32_t id) { layout.candidates += sh->candidates.store.meta(id).last_seen > since_step; });
     }
     TF_RETURN_IF_ERROR(disk_status);
-    const int64_t counted_rows = layout.rows, counted_candidates = layout.candidates;
-    if (!hold_all) {
-      locks.clear();
-      layout.rows += counted_rows / 32 + 1024;
-      layout.candidates += counted_candidates / 32 + 1024;
+    if (!hold_all) {  // headroom for rows inserted or touched before their shard's copy
+      layout.rows += layout.rows / 32 + 1024;
+      layout.candidates += layout.candidates / 32 + 1024;
     }
     ExportBuffers out;
     TF_RETURN_IF_ERROR(allocate(layout, &out));
     int64_t r = 0, c = 0;
     const int64_t stride = layout.stride;
-    bool fits = true;
+    bool relayout = false;
     for (const auto& sh : shards_) {
       std::shared_lock<std::shared_mutex> shard_lock;
       if (!hold_all) shard_lock = std::shared_lock<std::shared_mutex>(sh->mu);
       if (sh->rows.store.stride() != stride) {  // the slot layout changed after the count
         if (hold_all) return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", stride);
-        fits = false;
+        relayout = true;
         break;
       }
-      // Rows past the room (inserted after the count) end this attempt; attempt 1 has exact room.
+      // What this shard can write at most: all of its rows; for a delta that bound failing,
+      // its rows seen after since_step (counted now, under its lock; disk rows all counted).
+      int64_t need_rows = sh->rows.index.size() + sh->disk.index.size();
+      int64_t need_candidates = sh->candidates.index.size();
+      if (!all && (r + need_rows > layout.rows || c + need_candidates > layout.candidates)) {
+        need_rows = sh->disk.index.size();
+        need_candidates = 0;
+        sh->rows.index.ForEach([&](int64_t, uint32_t id) { need_rows += sh->rows.store.meta(id).last_seen > since_step; });
+        sh->candidates.index.ForEach(
+            [&](int64_t, uint32_t id) { need_candidates += sh->candidates.store.meta(id).last_seen > since_step; });
+      }
+      if (r + need_rows > layout.rows || c + need_candidates > layout.candidates) {
+        // Grow the room (the rows written so far carried over) with only this shard's lock held.
+        layout.keep_rows = r;
+        layout.keep_candidates = c;
+        layout.rows = std::max(layout.rows, r + need_rows + layout.rows / 8 + 1024);
+        layout.candidates = std::max(layout.candidates, c + need_candidates + layout.candidates / 8 + 1024);
+        TF_RETURN_IF_ERROR(allocate(layout, &out));
+      }
       sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
         const RowMeta& m = sh->rows.store.meta(id);
         if (m.last_seen <= since_step && !all) return;
-        if (r == layout.rows) {
-          fits = false;
-          return;
-        }
         out.keys[r] = key;
         std::memcpy(out.values + r * stride, sh->rows.store.row(id), stride * sizeof(float));
         out.meta[2 * r] = m.count;
@@ -1063,10 +1084,6 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
         RowMeta m;
         disk_status = sh->disk.Read(slot, &m, nullptr, 0);
         if (!disk_status.ok() || (m.last_seen <= since_step && !all)) return;
-        if (r == layout.rows) {
-          fits = false;
-          return;
-        }
         disk_status = sh->disk.Read(slot, nullptr, out.values + r * stride, stride);
         out.keys[r] = key;
         out.meta[2 * r] = m.count;
@@ -1077,16 +1094,11 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
       sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
         const RowMeta& m = sh->candidates.store.meta(id);
         if (m.last_seen <= since_step && !all) return;
-        if (c == layout.candidates) {
-          fits = false;
-          return;
-        }
         out.candidate_keys[c] = key;
         out.candidate_meta[2 * c] = m.count;
         out.candidate_meta[2 * c + 1] = m.last_seen;
         ++c;
       });
-      if (!fits) break;
       // This shard's deletions, in the same snapshot as its rows. Kept across a retry: a
       // key deleted and re-inserted is then in both lists, and an import removes before it upserts.
       if (with_record) {
@@ -1095,7 +1107,7 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
         if (reset_deleted) std::vector<int64_t>().swap(mine);
       }
     }
-    if (!fits) continue;
+    if (relayout) continue;
     layout.rows = r;
     layout.candidates = c;
     TF_RETURN_IF_ERROR(allocate(layout, nullptr));  // the final counts: the caller trims its room

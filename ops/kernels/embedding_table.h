@@ -294,8 +294,9 @@ enum DeletedRecord : int { kCheckpointRecord = 0, kPublishRecord = 1, kNumDelete
 // Where Export writes: keys [rows], values [rows, stride], meta [rows, 2] (count, last_seen),
 // candidate_keys [candidates], candidate_meta [candidates, 2]. The allocator is called with
 // `out` set for room of layout.rows / layout.candidates (more than the final counts when shards
-// are copied one at a time; called again for a retry), then once with `out` null and the final
-// counts: the first rows of the last room hold the export.
+// are copied one at a time), again to grow it (keeping the first keep_rows / keep_candidates)
+// or for a retry (keep 0), then once with `out` null and the final counts: the first rows of
+// the last room hold the export.
 struct ExportBuffers {
   int64_t* keys = nullptr;
   float* values = nullptr;
@@ -305,6 +306,8 @@ struct ExportBuffers {
 };
 struct ExportLayout {
   int64_t rows = 0, candidates = 0, stride = 0;
+  // On a call that grows the room: the rows and candidates already written, to carry over.
+  int64_t keep_rows = 0, keep_candidates = 0;
   std::string optimizer;
   std::vector<float> slot_init;
   int64_t step = 0;
