@@ -1015,7 +1015,9 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
       layout.step = step();
     }
     Status disk_status = OkStatus();
+    // A delta is counted shard by shard below, just before each shard's copy (one walk fewer).
     for (const auto& sh : shards_) {
+      if (!all && !hold_all) break;
       std::shared_lock<std::shared_mutex> shard_lock;
       if (!hold_all) shard_lock = std::shared_lock<std::shared_mutex>(sh->mu);
       if (all) {
@@ -1051,13 +1053,19 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
         break;
       }
       // What this shard can write at most: all of its rows; for a delta that bound failing,
-      // its rows seen after since_step (counted now, under its lock; disk rows all counted).
+      // its rows seen after since_step (counted now, under its lock).
       int64_t need_rows = sh->rows.index.size() + sh->disk.index.size();
       int64_t need_candidates = sh->candidates.index.size();
       if (!all && (r + need_rows > layout.rows || c + need_candidates > layout.candidates)) {
-        need_rows = sh->disk.index.size();
+        need_rows = 0;
         need_candidates = 0;
         sh->rows.index.ForEach([&](int64_t, uint32_t id) { need_rows += sh->rows.store.meta(id).last_seen > since_step; });
+        sh->disk.index.ForEach([&](int64_t, uint32_t slot) {
+          RowMeta m{0, 0};
+          if (disk_status.ok()) disk_status = sh->disk.Read(slot, &m, nullptr, 0);
+          need_rows += m.last_seen > since_step;
+        });
+        TF_RETURN_IF_ERROR(disk_status);
         sh->candidates.index.ForEach(
             [&](int64_t, uint32_t id) { need_candidates += sh->candidates.store.meta(id).last_seen > since_step; });
       }
@@ -1065,8 +1073,8 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
         // Grow the room (the rows written so far carried over) with only this shard's lock held.
         layout.keep_rows = r;
         layout.keep_candidates = c;
-        layout.rows = std::max(layout.rows, r + need_rows + layout.rows / 8 + 1024);
-        layout.candidates = std::max(layout.candidates, c + need_candidates + layout.candidates / 8 + 1024);
+        layout.rows = std::max(layout.rows, r + need_rows + layout.rows / 2 + 1024);  // grows geometrically
+        layout.candidates = std::max(layout.candidates, c + need_candidates + layout.candidates / 2 + 1024);
         TF_RETURN_IF_ERROR(allocate(layout, &out));
       }
       sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
