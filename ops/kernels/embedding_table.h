@@ -20,9 +20,9 @@
 // whole-table operations, which take all of them in shard order (so they cannot deadlock
 // with each other): slot re-layout and Import take them exclusive (the slot layout and the
 // content change for every shard at once: no reader ever sees two layouts). Export counts
-// under all of them (shared), then copies shard by shard under that shard's lock only, so a
-// save stalls an update for one shard's copy; when the table outgrew the room or its slot
-// layout changed meanwhile, it copies again under all of them (see Export). Growth
+// and copies shard by shard under that shard's lock only (shared), so a save stalls an update
+// for one shard's copy; when the slot layout changed meanwhile, it copies again under all of
+// them (see Export). Growth
 // allocates with the lock released (ReserveRoom), then re-takes it to rehash, so a growing
 // shard never blocks readers during the allocation itself.
 #ifndef TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
