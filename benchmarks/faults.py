@@ -315,9 +315,19 @@ def _metrics_run(args, work, extra, name):
 
 
 def _child_pid(parent, needle):
+    """A process below `parent` whose command line holds `needle`: never a launcher (horovodrun,
+    whose own command line names the script too), so kill-rank kills a rank."""
     out = subprocess.run(["pgrep", "-f", "--", needle], capture_output=True, text=True).stdout.split()
-    ours = [int(p) for p in out if _descends(int(p), parent)]
+    ours = [int(p) for p in out if _descends(int(p), parent) and "horovodrun" not in _cmdline(int(p))]
     return ours[0] if ours else None
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _descends(pid, ancestor):

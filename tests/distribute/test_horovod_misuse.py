@@ -2,6 +2,7 @@
 Horovod: horovodrun --gloo, 2 ranks; the ranks run tests/distribute/hvd_misuse.py)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -13,13 +14,21 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 pytestmark = pytest.mark.slow
 
 
-def run(mode, tmp_path):
+def run(mode, tmp_path, timeout=240):
     pytest.importorskip("horovod.tensorflow", reason="run ./scripts/setup_horovod.sh (./test.sh --all does)")
     prefix = str(tmp_path / mode)
-    proc = subprocess.run([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, SCRIPT, mode, prefix],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.Popen([HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, SCRIPT, mode, prefix],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a rank hung (at exit, after the watchdog's shutdown): fail, never hang
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"horovodrun {mode} did not end within {timeout}s; output: {stdout[-3000:]}{stderr[-3000:]}")
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    for rank in (0, 1):  # both ranks ran to the end of the script and exited normally (no os._exit)
+        assert f"[hvd_misuse] rank {rank} reached the end" in stdout, stdout[-3000:]
     return [json.loads(open(f"{prefix}-{rank}.json").read()) for rank in (0, 1)], prefix
 
 

@@ -86,3 +86,51 @@ def run_race(seconds, num_shards):
 def test_export_is_one_consistent_snapshot_under_concurrent_writers():
     exports = run_race(seconds=8, num_shards=16)
     assert len(exports) > 10 and max(exports) > 0
+
+
+def test_a_chain_of_deltas_taken_during_training_rebuilds_the_table():
+    """Export copies shard by shard while updates and removals go on: a full export, then
+    deltas (each resetting the deleted-key record), replayed as a restore does (remove the
+    deleted keys, then upsert the rows), give exactly the table's keys at the end."""
+    h = ops().ttf_embedding_table(dim=DIM, initializer="constant", init_a=1.0, num_shards=16,
+                                  shared_name=f"race_{next(_names)}")
+    stop, errors = threading.Event(), []
+
+    def writer():
+        rng = np.random.default_rng(1)
+        try:
+            for step in itertools.count(1):
+                if stop.is_set():
+                    return
+                keys = np.unique(np.concatenate([np.arange(step * 300, step * 300 + 300),
+                                                 rng.integers(0, step * 300, 300)])).astype(np.int64)
+                ops().ttf_table_apply_adagrad(h, keys, np.zeros((len(keys), DIM), np.float32), 0.1, 1e-7, step,
+                                              initial_accumulator_value=0.25)
+                ops().ttf_table_remove(h, rng.integers(0, step * 300, 100))
+        except Exception as err:  # noqa: BLE001  (reported by the test)
+            errors.append(err)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        time.sleep(0.2)
+        base = ops().ttf_table_export(h, reset_deleted=True)
+        check_export(base)
+        mirror, since = set(base[0].numpy().tolist()), int(base[7]) - 1  # the step before: rows may repeat
+        for _ in range(12):
+            time.sleep(0.05)
+            delta = ops().ttf_table_export_delta(h, since, reset_deleted=True)
+            check_export(delta[:8])
+            mirror -= set(delta[8].numpy().tolist())
+            mirror |= set(delta[0].numpy().tolist())
+            since = int(delta[7]) - 1
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors[:3]
+    last = ops().ttf_table_export_delta(h, since, reset_deleted=True)
+    mirror -= set(last[8].numpy().tolist())
+    mirror |= set(last[0].numpy().tolist())
+    final = set(ops().ttf_table_export(h)[0].numpy().tolist())
+    assert len(final) > 1000
+    assert mirror == final, (len(mirror - final), len(final - mirror))

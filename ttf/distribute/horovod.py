@@ -53,6 +53,9 @@ COLLECTIVE_TIMEOUT_SECONDS = 45.0
 # The same for the two waits of save_checkpoint after its first collective: for the slowest
 # rank's pieces (a large part takes minutes to write), and for rank 0's merge and fsync.
 SAVE_TIMEOUT_SECONDS = 1800.0
+# Seconds a collective that ttf's watchdog failed waits for Horovod's shutdown to finish
+# before raising (see `collective`: an unfinished shutdown would hang the interpreter's exit).
+SHUTDOWN_WAIT_SECONDS = 60.0
 
 try:
     import horovod.tensorflow as hvd
@@ -90,7 +93,8 @@ def collective(what, timeout=None):
             timed_out.append(True)
             hvd.shutdown()  # fails the collective this rank waits in
 
-    threading.Thread(target=watchdog, name="ttf_collective_watchdog", daemon=True).start()
+    guard = threading.Thread(target=watchdog, name="ttf_collective_watchdog", daemon=True)
+    guard.start()
     try:
         yield
     except tf.errors.OpError as err:
@@ -106,6 +110,15 @@ def collective(what, timeout=None):
             f"{message.strip().splitlines()[0][:300]}") from err
     finally:
         done.set()
+        # The collective fails as soon as Horovod's shutdown begins, before the watchdog's
+        # hvd.shutdown() has joined Horovod's background thread. Left running, that join races
+        # Horovod's own atexit hvd.shutdown(): both join one thread and the process hangs at
+        # interpreter exit. Waiting here lets the shutdown finish first (the atexit one is then a no-op).
+        guard.join(SHUTDOWN_WAIT_SECONDS)
+        if guard.is_alive():
+            warnings.warn(f"ttf (rank {rank}): Horovod's shutdown after {what} has not finished within "
+                          f"{SHUTDOWN_WAIT_SECONDS:g}s; this process may hang at exit: end it with os._exit()",
+                          RuntimeWarning, stacklevel=3)
 
 
 def _check_compression(compression):
@@ -795,6 +808,6 @@ def check_same_config(config, what="flags"):
         raise ValueError(f"the ranks were started with different {what}: " + "; ".join(diffs))
 
 
-__all__ = ["COMPRESSIONS", "SAVE_TIMEOUT_SECONDS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
+__all__ = ["COMPRESSIONS", "SAVE_TIMEOUT_SECONDS", "SHUTDOWN_WAIT_SECONDS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
            "all_ranks", "check_same_config", "gather_rows", "mean_over_ranks", "rank_slice", "save_checkpoint", "shard_tables", "table_size",
            "ttf_layers", "wire_bytes"]
