@@ -5,10 +5,10 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 from ttf._ops import ops
+from ttf.data._schema import FIELD_SHIFT as _FIELD_SHIFT  # the field tag's place, defined once
 from ttf.embedding._logical import EXPORT_FIELDS, LogicalTable, merge_exports, shard_of
 from ttf.embedding._table import EmbeddingTable
 
-_FIELD_SHIFT = 56
 _VALUE_MASK = (1 << _FIELD_SHIFT) - 1
 
 
