@@ -397,14 +397,14 @@ def save_checkpoint(manager, step):
         for name in tf.io.gfile.glob(os.path.join(folder, f"r{rank}-*")):
             fsync_path(name)
     except Exception as err:  # noqa: BLE001 (every rank must reach the barrier below, then all raise)
-        written["error"] = f"{type(err).__name__}: {str(err).strip()[:500]}"
+        written["error"] = _error_text(err)
     with collective("save_checkpoint", SAVE_TIMEOUT_SECONDS):  # the barrier: every rank's pieces written (or failed)
         every = hvd.allgather_object(written, name="ttf_save_parts")
-    failed = [(r, w["error"]) for r, w in enumerate(every) if w["error"]]
+    failed = _failed_ranks(every)
     outcome = None
     if rank == 0:
         if failed:
-            outcome = {"error": "; ".join(f"rank {r}: {e}" for r, e in failed)}
+            outcome = {"error": failed}
         else:
             for name, logical in tables:
                 logical.rank_parts = {"delta": plan is not None,
@@ -413,7 +413,7 @@ def save_checkpoint(manager, step):
             try:
                 outcome = {"path": manager.save(step)}
             except Exception as err:  # noqa: BLE001 (every rank learns it below, then all raise)
-                outcome = {"error": f"rank 0: {type(err).__name__}: {str(err).strip()[:500]}"}
+                outcome = {"error": "rank 0: " + _error_text(err)}
             finally:
                 for _, logical in tables:
                     logical.rank_parts = None
@@ -587,15 +587,11 @@ def export_for_serving(model, base, **kwargs):
     mine, local = [], {"error": None, "layouts": [], "base": os.path.abspath(os.fspath(base))}
     try:
         for layer in layers:
-            table = layer.tables[0]
-            exported = table.export()
-            default_row = tf.fill([1, layer.dim], tf.constant(table.default_value, tf.float32))
-            mine.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
-                                    dtype=row_dtype, name=f"shard_{rank}"))
-            local["layouts"].append(dict(mine[-1].layout, step=int(exported["step"])))
-            del exported  # the rows with their optimizer slots: freed once the shard is built
+            shard, step = HashedShard.of_table(layer.tables[0], layer.dim, row_dtype, f"shard_{rank}")
+            mine.append(shard)
+            local["layouts"].append(dict(shard.layout, step=step))
     except Exception as err:  # noqa: BLE001 (every rank must reach the gather below, then all raise)
-        local["error"] = f"{type(err).__name__}: {str(err).strip()[:500]}"
+        local["error"] = _error_text(err)
     with collective("export_for_serving"):
         every = hvd.allgather_object(local, name="ttf_export_layouts")
     _raise_failed(every, "export_for_serving")
@@ -627,7 +623,7 @@ def export_for_serving(model, base, **kwargs):
     try:
         outcome["path"] = export(model, base, _frozen=frozen, _finish=finish, **kwargs)
     except Exception as err:  # noqa: BLE001 (told to every rank below, then raised)
-        outcome["error"] = f"rank 0: {type(err).__name__}: {str(err).strip()[:500]}"
+        outcome["error"] = "rank 0: " + _error_text(err)
         if not told:  # the other ranks wait for the folder: tell them instead
             with collective("export_for_serving"):
                 hvd.broadcast_object({"error": outcome["error"]}, root_rank=0, name="ttf_export_folder")
@@ -639,11 +635,20 @@ def export_for_serving(model, base, **kwargs):
     return outcome["path"]
 
 
+def _error_text(err):
+    """One rank's error as it travels to the others: its type and the start of its message."""
+    return f"{type(err).__name__}: {str(err).strip()[:500]}"
+
+
+def _failed_ranks(reports):
+    """'rank r: error; ...' of the ranks whose report (one per rank, gathered) holds an error; '' if none."""
+    return "; ".join(f"rank {r}: {report['error']}" for r, report in enumerate(reports) if report["error"])
+
+
 def _raise_failed(reports, what):
-    failed = [(r, report["error"]) for r, report in enumerate(reports) if report["error"]]
+    failed = _failed_ranks(reports)
     if failed:
-        raise RuntimeError(f"ttf (rank {hvd.rank()}): {what} failed on "
-                           + "; ".join(f"rank {r}: {error}" for r, error in failed))
+        raise RuntimeError(f"ttf (rank {hvd.rank()}): {what} failed on {failed}")
 
 
 def _write_rank_arrays(shards, names, rank, size):
@@ -656,12 +661,11 @@ def _write_rank_arrays(shards, names, rank, size):
     try:
         for j, shard in enumerate(shards):
             prefix = os.path.join(told["temporary"], "variables", f"ttf-rank{rank}-t{j}")
-            arrays = shard.variables_by_name()
             tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names[j * size + rank], shape_and_slices=[""] * 3,
-                              tensors=[arrays[field] for field in ("keys", "offsets", "rows")])
+                              tensors=[shard.keys, shard.offsets, shard.rows])  # the order of `names`
             written["prefixes"].append(prefix)
     except Exception as err:  # noqa: BLE001 (rank 0 learns it in the gather, then every rank raises)
-        written["error"] = f"{type(err).__name__}: {str(err).strip()[:500]}"
+        written["error"] = _error_text(err)
     with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
         hvd.allgather_object(written, name="ttf_export_arrays")
     with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
@@ -682,7 +686,8 @@ def _merge_rank_arrays(temporary, placeholders, prefixes):
     if missing:  # TensorFlow named the SavedModel's variables otherwise
         raise RuntimeError(f"the SavedModel holds no entries {missing[:3]}: report this as a ttf bug (TensorFlow "
                            f"{tf.__version__})")
-    kept = [name for name in dtypes if name not in set(placeholders)]
+    placeholders = set(placeholders)
+    kept = [name for name in dtypes if name not in placeholders]
     copies = []
     for i, name in enumerate(kept):
         copy = os.path.join(temporary, "variables", f"ttf-rank0-e{i}")

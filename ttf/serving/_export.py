@@ -72,15 +72,22 @@ class HashedShard(tf.Module):
             self.rows[start:stop].assign(tf.cast(tf.gather(rows, order[start:stop]), dtype))
         self.rows[held:].assign(tf.cast(default_row, dtype))
 
+    @classmethod
+    def of_table(cls, table, dim, dtype=tf.float32, name=None, publish_record=False):
+        """(the HashedShard of one table shard's rows, that shard's table step): built from
+        its export (rows only: the optimizer slots are dropped) on the shard's device.
+        publish_record: reset the shard's "publish" record of deleted keys in that snapshot."""
+        with tf.device(table._resource_device):  # pylint: disable=protected-access  (built and kept where the rows are)
+            exported = table.export(reset_deleted=publish_record, record="publish")
+            default_row = tf.fill([1, dim], tf.constant(table.default_value, tf.float32))
+            shard = cls(exported["keys"], exported["values"][:, :dim], default_row, dtype=dtype, name=name)
+        return shard, int(exported["step"])
+
     @property
     def layout(self):
-        """What a placeholder of this shard needs (plain numbers): see placeholder."""
+        """What a placeholder of this shard needs (plain numbers): see _placeholder."""
         return {"buckets": self.buckets, "probe": self.probe, "offsets_dtype": self.offsets.dtype.name,
                 "dim": int(self.rows.shape[1])}
-
-    def variables_by_name(self):
-        """{'keys' | 'offsets' | 'rows': variable} (the arrays a process writes for its shard)."""
-        return {"keys": self.keys, "offsets": self.offsets, "rows": self.rows}
 
     def _placeholder(self, layout, dtype):
         """Empty variables of unknown length in the layout of a shard built elsewhere: the graph
@@ -174,12 +181,9 @@ class HashedTable(tf.Module):
                 self.shards.append(shard)
                 steps.append(step)
         for i, table in enumerate(layer.tables if sharding is None else []):
-            with tf.device(table._resource_device):  # built and kept where the shard's rows are
-                exported = table.export(reset_deleted=publish_record, record="publish")
-                steps.append(int(exported["step"]))
-                self.shards.append(HashedShard(exported["keys"], exported["values"][:, : layer.dim], default_row,
-                                               dtype=dtype, name=f"shard_{i}"))
-                del exported  # the rows with their optimizer slots: freed once the shard is built
+            shard, step = HashedShard.of_table(table, layer.dim, dtype, f"shard_{i}", publish_record)
+            self.shards.append(shard)
+            steps.append(step)
         self.exported_steps = np.array(steps, np.int64)  # not tracked: a numpy array
         # Open addressing, values in one array: lookups and inserts of a delta's keys run several
         # times faster than MutableHashTable's node map. Its two reserved keys (EMPTY_KEY and
