@@ -156,8 +156,10 @@ def chief_main(args, cluster, procs):
     ckpt_bytes = du_bytes(args.dir)
     progress(f"saved {ckpt_bytes / (1 << 20):,.0f} MiB in {save.seconds:.0f} s; dd of as many bytes", started)
     disk = dd_mib_per_sec(args.dir, ckpt_bytes)
-    del source, fill  # (fill's graph holds the tables too) its summary is taken: freed so that one copy of
-    gc.collect()      # the table at a time fits this machine
+    # Its summary is taken: the source is freed (fill's graph holds its tables too), so that one
+    # copy of the table at a time fits this machine.
+    del source, fill
+    gc.collect()
     rss_freed = {name: status_kib(pid, "VmRSS") / 1024 for name, pid in pids.items()}
 
     progress(f"save: peak extra MiB {save.extra_mib}, {disk:.0f} MiB/s dd; restoring into 3 PS", started)
