@@ -20,7 +20,10 @@ freshness, with ttf.serving.Publisher and DeltaFollower on one process.
 - cluster: freshness of the real job on a local parameter-server cluster (start_all.sh
   --stream folder:... --publish-dir ...: 1 ps, 2 workers, the chief reading the stream and each
   ps publishing its own rows). First a file of --keys / 26 rows, every value new (--keys ids),
-  is trained; then for --seconds a producer renames a file of --batch rows into the stream
+  is trained; the job is stopped (SIGTERM: it checkpoints) and restarted from its checkpoint,
+  which publishes a new base holding that table (the follower then serves it from the base, as
+  after any trainer restart, instead of replaying it as deltas); once a follower has loaded that
+  base, for --seconds a producer renames a file of --batch rows into the stream
   folder --rate times a second, column C1 of each row a new value (a new id). A follower process
   (DeltaFollower) predicts 8 watched rows of each file, as they are and with C1 replaced by an
   id never seen; the row's freshness is the time its two predictions first differ (its C1 row
@@ -316,24 +319,26 @@ sys.path.insert(0, sys.argv[4])
 import numpy as np, tensorflow as tf
 from ttf.serving import DeltaFollower
 
-base, arrivals_file, poll = sys.argv[1], sys.argv[2], float(sys.argv[3])
+base, arrivals_file, poll, ready_file = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[5]
 follower = None
-pending, seen_lines, fresh = [], 0, []
+pending, seen_lines, fresh, ended = [], 0, [], False
 while True:
     if follower is None:
         try:
+            loading = time.time()
             follower = DeltaFollower(base)
         except (FileNotFoundError, ValueError):
             time.sleep(poll)
             continue
+        with open(ready_file, "w") as f:  # serving is up: the driver starts the timed producer now
+            f.write(f"{time.time() - loading:.1f}")
     follower.sync()
     with open(arrivals_file) as f:
         lines = f.read().splitlines()
     for line in lines[seen_lines:]:
         if line == "end":
-            print(json.dumps({"freshness": fresh, "pending": len(pending), "version": follower.version,
-                              "sequence": follower.sequence}))
-            sys.exit(0)
+            ended = True
+            break
         pending.append(json.loads(line))
     seen_lines = len(lines)
     if pending:
@@ -347,6 +352,10 @@ while True:
         differs = probability[:len(pending)] != probability[len(pending):]
         fresh.extend(now - r["arrived"] for r, d in zip(pending, differs) if d)
         pending = [r for r, d in zip(pending, differs) if not d]
+    if ended:  # the rows read before "end" were predicted once more above
+        print(json.dumps({"freshness": fresh, "pending": len(pending), "version": follower.version,
+                          "sequence": follower.sequence}))
+        sys.exit(0)
     time.sleep(poll)
 """
 
@@ -378,12 +387,28 @@ def freshness_cluster(args, workdir, results):
     prefill_rows = max(args.keys // 26, 1)
     unique_rows_file(incoming, "part-000000", prefill_rows, 0, all_new=True)
     log = os.path.join(workdir, "cluster-job.log")
-    job = subprocess.Popen([os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", "--no-isolation", "--stream",
-                            f"folder:{incoming}", "--batch-size", "1024", "--publish-dir", base, "--publish-every",
-                            str(args.publish_every), "--", "--stream-poll", "0.2", "--precision", "fp32",
-                            "--log-every", "2", "--embedding-dim", str(args.dim)],
-                           cwd=ROOT, stdout=open(log, "w", encoding="utf-8"), stderr=subprocess.STDOUT,
-                           start_new_session=True)
+    checkpoints = os.path.join(workdir, "cluster-ckpt")
+
+    def start_job():
+        # Checkpoints only at SIGTERM: the timed part measures publishing, not a 10M-key save's pause.
+        return subprocess.Popen([os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", "--no-isolation", "--stream",
+                                 f"folder:{incoming}", "--batch-size", "1024", "--publish-dir", base, "--publish-every",
+                                 str(args.publish_every), "--checkpoint-dir", checkpoints, "--checkpoint-every",
+                                 "100000000", "--", "--stream-poll", "0.2", "--precision", "fp32", "--log-every", "2",
+                                 "--embedding-dim", str(args.dim)],
+                                cwd=ROOT, stdout=open(log, "a", encoding="utf-8"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def stop_job(job):
+        if job.poll() is None:
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(600)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+
+    open(log, "w").close()
+    job = start_job()
     follower = None
     try:
         started = time.time()
@@ -398,8 +423,31 @@ def freshness_cluster(args, workdir, results):
             time.sleep(1)
         print(f"[online] cluster: {prefill_rows} rows ({26 * prefill_rows} new ids) trained in "
               f"{time.time() - started:.0f} s", flush=True)
-        follower = subprocess.Popen([sys.executable, "-c", FOLLOW_ROWS, base, arrivals, str(args.poll), ROOT],
+        # A restart publishes a new base holding the prefilled table (as a trainer restarted on a grown table
+        # does), so the follower serves the table from its base and applies only the timed part's deltas.
+        prefill_versions = ttf.serving.versions(base)
+        stop_job(job)
+        if job.returncode != 0:
+            raise SystemExit(f"[online] the prefill job exited {job.returncode}: {open(log).read()[-2000:]}")
+        restarted = time.time()
+        job = start_job()
+        while not [v for v in ttf.serving.versions(base) if v > max(prefill_versions, default=0)]:
+            if job.poll() is not None or time.time() - restarted > 3600:
+                raise SystemExit(f"[online] the restarted job published no new base: {open(log).read()[-2000:]}")
+            time.sleep(1)
+        print(f"[online] cluster: restarted from the checkpoint, new base {ttf.serving.versions(base)[-1]} in "
+              f"{time.time() - restarted:.0f} s", flush=True)
+        ready = os.path.join(workdir, "cluster-follower-ready")
+        if os.path.exists(ready):
+            os.remove(ready)
+        follower = subprocess.Popen([sys.executable, "-c", FOLLOW_ROWS, base, arrivals, str(args.poll), ROOT, ready],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        waited = time.time()
+        while not os.path.exists(ready):  # freshness is timed against a follower already serving
+            if follower.poll() is not None or time.time() - waited > 1800:
+                raise SystemExit(f"[online] the follower did not load the base: {follower.communicate()[1][-3000:]}")
+            time.sleep(1)
+        print(f"[online] cluster: the follower loaded the base in {open(ready).read()} s", flush=True)
         start, files, first = time.time(), 0, 1 << 32
         with open(arrivals, "a", encoding="utf-8") as out:
             while time.time() - start < args.seconds:
@@ -420,14 +468,12 @@ def freshness_cluster(args, workdir, results):
     finally:
         if follower is not None and follower.poll() is None:
             follower.kill()
-        if job.poll() is None:
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
+        stop_job(job)
     report = json.loads(report.strip().splitlines()[-1])
     fresh = np.array(report["freshness"])
+    if not len(fresh):
+        raise SystemExit(f"[online] cluster: no watched row reached serving ({report['pending']} pending, follower at "
+                         f"version {report['version']} sequence {report['sequence']}); job log: {log}")
     with open(log, encoding="utf-8") as f:
         lags = [float(m) for m in re.findall(r", lag ([\d.]+) s", f.read())]
     results["cluster"] = {"files": files, "rows_watched": len(fresh) + report["pending"], "reflected": len(fresh),
