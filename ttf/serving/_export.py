@@ -225,7 +225,7 @@ class HashedTable(tf.Module):
         used = self.overlay_used.read_value()
         slots = tf.where(fresh, used + tf.cumsum(tf.cast(fresh, tf.int64), exclusive=True), held)
         needed = used + tf.reduce_sum(tf.cast(fresh, tf.int64))
-        capacity = tf.shape(self.overlay_rows, out_type=tf.int64)[0]
+        capacity = tf.raw_ops.VariableShape(input=self.overlay_rows.handle, out_type=tf.int64)[0]  # no read
 
         def grow():  # doubling: copies the overlay (never the base), amortised over the deltas
             size = tf.maximum(needed, 2 * capacity)
@@ -234,8 +234,11 @@ class HashedTable(tf.Module):
 
         grown = tf.cond(needed > capacity, grow, lambda: tf.zeros([1, 1], self.overlay_rows.dtype))
         with tf.control_dependencies([grown]):
-            # the rows first, then the keys: a concurrent lookup never reads a slot not yet written
-            written = self.overlay_rows.scatter_nd_update(slots[:, None], tf.cast(rows, self.overlay_rows.dtype))
+            # the rows first, then the keys: a concurrent lookup never reads a slot not yet written.
+            # The raw op returns no value: a variable's scatter_nd_update returns a read of the whole
+            # overlay, a copy that made each delta cost in proportion to the rows already applied.
+            written = tf.raw_ops.ResourceScatterUpdate(resource=self.overlay_rows.handle, indices=slots,
+                                                       updates=tf.cast(rows, self.overlay_rows.dtype))
         with tf.control_dependencies([written]):
             mapped = self.overlay_slots.insert(keys, slots)
         with tf.control_dependencies([mapped]):
