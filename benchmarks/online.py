@@ -379,6 +379,13 @@ def unique_rows_file(directory, name, rows, first, all_new=False, seed=0):
     return time.time(), lines
 
 
+def trained_examples(log):
+    """Examples the stream job has trained, from its last progress line (0 before the first)."""
+    with open(log, encoding="utf-8") as f:
+        trained = re.findall(r", (\d+) examples trained", f.read())
+    return int(trained[-1]) if trained else 0
+
+
 def freshness_cluster(args, workdir, results):
     incoming, base = os.path.join(workdir, "cluster-in"), os.path.join(workdir, "cluster-publish")
     os.makedirs(incoming, exist_ok=True)
@@ -412,11 +419,7 @@ def freshness_cluster(args, workdir, results):
     follower = None
     try:
         started = time.time()
-        while True:  # the prefill trained: the job's progress line counts it
-            with open(log, encoding="utf-8") as f:
-                trained = [int(m) for m in re.findall(r", (\d+) examples trained", f.read())]
-            if trained and trained[-1] >= prefill_rows:
-                break
+        while trained_examples(log) < prefill_rows:  # the job's progress line counts it
             if job.poll() is not None or time.time() - started > 3600:
                 raise SystemExit(f"[online] the cluster job stopped or stalled before training the prefill: "
                                  f"{open(log, encoding='utf-8').read()[-2000:]}")
@@ -437,6 +440,14 @@ def freshness_cluster(args, workdir, results):
             time.sleep(1)
         print(f"[online] cluster: restarted from the checkpoint, new base {ttf.serving.versions(base)[-1]} in "
               f"{time.time() - restarted:.0f} s", flush=True)
+        # The restarted trainer's first steps (tracing, the first deltas after the base) are not timed: a
+        # warm-up file of new ids is trained first.
+        warm_rows = 8192  # 8 steps of the job's batch; half of them trained is warm enough
+        unique_rows_file(incoming, "part-000000-warm", warm_rows, 1 << 31)
+        while trained_examples(log) < prefill_rows + warm_rows // 2:
+            if job.poll() is not None or time.time() - restarted > 3600:
+                raise SystemExit(f"[online] the restarted job did not train its warm-up file: {open(log).read()[-2000:]}")
+            time.sleep(1)
         ready = os.path.join(workdir, "cluster-follower-ready")
         if os.path.exists(ready):
             os.remove(ready)
