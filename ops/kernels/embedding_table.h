@@ -580,8 +580,8 @@ class EmbeddingTable : public ResourceBase {
   // removed. A disk tier that cannot be read fails it (Internal, naming ssd_dir).
   Status Evict(int64_t min_last_seen, int64_t min_count, int64_t* evicted);
   // Removes these keys' rows and candidates; sets the number of rows removed. A disk tier
-  // that cannot be read fails it (Internal, naming ssd_dir; shards before the failing one
-  // have their keys removed).
+  // that cannot be read fails it (Internal, naming ssd_dir; the keys reached before the
+  // failing read are removed, every key still in one tier or gone).
   Status Remove(const int64_t* keys, int64_t n, int64_t* removed);
 
   // One consistent snapshot under every shard lock (shared): the rows and candidates whose
@@ -631,7 +631,7 @@ class EmbeddingTable : public ResourceBase {
   // holds at most DramRowLimit - `reserve` DRAM rows, never one whose key is in `keep`.
   // Sets *renumbered when the rows left moved to new ids (the store was compacted).
   Status Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep, bool* renumbered);
-  // One pass of it: down to 15/16 of `limit` rows.
+  // One pass of it: down to 7/8 of `limit` rows.
   Status DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep, bool* renumbered);
 
   const TableConfig config_;

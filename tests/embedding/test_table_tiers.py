@@ -170,6 +170,9 @@ def test_an_unreadable_disk_tier_fails_evict_instead_of_keeping_rows(tmp_path):
         os.ftruncate(fd, 0)
     with pytest.raises(tf.errors.InternalError, match=f"ssd_dir '{tmp_path}' failed .*reading rows"):
         table.evict(10, 2)
+    # A removal reads a disk key's record to confirm its key (the index holds fingerprints only).
+    with pytest.raises(tf.errors.InternalError, match=f"ssd_dir '{tmp_path}' failed .*reading rows"):
+        ops().ttf_table_remove(table.resource_handle, np.unique(zipf_batches(2, 20, batch=16, vocab=200)[0]))
 
 
 def test_checkpoints_cross_tiers_both_ways(tmp_path):
