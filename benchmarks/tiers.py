@@ -9,7 +9,8 @@ The 10x case (--dram-budget SIZE): a table of --keys rows (default: 10x the rows
 holds in DRAM), dim 16 with Adam, filled, then trained on Zipf(1.1) ids (each step a training
 lookup and an Adam update of --batch ids); once with the DRAM + SSD tier (budget, --ssd-dir)
 and once all in DRAM, each in its own child process (so each RSS is its own), alternating,
---repeats times. Reports steps/s of each (median), their ratio (target >= 0.7), the tiered
+--repeats times. Reports steps/s of each (median), their ratio (target >= 0.7), the CPU time
+per step of each (median, all threads) and its ratio (steadier on a shared machine), the tiered
 process's peak RSS against budget + 1.5 GiB, the DRAM hit rate and bytes per key.
   .venv/bin/python benchmarks/tiers.py --dram-budget 64M --ssd-dir /tmp/ttf-ssd   # ~3M keys
   .venv/bin/python benchmarks/tiers.py --dram-budget 2G --ssd-dir /mnt/ssd --keys 100000000  # the issue's
@@ -175,24 +176,26 @@ def tier_child(args):
         ops().ttf_table_apply_adam(h, keys, np.zeros((len(keys), args.dim), np.float32), 0.0, 0.9, 0.999, 1e-7, 1)
     fill_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    times = []
+    times, cpu_times = [], []
     for step in range(2, 2 + args.warm_steps + args.steps):
         ranks = np.minimum(rng.zipf(1.1, args.batch), args.keys) - 1  # rank 0 is the hottest id
         keys = (ranks.astype(np.uint64) * mix).astype(np.int64)  # hot ids spread over the id space
         grads = rng.normal(size=(args.batch, args.dim)).astype(np.float32)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         emb, unique_keys, inverse = ops().ttf_embedding_lookup(h, keys, dim=args.dim, training=True)
         unique_grads = tf.math.unsorted_segment_sum(grads, inverse, tf.shape(unique_keys)[0])
         ops().ttf_table_apply_adam(h, unique_keys, unique_grads, 0.001, 0.9, 0.999, 1e-7, step)
         if step >= 2 + args.warm_steps:
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)  # all threads: steadier than wall time on a shared machine
     stats = table.tier_stats()
     rows = int(table.size())
     peak_rss_mib = round(peak_rss_bytes() / 2**20, 1)  # of training, before any checkpoint
     saved = checkpoint_save(args, layer, table) if tiered and args.checkpoint_dir else {}
     print(json.dumps({**saved,
         "path": args.child, "rows": rows, "fill_s": round(fill_s, 1),
-        "steps_per_s": round(1.0 / float(np.median(times)), 2), "peak_rss_mib": peak_rss_mib,
+        "steps_per_s": round(1.0 / float(np.median(times)), 2),
+        "cpu_ms_per_step": round(1000 * float(np.median(cpu_times)), 2), "peak_rss_mib": peak_rss_mib,
         "dram_rows": stats["dram_rows"], "disk_rows": stats["disk_rows"],
         "dram_hit_rate": round(stats["dram_hits"] / max(1, stats["dram_hits"] + stats["disk_hits"]), 4),
         "ram_bytes_per_key": round((stats["dram_bytes"] + stats["disk_index_bytes"]) / max(rows, 1), 1),
@@ -221,6 +224,8 @@ def tier_main(args, argv):
         runs["restore"] = [json.loads(done.stdout.strip().splitlines()[-1])]
     tiered_sps = float(np.median([r["steps_per_s"] for r in runs["tiered"]]))
     dram_sps = float(np.median([r["steps_per_s"] for r in runs["dram"]]))
+    tiered_cpu = float(np.median([r["cpu_ms_per_step"] for r in runs["tiered"]]))
+    dram_cpu = float(np.median([r["cpu_ms_per_step"] for r in runs["dram"]]))
     budget_mib = args.dram_budget / 2**20
     peak = max(r["peak_rss_mib"] for r in runs["tiered"])
     result = {
@@ -229,6 +234,8 @@ def tier_main(args, argv):
         "rows_over_dram_rows": round(args.keys / max(1, runs["tiered"][0]["dram_rows"]), 1),
         "tiered_steps_per_s": tiered_sps, "dram_steps_per_s": dram_sps,
         "throughput_ratio": round(tiered_sps / dram_sps, 3), "throughput_target_met": tiered_sps >= 0.7 * dram_sps,
+        "tiered_cpu_ms_per_step": tiered_cpu, "dram_cpu_ms_per_step": dram_cpu,
+        "cpu_time_ratio": round(dram_cpu / tiered_cpu, 3),  # all-DRAM CPU time per step over tiered: >= 0.7 wanted
         "tiered_peak_rss_mib": peak, "rss_bound_mib": round(budget_mib + 1536, 1), "rss_target_met": peak <= budget_mib + 1536,
         "runs": runs, "tf_version": tf.__version__,
     }

@@ -454,7 +454,9 @@ class TableRemoveOp : public TableOpKernel {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES(ctx, keys.dims() == 1,
                 errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
-    OutputScalar(ctx, 0, table->Remove(keys.flat<int64_t>().data(), keys.NumElements()));
+    int64_t removed = 0;
+    OP_REQUIRES_OK(ctx, table->Remove(keys.flat<int64_t>().data(), keys.NumElements(), &removed));
+    OutputScalar(ctx, 0, removed);
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableRemove").Device(DEVICE_CPU), TableRemoveOp);

@@ -241,6 +241,54 @@ void RowStore::Widen(int64_t new_stride, const std::vector<float>& fill_per_slot
   stride_ = new_stride;
 }
 
+// ---------------------------------------------------------------- DiskIndex
+
+bool DiskIndex::Holds(uint32_t fingerprint, uint32_t slot) const {
+  uint64_t pos = Home(fingerprint);
+  for (uint32_t found; (found = NextCandidate(fingerprint, &pos)) != kNone;)
+    if (found == slot) return true;
+  return false;
+}
+
+void DiskIndex::Reserve(int64_t extra) {
+  const int64_t needed = size_ + extra;
+  if (needed * 4 <= static_cast<int64_t>(entries_.size()) * 3) return;
+  // Rehashed into 5/3 of the entries (a load of 3/5): with the growth at 3/4, the load stays
+  // in [3/5, 3/4], so entries take 10.7-13.3 bytes a key (16-32 for a table that doubles).
+  std::vector<uint64_t> old(std::max<int64_t>(16, needed * 5 / 3), Entry(0, kNone));
+  std::swap(entries_, old);
+  size_ = 0;
+  for (uint64_t entry : old)
+    if (static_cast<uint32_t>(entry) != kNone) Insert(static_cast<uint32_t>(entry >> 32), static_cast<uint32_t>(entry));
+}
+
+void DiskIndex::Insert(uint32_t fingerprint, uint32_t slot) {
+  uint64_t pos = Home(fingerprint);
+  while (static_cast<uint32_t>(entries_[pos]) != kNone) pos = pos + 1 == entries_.size() ? 0 : pos + 1;
+  entries_[pos] = Entry(fingerprint, slot);
+  ++size_;
+}
+
+void DiskIndex::Erase(uint32_t fingerprint, uint32_t slot) {
+  const uint64_t n = entries_.size(), target = Entry(fingerprint, slot);
+  uint64_t pos = Home(fingerprint);
+  while (entries_[pos] != target) pos = pos + 1 == n ? 0 : pos + 1;
+  // Backward-shift deletion, as in KeyIndex::Erase: pull later entries of the probe run into
+  // the hole when their home does not lie cyclically in (hole, current].
+  uint64_t hole = pos;
+  for (uint64_t cur = pos + 1 == n ? 0 : pos + 1; static_cast<uint32_t>(entries_[cur]) != kNone;
+       cur = cur + 1 == n ? 0 : cur + 1) {
+    const uint64_t home = Home(static_cast<uint32_t>(entries_[cur] >> 32));
+    const bool stays = (hole <= cur) ? (hole < home && home <= cur) : (hole < home || home <= cur);
+    if (!stays) {
+      entries_[hole] = entries_[cur];
+      hole = cur;
+    }
+  }
+  entries_[hole] = Entry(0, kNone);
+  --size_;
+}
+
 // ---------------------------------------------------------------- DiskTier
 
 namespace {
@@ -298,9 +346,9 @@ Status DiskReadAll(int fd, const std::string& dir, char* data, int64_t bytes, in
 
 Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows) {
   const int64_t bytes = record_bytes();
-  if (static_cast<int64_t>(next_slot_) + n >= static_cast<int64_t>(KeyIndex::kNone))
-    return errors::ResourceExhausted("the SSD tier of one table shard holds at most 2^32 - 1 records; ",
-                                     "use more num_shards");
+  if (static_cast<int64_t>(next_slot_) + n > kMaxRecords)
+    return errors::ResourceExhausted("the SSD tier of one table shard holds at most ", kMaxRecords,
+                                     " records; use more num_shards");
   buffer_.resize(n * bytes);
   for (int64_t i = 0; i < n; ++i) {
     char* record = buffer_.data() + i * bytes;
@@ -309,38 +357,42 @@ Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* me
     std::memcpy(record + sizeof(header), rows[i], stride_ * sizeof(float));
   }
   TF_RETURN_IF_ERROR(WriteAll(fd_, dir_, buffer_.data(), n * bytes, static_cast<off_t>(next_slot_) * bytes));
-  if (!index.HasRoom(n)) {  // grows under the lock: a demotion already pays a write
-    KeyIndex bigger(KeyIndex::CapacityFor(index.size() + n));
-    index.MoveAllInto(&bigger);
-    std::swap(index, bigger);
-  }
-  for (int64_t i = 0; i < n; ++i) index.Insert(keys[i], HashKey(keys[i]), next_slot_++);
+  index.Reserve(n);  // grows under the lock: a demotion already pays a write
+  for (int64_t i = 0; i < n; ++i) index.Insert(DiskIndex::Fingerprint(HashKey(keys[i])), next_slot_++);
   return OkStatus();
 }
 
-Status DiskTier::Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) const {
-  const off_t offset = static_cast<off_t>(slot) * record_bytes();
-  int64_t header[kHeaderWords];
-  if (meta != nullptr && floats > 0) {  // a whole record: one read
-    thread_local std::vector<char> record;
-    record.resize(kHeaderWords * 8 + floats * sizeof(float));
-    TF_RETURN_IF_ERROR(DiskReadAll(fd_, dir_, record.data(), record.size(), offset));
-    std::memcpy(header, record.data(), sizeof(header));
-    std::memcpy(row, record.data() + sizeof(header), floats * sizeof(float));
-  } else if (meta != nullptr) {
-    TF_RETURN_IF_ERROR(DiskReadAll(fd_, dir_, reinterpret_cast<char*>(header), sizeof(header), offset));
-  } else if (floats > 0) {
+Status DiskTier::Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row,
+                        int64_t floats) const {
+  *slot = DiskIndex::kNone;
+  const uint32_t fingerprint = DiskIndex::Fingerprint(hash);
+  uint64_t pos = index.Home(fingerprint);
+  thread_local std::vector<char> record;  // header and the floats asked for: one read
+  record.resize(kHeaderWords * 8 + floats * sizeof(float));
+  for (uint32_t candidate; (candidate = index.NextCandidate(fingerprint, &pos)) != DiskIndex::kNone;) {
     TF_RETURN_IF_ERROR(
-        DiskReadAll(fd_, dir_, reinterpret_cast<char*>(row), floats * sizeof(float), offset + kHeaderWords * 8));
+        DiskReadAll(fd_, dir_, record.data(), record.size(), static_cast<int64_t>(candidate) * record_bytes()));
+    int64_t header[kHeaderWords];
+    std::memcpy(header, record.data(), sizeof(header));
+    if (header[0] != key) continue;  // another key with the same fingerprint
+    if (meta != nullptr) *meta = RowMeta{header[1], header[2]};
+    if (floats > 0) std::memcpy(row, record.data() + sizeof(header), floats * sizeof(float));
+    *slot = candidate;
+    return OkStatus();
   }
-  if (meta != nullptr) *meta = RowMeta{header[1], header[2]};
   return OkStatus();
 }
 
-void DiskTier::Remove(int64_t key, uint64_t hash) { index.Erase(key, hash); }
+Status DiskTier::Remove(int64_t key, uint64_t hash, bool* removed) {
+  uint32_t slot;
+  TF_RETURN_IF_ERROR(Locate(key, hash, &slot, nullptr, nullptr, 0));
+  *removed = slot != DiskIndex::kNone;
+  if (*removed) Drop(hash, slot);
+  return OkStatus();
+}
 
 void DiskTier::Clear() {
-  index = KeyIndex();
+  index = DiskIndex();
   ++generation_;
   next_slot_ = 0;
   if (fd_ >= 0 && ::ftruncate(fd_, 0) != 0) {
@@ -362,14 +414,14 @@ Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_
   }
   DiskTier fresh;
   TF_RETURN_IF_ERROR(fresh.Open(dir_, new_stride));
-  fresh.index = KeyIndex(KeyIndex::CapacityFor(index.size()));
+  fresh.index.Reserve(index.size());
   const int64_t new_bytes = fresh.record_bytes();
   const int64_t per_write = std::max<int64_t>(1, (4 << 20) / new_bytes);  // ~4 MiB written at a time
   std::vector<int64_t> keys;
   auto flush = [&]() -> Status {
     TF_RETURN_IF_ERROR(WriteAll(fresh.fd_, dir_, fresh.buffer_.data(), fresh.buffer_.size(),
                                 static_cast<off_t>(fresh.next_slot_) * new_bytes));
-    for (int64_t key : keys) fresh.index.Insert(key, HashKey(key), fresh.next_slot_++);
+    for (int64_t key : keys) fresh.index.Insert(DiskIndex::Fingerprint(HashKey(key)), fresh.next_slot_++);
     fresh.buffer_.clear();
     keys.clear();
     return OkStatus();
@@ -458,7 +510,7 @@ int64_t EmbeddingTable::DramRowLimit(const TableShard& sh) const {
   return std::max<int64_t>(1, left / row_bytes);
 }
 
-Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep) {
+Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep, bool* renumbered) {
   const int64_t share = config_.dram_budget / num_shards();
   if (sh->disk.index.bytes() > share / 2 && !index_warned_.exchange(true)) {
     LOG(WARNING) << "ttf: the SSD tier's key index of a table shard takes " << sh->disk.index.bytes()
@@ -467,21 +519,23 @@ Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector
   }
   // The disk index grows with what is demoted and counts inside the budget, so the limit can
   // fall while demoting: repeat until DRAM is within it (a pass or two: the index grows by
-  // doubling) or only `keep` is left.
+  // 5/4 at a time) or only `keep` is left.
   while (true) {
     const int64_t before = sh->rows.index.size();
-    TF_RETURN_IF_ERROR(DemotePass(sh, std::max<int64_t>(0, DramRowLimit(*sh) - reserve), keep));
+    TF_RETURN_IF_ERROR(DemotePass(sh, std::max<int64_t>(0, DramRowLimit(*sh) - reserve), keep, renumbered));
     if (sh->rows.index.size() <= std::max<int64_t>(0, DramRowLimit(*sh) - reserve) ||
         sh->rows.index.size() == before)
       return OkStatus();
   }
 }
 
-Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep) {
+Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep,
+                                  bool* renumbered) {
   const int64_t size = sh->rows.index.size();
   if (size <= limit) return OkStatus();
-  // Down to 15/16 of the limit at once, so the scan below is paid once per limit/16 demotions.
-  const int64_t target = limit - limit / 16;
+  // Down to 7/8 of the limit at once, so the scan below (~25 ns a DRAM row) is paid once per
+  // limit/8 demotions: at 15/16 it was 7% of a tiered step's CPU time (profiled, 64 MiB budget).
+  const int64_t target = limit - limit / 8;
   struct Victim {
     int64_t last_seen, count, key;  // LRU order: smallest first
     bool operator<(const Victim& o) const {
@@ -490,10 +544,17 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
       return key < o.key;
     }
   };
+  // The rows of `keep` are marked by row id: a probe per kept key, where a search of `keep`
+  // per DRAM row made this scan a tenth of a tiered step (profiled).
+  std::vector<bool> kept(sh->rows.store.allocated_rows(), false);
+  for (int64_t key : keep) {
+    const uint32_t id = sh->rows.index.Find(key, HashKey(key));
+    if (id != KeyIndex::kNone) kept[id] = true;
+  }
   std::vector<Victim> victims;
   victims.reserve(size);
   sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
-    if (std::binary_search(keep.begin(), keep.end(), key)) return;
+    if (kept[id]) return;
     const RowMeta& m = sh->rows.store.meta(id);
     victims.push_back(Victim{m.last_seen, m.count, key});
   });
@@ -520,7 +581,8 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
     sh->rows_demoted += keys.size();
   }
   TF_RETURN_IF_ERROR(sh->disk.CompactIfStale());
-  CompactIfSparse(sh);  // the demoted rows' chunks go back to the system once half are free
+  // The demoted rows' chunks go back to the system once half are free.
+  if (CompactIfSparse(sh) && renumbered != nullptr) *renumbered = true;
   return OkStatus();
 }
 
@@ -530,28 +592,33 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
   const int64_t dim = config_.dim;
   const int64_t min_count = config_.admission_min_count;
   const int64_t candidates_per_shard = std::max<int64_t>(1, config_.max_candidates / num_shards());
+  int64_t missing = -1;  // keys without a DRAM row; -1: not probed yet (ids not valid)
   if (config_.tiered()) {
     // Make DRAM room for this update's missing keys first, so a failed write (a full disk)
     // returns before any key of this update changed. This update's own rows never leave.
-    // Demote may compact the store (new ids): the probes below come after it.
-    const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
+    // Demotion moves only rows outside this update, so the ids probed here stay valid
+    // unless it compacted the store (new ids): then the loop below probes again.
+    missing = ProbeAll(sh.rows, keys, hashes, n, ids);
     if (sh.rows.index.size() > std::max<int64_t>(0, DramRowLimit(sh) - missing)) {
-      std::vector<int64_t> keep(keys, keys + n);
-      std::sort(keep.begin(), keep.end());
-      TF_RETURN_IF_ERROR(Demote(&sh, missing, keep));
+      const std::vector<int64_t> keep(keys, keys + n);
+      bool renumbered = false;
+      TF_RETURN_IF_ERROR(Demote(&sh, missing, keep, &renumbered));
+      if (renumbered) missing = -1;
     }
   }
   while (true) {
     // Probe every key once, remembering its row id. Repeated after a ReserveRoom, which
     // releases the lock (other threads may insert or evict meanwhile).
-    const int64_t missing = ProbeAll(sh.rows, keys, hashes, n, ids);
+    if (missing < 0) missing = ProbeAll(sh.rows, keys, hashes, n, ids);
     if (missing == 0) break;
     if (min_count > 0 && !sh.sketch.enabled() && !sh.candidates.HasRoom(missing)) {
       ReserveRoom(lock, &sh.candidates, missing);
+      missing = -1;
       continue;
     }
     if (!sh.rows.HasRoom(missing)) {
       ReserveRoom(lock, &sh.rows, missing);
+      missing = -1;
       continue;
     }
     break;
@@ -560,7 +627,11 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
   const int64_t stride = sh.rows.store.stride();
   const bool tiered = config_.tiered();
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
+    if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) {
+      __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
+    } else if (tiered && i + 4 < n) {  // a promotion's index probe: a cache miss in a large index
+      sh.disk.index.Prefetch(DiskIndex::Fingerprint(hashes[i + 4]));
+    }
     if (ids[i] != KeyIndex::kNone) {
       RowMeta& m = sh.rows.store.meta(ids[i]);
       ++m.count;
@@ -568,24 +639,29 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
       continue;
     }
     if (tiered) {  // on disk: promote it (room is reserved; the DRAM row is filled from disk)
-      const uint32_t slot = sh.disk.index.Find(keys[i], hashes[i]);
-      if (slot != KeyIndex::kNone) {
+      // A record staged by this step's lookup is the key's live record when its slot is
+      // still in the index under the key's fingerprint (same generation: records never
+      // change in place); otherwise the record is read (and its key checked) here.
+      uint32_t slot = DiskIndex::kNone;
+      RowMeta meta;
+      const char* record = nullptr;
+      const auto staged = sh.staged.find(keys[i]);
+      if (staged != sh.staged.end() && staged->second.generation == sh.disk.generation() &&
+          sh.disk.index.Holds(DiskIndex::Fingerprint(hashes[i]), staged->second.slot)) {
+        slot = staged->second.slot;
+        record = sh.staged_bytes.data() + staged->second.offset;
+      } else {
+        thread_local std::vector<char> read;
+        read.resize(sizeof(RowMeta) + stride * sizeof(float));
+        TF_RETURN_IF_ERROR(sh.disk.Locate(keys[i], hashes[i], &slot, reinterpret_cast<RowMeta*>(read.data()),
+                                          reinterpret_cast<float*>(read.data() + sizeof(RowMeta)), stride));
+        record = read.data();
+      }
+      if (slot != DiskIndex::kNone) {
         const uint32_t id = sh.rows.Add(keys[i], hashes[i]);
-        RowMeta meta;
-        const auto staged = sh.staged.find(keys[i]);
-        if (staged != sh.staged.end() && staged->second.slot == slot &&
-            staged->second.generation == sh.disk.generation()) {  // read by this step's lookup
-          const char* record = sh.staged_bytes.data() + staged->second.offset;
-          std::memcpy(&meta, record, sizeof(meta));
-          std::memcpy(sh.rows.store.row(id), record + sizeof(meta), stride * sizeof(float));
-        } else {
-          const Status read = sh.disk.Read(slot, &meta, sh.rows.store.row(id), stride);
-          if (!read.ok()) {
-            sh.rows.Remove(keys[i], hashes[i]);
-            return read;
-          }
-        }
-        sh.disk.Remove(keys[i], hashes[i]);
+        std::memcpy(&meta, record, sizeof(meta));
+        std::memcpy(sh.rows.store.row(id), record + sizeof(meta), stride * sizeof(float));
+        sh.disk.Drop(hashes[i], slot);
         sh.rows.store.meta(id) = RowMeta{meta.count + 1, now};
         ++sh.rows_promoted;
         ids[i] = id;
@@ -638,12 +714,13 @@ Status EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
     TF_RETURN_IF_ERROR(sh->disk.ForEachLive([&](int64_t key, const RowMeta& m, const float*) {
       if (m.last_seen < expired_before) doomed.push_back(key);
     }));
-    sh->rows_evicted += RemoveKeys(sh, doomed);
+    TF_RETURN_IF_ERROR(RemoveKeys(sh, doomed, &sh->rows_evicted));
     doomed.clear();
     sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
       if (sh->candidates.store.meta(id).last_seen < expired_before) doomed.push_back(key);
     });
-    RemoveKeys(sh, doomed);
+    int64_t rows_removed = 0;  // none: candidates have no rows
+    TF_RETURN_IF_ERROR(RemoveKeys(sh, doomed, &rows_removed));
     doomed.clear();
     sh->next_ttl_sweep = now + std::max<int64_t>(1, config_.ttl_steps / 16);
   }
@@ -676,17 +753,17 @@ Status EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
   std::nth_element(victims.begin(), victims.begin() + (drop - 1), victims.end());
   doomed.reserve(drop);
   for (size_t i = 0; i < drop; ++i) doomed.push_back(victims[i].key);
-  sh->rows_evicted += RemoveKeys(sh, doomed);
-  return OkStatus();
+  return RemoveKeys(sh, doomed, &sh->rows_evicted);
 }
 
 namespace {
 // Rebuilds `ks` densely when at most half of its allocated rows are live: rows move to
-// fresh, contiguous ids, the index shrinks to fit, and the old chunks are freed.
-void CompactStore(KeyedStore* ks) {
+// fresh, contiguous ids, the index shrinks to fit, and the old chunks are freed. Returns
+// whether it did.
+bool CompactStore(KeyedStore* ks) {
   const int64_t live = ks->index.size(), allocated = ks->store.allocated_rows();
   const bool index_oversized = ks->index.capacity() > 4 * KeyIndex::CapacityFor(live);
-  if (!index_oversized && (allocated <= RowStore::kChunkRows || live * 2 > allocated)) return;
+  if (!index_oversized && (allocated <= RowStore::kChunkRows || live * 2 > allocated)) return false;
   const int64_t stride = ks->store.stride();
   KeyedStore dense(stride);
   dense.index = KeyIndex(KeyIndex::CapacityFor(live));
@@ -700,12 +777,14 @@ void CompactStore(KeyedStore* ks) {
     ++next;
   });
   *ks = std::move(dense);
+  return true;
 }
 }  // namespace
 
-void EmbeddingTable::CompactIfSparse(TableShard* sh) {
-  CompactStore(&sh->rows);
+bool EmbeddingTable::CompactIfSparse(TableShard* sh) {
+  const bool rows_moved = CompactStore(&sh->rows);
   CompactStore(&sh->candidates);
+  return rows_moved;
 }
 
 Status EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out) {
@@ -758,7 +837,11 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
+    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {
+      __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
+    } else if (tiered && i + 8 < n) {  // not in DRAM: its disk index probe comes
+      sh.disk.index.Prefetch(DiskIndex::Fingerprint(hashes[i + 8]));
+    }
     const uint32_t id = ids[i];
     float* dst = out + i * dim;
     if (id != KeyIndex::kNone) {
@@ -766,22 +849,25 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
       continue;
     }
     if (tiered) {  // read from disk without promoting: the apply promotes (TouchKeys)
-      const uint32_t slot = sh.disk.index.Find(keys[i], hashes[i]);
-      if (slot != KeyIndex::kNone) {
-        ++disk_hits;
-        if (!training) {
-          TF_RETURN_IF_ERROR(sh.disk.Read(slot, nullptr, dst, dim));
-          continue;
-        }
+      uint32_t slot;
+      if (!training) {
+        TF_RETURN_IF_ERROR(sh.disk.Locate(keys[i], hashes[i], &slot, nullptr, dst, dim));
+        disk_hits += slot != DiskIndex::kNone;
+        if (slot != DiskIndex::kNone) continue;
+      } else {
         const size_t at = to_stage.size();
         to_stage.resize(at + staged_record_bytes);
         RowMeta meta;
         float* row = reinterpret_cast<float*>(to_stage.data() + at + sizeof(RowMeta));
-        TF_RETURN_IF_ERROR(sh.disk.Read(slot, &meta, row, stride));
-        std::memcpy(to_stage.data() + at, &meta, sizeof(meta));
-        std::memcpy(dst, row, dim * sizeof(float));
-        staged_keys.emplace_back(keys[i], slot);
-        continue;
+        TF_RETURN_IF_ERROR(sh.disk.Locate(keys[i], hashes[i], &slot, &meta, row, stride));
+        if (slot != DiskIndex::kNone) {
+          ++disk_hits;
+          std::memcpy(to_stage.data() + at, &meta, sizeof(meta));
+          std::memcpy(dst, row, dim * sizeof(float));
+          staged_keys.emplace_back(keys[i], slot);
+          continue;
+        }
+        to_stage.resize(at);  // not on disk
       }
     }
     bool admitted_now = training;
@@ -939,19 +1025,19 @@ EmbeddingTable::TierStats EmbeddingTable::Tiers() const {
   return t;
 }
 
-int64_t EmbeddingTable::RemoveKeys(TableShard* sh, const std::vector<int64_t>& keys) {
-  int64_t removed = 0;
+Status EmbeddingTable::RemoveKeys(TableShard* sh, const std::vector<int64_t>& keys, int64_t* removed) {
   for (int64_t key : keys) {
     const uint64_t h = HashKey(key);
+    bool on_disk = false;  // a key is in one tier: the disk is read only for a key not in DRAM
     const uint32_t row = sh->rows.index.Erase(key, h);
+    if (row == KeyIndex::kNone) TF_RETURN_IF_ERROR(sh->disk.Remove(key, h, &on_disk));
     const uint32_t cand = sh->candidates.index.Erase(key, h);
-    const bool on_disk = sh->disk.index.Erase(key, h) != KeyIndex::kNone;
     if (row != KeyIndex::kNone) sh->rows.store.Release(row);
     if (cand != KeyIndex::kNone) sh->candidates.store.Release(cand);
-    removed += row != KeyIndex::kNone || on_disk;
+    *removed += row != KeyIndex::kNone || on_disk;
     if (row != KeyIndex::kNone || on_disk || cand != KeyIndex::kNone) RecordDeleted(sh, key);
   }
-  return removed;
+  return OkStatus();
 }
 
 Status EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count, int64_t* evicted) {
@@ -969,29 +1055,30 @@ Status EmbeddingTable::Evict(int64_t min_last_seen, int64_t min_count, int64_t* 
     TF_RETURN_IF_ERROR(sh->disk.ForEachLive([&](int64_t key, const RowMeta& m, const float*) {
       if (expired(m)) doomed.push_back(key);
     }));
-    *evicted += RemoveKeys(sh.get(), doomed);
+    TF_RETURN_IF_ERROR(RemoveKeys(sh.get(), doomed, evicted));
     doomed.clear();
     sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {  // candidates go by last-seen only
       if (sh->candidates.store.meta(id).last_seen < min_last_seen) doomed.push_back(key);
     });
-    RemoveKeys(sh.get(), doomed);
+    int64_t rows_removed = 0;  // none: candidates have no rows
+    TF_RETURN_IF_ERROR(RemoveKeys(sh.get(), doomed, &rows_removed));
     CompactIfSparse(sh.get());
   }
   ReleaseFreedMemory();  // RSS falls: the freed chunks go back to the system
   return OkStatus();
 }
 
-int64_t EmbeddingTable::Remove(const int64_t* keys, int64_t n) {
+Status EmbeddingTable::Remove(const int64_t* keys, int64_t n, int64_t* removed) {
   // Keys grouped by shard first, so each shard is locked once.
   std::vector<std::vector<int64_t>> by_shard(shards_.size());
   for (int64_t i = 0; i < n; ++i) by_shard[ShardOf(HashKey(keys[i]))].push_back(keys[i]);
-  int64_t removed = 0;
+  *removed = 0;
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (by_shard[s].empty()) continue;
     std::unique_lock<std::shared_mutex> lock(shards_[s]->mu);
-    removed += RemoveKeys(shards_[s].get(), by_shard[s]);
+    TF_RETURN_IF_ERROR(RemoveKeys(shards_[s].get(), by_shard[s], removed));
   }
-  return removed;
+  return OkStatus();
 }
 
 void EmbeddingTable::CollectDeleted(bool reset, std::vector<int64_t>* deleted, int record) {
@@ -1229,9 +1316,14 @@ Status EmbeddingTable::Import(const ImportSource& src) {
         const int64_t i = rows.order[j], key = src.keys[i];
         const uint64_t h = HashKey(key);
         sh.candidates.Remove(key, h);
-        sh.disk.Remove(key, h);  // an upserted row comes to DRAM; Demote below sends the coldest back
         uint32_t id = sh.rows.index.Find(key, h);
-        if (id == KeyIndex::kNone) id = sh.rows.Add(key, h);
+        if (id == KeyIndex::kNone) {
+          // An upserted row comes to DRAM; Demote below sends the coldest back. A failed read
+          // stops the import here, each key still in one tier.
+          bool was_on_disk = false;
+          TF_RETURN_IF_ERROR(sh.disk.Remove(key, h, &was_on_disk));
+          id = sh.rows.Add(key, h);
+        }
         std::memcpy(sh.rows.store.row(id), src.values + i * stride, stride * sizeof(float));
         sh.rows.store.meta(id) = RowMeta{src.meta[2 * i], src.meta[2 * i + 1]};
       }
@@ -1244,7 +1336,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
         sh.candidates.store.meta(id) = RowMeta{src.candidate_meta[2 * i], src.candidate_meta[2 * i + 1]};
       }
       FoldCandidatesIntoSketch(&sh);
-      if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}));
+      if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}, nullptr));
     }
     AdvanceStep(src.step);
     return tier_status;
@@ -1277,7 +1369,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     if (sh.sketch.enabled()) sh.sketch = AdmissionSketch(config_.admission_sketch_bytes / num_shards());
     FoldCandidatesIntoSketch(&sh);
     for (auto& record : sh.deleted_keys) std::vector<int64_t>().swap(record);  // a restored table starts a new history
-    if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}));
+    if (config_.tiered()) tier_status.Update(Demote(&sh, 0, {}, nullptr));
     ReleaseFreedMemory();
   }
   optimizer_ = src.optimizer;

@@ -251,9 +251,55 @@ struct KeyedStore {
   }
 };
 
+// The disk tier's key index: 8 bytes an entry, a 32-bit fingerprint of the key's hash and
+// the 32-bit record number, where a KeyIndex slot takes 12 (the key). The key itself is in
+// its record, so a fingerprint match is only a candidate, confirmed by the record's key when
+// it is read (DiskTier::Locate), which a lookup or a promotion does anyway. Linear probing
+// with backward-shift deletion; the home position is a function of the fingerprint (so an
+// entry's home is known without its key), and the table grows by 5/4, not 2, keeping its
+// load between 3/5 and 3/4: ~12 bytes a disk key, where a KeyIndex takes 16-32. It counts
+// inside dram_budget, so what it saves is DRAM rows.
+class DiskIndex {
+ public:
+  static constexpr uint32_t kNone = KeyIndex::kNone;
+  DiskIndex() = default;
+  static uint32_t Fingerprint(uint64_t hash) { return static_cast<uint32_t>(hash ^ (hash >> 32)); }
+  int64_t size() const { return size_; }
+  int64_t bytes() const { return static_cast<int64_t>(entries_.size()) * sizeof(uint64_t); }
+  // The records that may hold `hash`'s key: start with pos = Home(fingerprint), call until kNone.
+  uint64_t Home(uint32_t fingerprint) const {
+    return (static_cast<uint64_t>(fingerprint) * entries_.size()) >> 32;
+  }
+  uint32_t NextCandidate(uint32_t fingerprint, uint64_t* pos) const {
+    if (entries_.empty()) return kNone;
+    for (;;) {
+      const uint64_t entry = entries_[*pos];
+      if (static_cast<uint32_t>(entry) == kNone) return kNone;
+      *pos = *pos + 1 == entries_.size() ? 0 : *pos + 1;
+      if (static_cast<uint32_t>(entry >> 32) == fingerprint) return static_cast<uint32_t>(entry);
+    }
+  }
+  void Prefetch(uint32_t fingerprint) const {
+    if (!entries_.empty()) __builtin_prefetch(&entries_[Home(fingerprint)]);
+  }
+  // Whether record `slot` is live and filed under this fingerprint (exact: a slot is unique).
+  bool Holds(uint32_t fingerprint, uint32_t slot) const;
+  // Makes room for `extra` more entries (a rehash into 5/3 of the entries' count).
+  void Reserve(int64_t extra);
+  void Insert(uint32_t fingerprint, uint32_t slot);  // room reserved; slot not yet present
+  void Erase(uint32_t fingerprint, uint32_t slot);   // requires Holds(fingerprint, slot)
+
+ private:
+  static uint64_t Entry(uint32_t fingerprint, uint32_t slot) {
+    return (static_cast<uint64_t>(fingerprint) << 32) | slot;
+  }
+  std::vector<uint64_t> entries_;  // empty: the low word is kNone
+  int64_t size_ = 0;
+};
+
 // A shard's disk tier, in the shape of DeepRec's SSDHASH: an append-only file of fixed-size
-// records [key, count, last_seen | stride floats], the key -> record slot index in RAM (12
-// bytes per index entry, 16-32 bytes per key), demoted rows written in one large append per
+// records [key, count, last_seen | stride floats], a key -> record index in RAM (DiskIndex,
+// ~12 bytes a key), demoted rows written in one large append per
 // batch (a write per row costs ~20x more, docs/tiers.md), and compaction (one sequential
 // pass into a new file) once stale records outnumber live ones. The file is unlinked as soon
 // as it is opened: a cache only this process sees, gone when it ends (a kill -9 included);
@@ -270,11 +316,20 @@ class DiskTier {
   Status Open(const std::string& dir, int64_t stride);
   bool open() const { return fd_ >= 0; }
   int64_t record_bytes() const { return kHeaderWords * 8 + stride_ * 4; }
+  // At most this many records in a file, live or stale (so the DiskIndex's table, 4/3 of
+  // its entries at most, stays below 2^32 positions).
+  static constexpr int64_t kMaxRecords = int64_t{3} << 30;
   // Appends n rows (keys absent from this tier) in one write; on failure the tier is unchanged.
   Status Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows);
-  // Reads `floats` floats of the row of `slot` (from its first float), and its meta if non-null.
-  Status Read(uint32_t slot, RowMeta* meta, float* row, int64_t floats) const;
-  void Remove(int64_t key, uint64_t hash);
+  // Finds the key's record: *slot is its record number, or kNone when the key is not on
+  // disk. When found, `meta` (if non-null) gets its meta and `row` its first `floats` floats;
+  // neither is written otherwise. Reads each candidate record of the index (one pread each:
+  // one in all but a 2^-32 chance) and returns the first read error.
+  Status Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats) const;
+  // Drops a record found by Locate (promoted, or removed) from the index.
+  void Drop(uint64_t hash, uint32_t slot) { index.Erase(DiskIndex::Fingerprint(hash), slot); }
+  // Removes the key's row if it is on disk (*removed says whether it was); a read error is returned.
+  Status Remove(int64_t key, uint64_t hash, bool* removed);
   void Clear();  // drops every row and truncates the file
   // Rewrites the live records into a new file, sequentially; with a wider stride, each row
   // gets fill_per_slot[f / dim - 1] after its old floats. On failure the tier is unchanged.
@@ -289,7 +344,7 @@ class DiskTier {
   // Bumped by Clear and Rewrite (which renumber records): within one generation a slot's
   // record never changes, so (generation, slot) names one record's content.
   int64_t generation() const { return generation_; }
-  KeyIndex index;  // key -> slot
+  DiskIndex index;  // key (fingerprint) -> slot
 
  private:
   std::string dir_;
@@ -316,7 +371,8 @@ Status DiskTier::ForEachLive(F&& f) const {
       const char* record = in.data() + j * bytes;
       int64_t header[kHeaderWords];
       std::memcpy(header, record, sizeof(header));
-      if (index.Find(header[0], HashKey(header[0])) != static_cast<uint32_t>(first + j)) continue;  // stale
+      if (!index.Holds(DiskIndex::Fingerprint(HashKey(header[0])), static_cast<uint32_t>(first + j)))
+        continue;  // stale
       f(header[0], RowMeta{header[1], header[2]}, reinterpret_cast<const float*>(record + sizeof(header)));
     }
   }
@@ -523,8 +579,10 @@ class EmbeddingTable : public ResourceBase {
   // min_count, from both tiers; candidates go by last-seen only. Sets the number of rows
   // removed. A disk tier that cannot be read fails it (Internal, naming ssd_dir).
   Status Evict(int64_t min_last_seen, int64_t min_count, int64_t* evicted);
-  // Removes these keys' rows and candidates; returns the number of rows removed.
-  int64_t Remove(const int64_t* keys, int64_t n);
+  // Removes these keys' rows and candidates; sets the number of rows removed. A disk tier
+  // that cannot be read fails it (Internal, naming ssd_dir; the keys reached before the
+  // failing read are removed, every key still in one tier or gone).
+  Status Remove(const int64_t* keys, int64_t n, int64_t* removed);
 
   // One consistent snapshot under every shard lock (shared): the rows and candidates whose
   // last-seen step is > since_step (INT64_MIN: all), written straight into the buffers
@@ -549,12 +607,13 @@ class EmbeddingTable : public ResourceBase {
   // down to the shard's share of the capacity by policy, never touching rows updated at `now`.
   // Tiered: the capacity counts both tiers' rows, and rows leave either tier by the policy.
   Status EnforceCapacity(TableShard* sh, int64_t now);
-  // Removes each key's row (DRAM or disk) and candidate and records it deleted; returns the
-  // rows removed. Lock held exclusively.
-  int64_t RemoveKeys(TableShard* sh, const std::vector<int64_t>& keys);
+  // Removes each key's row (DRAM or disk) and candidate and records it deleted; adds the rows
+  // removed to *removed. Lock held exclusively. A failed disk read stops it there.
+  Status RemoveKeys(TableShard* sh, const std::vector<int64_t>& keys, int64_t* removed);
   // Rebuilds a shard's stores densely when at most half their allocated rows are live, so
   // the freed chunks (and a too-large index) go back to the system. Lock held exclusively.
-  void CompactIfSparse(TableShard* sh);
+  // Returns whether the rows moved to new ids.
+  bool CompactIfSparse(TableShard* sh);
   void RecordDeleted(TableShard* sh, int64_t key) {
     for (int r = 0; r < kNumDeletedRecords; ++r)
       if (track_deleted_[r].load(std::memory_order_relaxed)) sh->deleted_keys[r].push_back(key);
@@ -569,10 +628,11 @@ class EmbeddingTable : public ResourceBase {
   // disk tier's key index, over the bytes of a DRAM row (lock held).
   int64_t DramRowLimit(const TableShard& sh) const;
   // Tiered, lock held exclusively: moves least recently updated rows to disk until the shard
-  // holds at most DramRowLimit - `reserve` DRAM rows, never one whose key is in `keep` (sorted).
-  Status Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep);
-  // One pass of it: down to 15/16 of `limit` rows.
-  Status DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep);
+  // holds at most DramRowLimit - `reserve` DRAM rows, never one whose key is in `keep`.
+  // Sets *renumbered when the rows left moved to new ids (the store was compacted).
+  Status Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep, bool* renumbered);
+  // One pass of it: down to 7/8 of `limit` rows.
+  Status DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep, bool* renumbered);
 
   const TableConfig config_;
   std::vector<std::unique_ptr<TableShard>> shards_;

@@ -108,12 +108,43 @@ def test_remove_and_evict_reach_disk_rows(tmp_path):
     assert_same_content(tiered, plain)
 
 
+def test_keys_sharing_a_disk_index_fingerprint_stay_apart(tmp_path):
+    """The disk index files a key under 32 bits of its hash, and the key in the record decides.
+    9833 and 291643 share that fingerprint (found by a search over 400,000 keys), so each one's
+    index probe meets the other's record: with one on disk and the other absent, or both on
+    disk, each must read, train, promote and be removed as itself."""
+    a, b = 9833, 291643
+    tiered = EmbeddingTable(DIM, "normal", seed=5, num_shards=1, dram_budget=8 * tier_row_bytes(DIM, 2),
+                            ssd_dir=str(tmp_path))
+    plain = EmbeddingTable(DIM, "normal", seed=5, num_shards=1)
+    fillers = np.arange(1000, 1040, dtype=np.int64)  # recent rows that push a and b to disk
+    batches = [[a], fillers[:20], [b], [5, 6], fillers[20:], [b, 7], [a], fillers[:20], [a, b], fillers[20:]]
+    # An update keeps its own rows in DRAM and demotes every other row when they exceed the
+    # budget: steps 2, 5 and 8 send a and b to disk. Disk reads expected: step 3 none (a on
+    # disk, b absent: a's record must not be taken for b's), 6: b, 7: a, 9: both.
+    disk_reads = {3: 0, 6: 1, 7: 1, 9: 2}
+    for step, keys in enumerate(batches, start=1):
+        before = tiered.tier_stats()["disk_hits"]
+        np.testing.assert_array_equal(train_step(tiered, keys, step), train_step(plain, keys, step),
+                                      err_msg=f"step {step}")
+        if step in disk_reads:
+            assert tiered.tier_stats()["disk_hits"] - before == disk_reads[step], (step, tiered.tier_stats())
+        assert_same_content(tiered, plain)
+    np.testing.assert_array_equal(  # inference reads, both on disk
+        ops().ttf_table_find(tiered.resource_handle, [a, b], dim=DIM, training=False).numpy(),
+        ops().ttf_table_find(plain.resource_handle, [a, b], dim=DIM, training=False).numpy())
+    assert int(ops().ttf_table_remove(tiered.resource_handle, [a])) == 1
+    assert int(ops().ttf_table_remove(tiered.resource_handle, [a])) == 0  # gone; b's record is not a's
+    ops().ttf_table_remove(plain.resource_handle, [a])
+    assert_same_content(tiered, plain)
+
+
 def test_the_disk_index_counts_inside_the_budget(tmp_path):
     """RAM = DRAM rows + the disk tier's key index: the rows get what the index leaves, so the
     two together stay within the budget (plus one update's new rows) as the disk side grows."""
     budget, row_bytes = 1 << 20, tier_row_bytes(DIM, 2)
     table = EmbeddingTable(DIM, num_shards=1, dram_budget=budget, ssd_dir=str(tmp_path))
-    keys = np.arange(30000, dtype=np.int64) * 11  # ~3x the budget: the index (16-32 B a key) takes ~40% of it
+    keys = np.arange(30000, dtype=np.int64) * 11  # ~3x the budget: the index (~12 B a key) takes about a third
     limits = []
     for step, batch in enumerate(np.array_split(keys, 30), start=1):
         train_step(table, batch, step)
@@ -139,6 +170,9 @@ def test_an_unreadable_disk_tier_fails_evict_instead_of_keeping_rows(tmp_path):
         os.ftruncate(fd, 0)
     with pytest.raises(tf.errors.InternalError, match=f"ssd_dir '{tmp_path}' failed .*reading rows"):
         table.evict(10, 2)
+    # A removal reads a disk key's record to confirm its key (the index holds fingerprints only).
+    with pytest.raises(tf.errors.InternalError, match=f"ssd_dir '{tmp_path}' failed .*reading rows"):
+        ops().ttf_table_remove(table.resource_handle, np.unique(zipf_batches(2, 20, batch=16, vocab=200)[0]))
 
 
 def test_checkpoints_cross_tiers_both_ways(tmp_path):
