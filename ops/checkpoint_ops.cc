@@ -1,5 +1,6 @@
 // TtfTableSummary: a table shard's size and checksums, computed where its rows live, so a
-// job's table summary moves three numbers per shard instead of the rows.
+// job's table summary moves three numbers per shard instead of the rows. TtfTableSave and
+// TtfTableCommitSave: the streamed checkpoint writer and its commit.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -54,15 +55,28 @@ REGISTER_OP("TtfTableSave")
       return OkStatus();
     })
     .Doc(R"doc(
-Writes the table (one consistent snapshot, as TtfTableExport takes it) into tensor bundles
-`prefix`-p<k>, one per piece of at most piece_bytes of rows (and of candidates), each holding
-`tensor_base`/part-<k>/{keys, values, meta, candidate_keys, candidate_meta}: the sharded
-checkpoint format of ttf/checkpoint/_format.py. The pieces are written one at a time while
-the snapshot is read, a tiered table's disk rows sequentially from its files, so the op's
-extra memory is one piece, not the table. Returns the pieces' prefixes (at least one), the
-layout (optimizer, slot_init, step, stride: the row width with slots) and, with delta, the
-keys deleted since the checkpoint record was last reset (not reset here). delta: only rows
-and candidates last seen after since_step (>= -1); without it since_step is ignored.
+Writes the table into tensor bundles `prefix`-p<k>, one per piece of at most piece_bytes of
+rows (and of candidates), each holding `tensor_base`/part-<k>/{keys, values, meta,
+candidate_keys, candidate_meta}: the sharded checkpoint format of ttf/checkpoint/_format.py.
+It copies one lock shard at a time, under that shard's lock held shared: each shard is a
+consistent snapshot, lookups go on, and an update waits for one shard's copy only (a piece is
+written with no lock held, except when one shard holds more than a piece). Its extra memory is
+one piece, not the table: a tiered table's disk rows are read sequentially from its files.
+With each shard's copy, the shard's checkpoint record of deleted keys is taken, and kept
+until a TtfTableCommitSave (so a save that fails loses none). Returns the pieces' prefixes
+(at least one), the layout (optimizer, slot_init, step = the table step before the first
+shard was copied, stride = the row width with slots) and, with delta, the keys deleted since
+the last committed save. With delta, only rows and candidates last seen after since_step
+(>= -1) are written; without it since_step is ignored.
+)doc");
+
+REGISTER_OP("TtfTableCommitSave")
+    .Input("table: resource")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+A save of the table (TtfTableSave) is durable: forgets the deleted keys saves took with the
+shards' rows. Keys deleted after a shard's copy stay recorded for the next delta.
 )doc");
 
 }  // namespace ttf

@@ -318,7 +318,8 @@ REGISTER_OP("TtfTableDeletedKeys")
       return OkStatus();
     })
     .Doc(R"doc(
-The keys removed from the table since the record was last reset (sorted, distinct). The
+The keys removed from the table since the record was last reset (sorted, distinct); the
+checkpoint record also loses the keys a committed save took (TtfTableCommitSave). The
 record is off (empty) until the first reset; reset=true clears and starts it. record:
 whose record ("checkpoint" or "publish", see TtfTableExport).
 )doc");

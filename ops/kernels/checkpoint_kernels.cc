@@ -1,4 +1,4 @@
-// Kernels of TtfTableSummary and TtfTableSave (ops/checkpoint_ops.cc).
+// Kernels of TtfTableSummary, TtfTableSave and TtfTableCommitSave (ops/checkpoint_ops.cc).
 #include <cstring>
 #include <limits>
 
@@ -92,42 +92,46 @@ class TableSaveOp : public TableOpKernel {
                 errors::InvalidArgument("since_step must be >= -1 for a delta, got ", since));
     const int64_t since_step = delta_ ? since : std::numeric_limits<int64_t>::min();
 
-    // One piece's tensors at a time: allocated when Export knows its counts, written to
-    // their bundle and freed when it is filled.
+    // One piece's tensors, allocated once (room for at most piece_bytes of rows and as many of
+    // candidates, or for the whole table when smaller) and refilled after each write.
+    const int64_t rows_hint = table->Size(), candidates_hint = table->CandidateCount();
     Tensor fields[5];
     ExportLayout layout;
     std::vector<std::string> written;
-    auto allocate = [&](const ExportLayout& l, ExportBuffers* out) -> Status {
+    auto allocate = [&](const ExportLayout& l, SavePiece* piece) -> Status {
       layout = l;
-      for (Tensor& t : fields) t = Tensor();  // the previous piece is freed before the next exists
-      fields[0] = Tensor(DT_INT64, TensorShape({l.rows}));
-      fields[1] = Tensor(DT_FLOAT, TensorShape({l.rows, l.stride}));
-      fields[2] = Tensor(DT_INT64, TensorShape({l.rows, 2}));
-      fields[3] = Tensor(DT_INT64, TensorShape({l.candidates}));
-      fields[4] = Tensor(DT_INT64, TensorShape({l.candidates, 2}));
-      out->keys = fields[0].flat<int64_t>().data();
-      out->values = fields[1].flat<float>().data();
-      out->meta = fields[2].flat<int64_t>().data();
-      out->candidate_keys = fields[3].flat<int64_t>().data();
-      out->candidate_meta = fields[4].flat<int64_t>().data();
-      return OkStatus();
-    };
-    ExportPieces pieces;
-    pieces.max_bytes = piece_bytes_;
-    pieces.done = [&](const ExportLayout& l, const ExportBuffers&) -> Status {
-      static const char* kFields[] = {"keys", "values", "meta", "candidate_keys", "candidate_meta"};
-      const std::string piece_prefix = strings::StrCat(prefix, "-p", l.piece);
-      BundleWriter writer(ctx->env(), piece_prefix);
-      for (int f = 0; f < 5; ++f)
-        TF_RETURN_IF_ERROR(writer.Add(strings::StrCat(base, "/part-", l.piece, "/", kFields[f]), fields[f]));
-      TF_RETURN_IF_ERROR(writer.Finish());
-      written.push_back(piece_prefix);
-      for (Tensor& t : fields) t = Tensor();
+      // A few more than now: rows the table gains during the save need no extra piece.
+      auto room = [](int64_t hint, int64_t most) { return std::max<int64_t>(1, std::min(most, hint + hint / 16 + 64)); };
+      piece->max_rows = room(rows_hint, piece_bytes_ / (24 + 4 * l.stride));
+      piece->max_candidates = room(candidates_hint, piece_bytes_ / 24);
+      fields[0] = Tensor(DT_INT64, TensorShape({piece->max_rows}));
+      fields[1] = Tensor(DT_FLOAT, TensorShape({piece->max_rows, l.stride}));
+      fields[2] = Tensor(DT_INT64, TensorShape({piece->max_rows, 2}));
+      fields[3] = Tensor(DT_INT64, TensorShape({piece->max_candidates}));
+      fields[4] = Tensor(DT_INT64, TensorShape({piece->max_candidates, 2}));
+      piece->keys = fields[0].flat<int64_t>().data();
+      piece->values = fields[1].flat<float>().data();
+      piece->meta = fields[2].flat<int64_t>().data();
+      piece->candidate_keys = fields[3].flat<int64_t>().data();
+      piece->candidate_meta = fields[4].flat<int64_t>().data();
+      piece->write = [&](const SavePiece& p) -> Status {
+        static const char* kFields[] = {"keys", "values", "meta", "candidate_keys", "candidate_meta"};
+        const int64_t k = static_cast<int64_t>(written.size());
+        const std::string piece_prefix = strings::StrCat(prefix, "-p", k);
+        BundleWriter writer(ctx->env(), piece_prefix);
+        for (int f = 0; f < 5; ++f) {
+          const Tensor filled = fields[f].Slice(0, f < 3 ? p.rows : p.candidates);
+          TF_RETURN_IF_ERROR(writer.Add(strings::StrCat(base, "/part-", k, "/", kFields[f]), filled));
+        }
+        TF_RETURN_IF_ERROR(writer.Finish());
+        written.push_back(piece_prefix);
+        return OkStatus();
+      };
       return OkStatus();
     };
     std::vector<int64_t> deleted;
-    OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, delta_ ? &deleted : nullptr, false, kCheckpointRecord,
-                                      pieces));
+    OP_REQUIRES_OK(ctx, table->Save(since_step, allocate, &deleted));
+    if (!delta_) deleted.clear();  // a full save's base needs none (the keys stay recorded until a commit)
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(written.size())}), &out));
     for (size_t k = 0; k < written.size(); ++k) out->flat<tstring>()(k) = written[k];
@@ -148,6 +152,15 @@ class TableSaveOp : public TableOpKernel {
   int64_t piece_bytes_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableSave").Device(DEVICE_CPU), TableSaveOp);
+
+class TableCommitSaveOp : public TableOpKernel {
+ public:
+  using TableOpKernel::TableOpKernel;
+
+ protected:
+  void ComputeWithTable(OpKernelContext*, EmbeddingTable* table) override { table->CommitSave(); }
+};
+REGISTER_KERNEL_BUILDER(Name("TtfTableCommitSave").Device(DEVICE_CPU), TableCommitSaveOp);
 
 }  // namespace
 }  // namespace ttf

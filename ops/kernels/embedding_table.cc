@@ -941,6 +941,7 @@ Status EmbeddingTable::EnsureSlots(const std::string& optimizer, const std::vect
     std::shared_lock<std::shared_mutex> lock(shards_[0]->mu);
     if (optimizer_ == optimizer && slot_init_.size() == slot_init.size()) return OkStatus();
   }
+  std::unique_lock<std::shared_mutex> relayout_lock(relayout_mu_);  // waits for a save in progress
   std::vector<std::unique_lock<std::shared_mutex>> locks;
   for (auto& sh : shards_) locks.emplace_back(sh->mu);
   if (optimizer_ == optimizer && slot_init_.size() == slot_init.size()) return OkStatus();
@@ -1087,15 +1088,21 @@ void EmbeddingTable::CollectDeleted(bool reset, std::vector<int64_t>* deleted, i
     for (const auto& sh : shards_) total += sh->deleted_keys[record].size();
     deleted->clear();
     deleted->reserve(total);
-    for (const auto& sh : shards_)
+    for (const auto& sh : shards_) {
       deleted->insert(deleted->end(), sh->deleted_keys[record].begin(), sh->deleted_keys[record].end());
+      if (record == kCheckpointRecord)  // taken by saves not committed yet: still part of the record
+        deleted->insert(deleted->end(), sh->deleted_in_save.begin(), sh->deleted_in_save.end());
+    }
     std::sort(deleted->begin(), deleted->end());
     deleted->erase(std::unique(deleted->begin(), deleted->end()), deleted->end());
   }
   if (reset) {
     // Appends hold a shard lock exclusively and we hold every shard lock (at least shared),
     // so no append runs while the record is cleared.
-    for (auto& sh : shards_) std::vector<int64_t>().swap(sh->deleted_keys[record]);
+    for (auto& sh : shards_) {
+      std::vector<int64_t>().swap(sh->deleted_keys[record]);
+      if (record == kCheckpointRecord) std::vector<int64_t>().swap(sh->deleted_in_save);
+    }
     track_deleted_[record].store(true, std::memory_order_relaxed);
   }
 }
@@ -1108,7 +1115,7 @@ void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted, int 
 }
 
 Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                              bool reset_deleted, int record, const ExportPieces& pieces) {
+                              bool reset_deleted, int record) {
   std::unique_lock<std::mutex> record_lock(deleted_mu_, std::defer_lock);
   if (deleted != nullptr || reset_deleted) record_lock.lock();
   // Every shard locked shared for the whole export: one slot layout, exact counts, and the
@@ -1121,61 +1128,24 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   layout.slot_init = slot_init_;
   layout.step = step();
   const bool all = since_step == std::numeric_limits<int64_t>::min();
-  int64_t total_rows = 0, total_candidates = 0;
   for (const auto& sh : shards_) {
     if (all) {
-      total_rows += sh->rows.index.size() + sh->disk.index.size();
-      total_candidates += sh->candidates.index.size();
+      layout.rows += sh->rows.index.size() + sh->disk.index.size();
+      layout.candidates += sh->candidates.index.size();
       continue;
     }
-    sh->rows.index.ForEach([&](int64_t, uint32_t id) { total_rows += sh->rows.store.meta(id).last_seen > since_step; });
+    sh->rows.index.ForEach([&](int64_t, uint32_t id) { layout.rows += sh->rows.store.meta(id).last_seen > since_step; });
     TF_RETURN_IF_ERROR(
-        sh->disk.ForEachLive([&](int64_t, const RowMeta& m, const float*) { total_rows += m.last_seen > since_step; }));
+        sh->disk.ForEachLive([&](int64_t, const RowMeta& m, const float*) { layout.rows += m.last_seen > since_step; }));
     sh->candidates.index.ForEach(
-        [&](int64_t, uint32_t id) { total_candidates += sh->candidates.store.meta(id).last_seen > since_step; });
-  }
-  // The pieces: rows first, max_rows each; the last piece with rows also takes up to
-  // max_candidates candidates; the remaining candidates follow in pieces of their own.
-  const int64_t max_rows = std::max<int64_t>(1, pieces.max_bytes / (24 + 4 * layout.stride));
-  const int64_t max_candidates = std::max<int64_t>(1, pieces.max_bytes / 24);
-  std::vector<std::pair<int64_t, int64_t>> plan;  // (rows, candidates) per piece
-  for (int64_t left = total_rows; left > 0; left -= std::min(left, max_rows)) plan.emplace_back(std::min(left, max_rows), 0);
-  if (plan.empty()) plan.emplace_back(0, 0);
-  for (int64_t left = total_candidates; left > 0;) {
-    if (plan.back().second == max_candidates) plan.emplace_back(0, 0);
-    const int64_t take = std::min(left, max_candidates - plan.back().second);
-    plan.back().second = take;
-    left -= take;
+        [&](int64_t, uint32_t id) { layout.candidates += sh->candidates.store.meta(id).last_seen > since_step; });
   }
   ExportBuffers out;
-  size_t piece = 0;
-  int64_t r = 0, c = 0;  // filled in the current piece
-  auto open_piece = [&]() -> Status {
-    layout.rows = plan[piece].first;
-    layout.candidates = plan[piece].second;
-    layout.piece = static_cast<int64_t>(piece);
-    r = c = 0;
-    return allocate(layout, &out);
-  };
-  auto close_piece = [&]() -> Status { return pieces.done ? pieces.done(layout, out) : OkStatus(); };
-  // Moves to the next piece while the current one has no room left of the kind wanted.
-  auto room_for = [&](bool row) -> Status {
-    while (row ? r == plan[piece].first : c == plan[piece].second) {
-      if (piece + 1 == plan.size())  // cannot happen: the counts were taken under these locks
-        return errors::Internal("table export found more ", row ? "rows" : "candidates", " than it counted");
-      TF_RETURN_IF_ERROR(close_piece());
-      ++piece;
-      TF_RETURN_IF_ERROR(open_piece());
-    }
-    return OkStatus();
-  };
-  TF_RETURN_IF_ERROR(open_piece());
+  TF_RETURN_IF_ERROR(allocate(layout, &out));
   const int64_t stride = layout.stride;
-  Status status = OkStatus();
+  int64_t r = 0, c = 0;
   auto add_row = [&](int64_t key, const RowMeta& m, const float* row) {
-    if (!status.ok() || (m.last_seen <= since_step && !all)) return;
-    status = room_for(true);
-    if (!status.ok()) return;
+    if (m.last_seen <= since_step && !all) return;
     out.keys[r] = key;
     std::memcpy(out.values + r * stride, row, stride * sizeof(float));
     out.meta[2 * r] = m.count;
@@ -1189,24 +1159,104 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
         [&](int64_t key, uint32_t id) { add_row(key, sh->rows.store.meta(id), sh->rows.store.row(id)); });
     // The disk tier's rows, read sequentially (same snapshot: writers wait).
     TF_RETURN_IF_ERROR(sh->disk.ForEachLive(add_row));
-    TF_RETURN_IF_ERROR(status);
-  }
-  for (const auto& sh : shards_) {
     sh->candidates.index.ForEach([&](int64_t key, uint32_t id) {
       const RowMeta& m = sh->candidates.store.meta(id);
-      if (!status.ok() || (m.last_seen <= since_step && !all)) return;
-      status = room_for(false);
-      if (!status.ok()) return;
+      if (m.last_seen <= since_step && !all) return;
       out.candidate_keys[c] = key;
       out.candidate_meta[2 * c] = m.count;
       out.candidate_meta[2 * c + 1] = m.last_seen;
       ++c;
     });
-    TF_RETURN_IF_ERROR(status);
   }
-  TF_RETURN_IF_ERROR(close_piece());
   if (deleted != nullptr || reset_deleted) CollectDeleted(reset_deleted, deleted, record);
   return OkStatus();
+}
+
+Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, std::vector<int64_t>* deleted) {
+  std::shared_lock<std::shared_mutex> relayout_lock(relayout_mu_);
+  ExportLayout layout;
+  {
+    std::shared_lock<std::shared_mutex> lock(shards_[0]->mu);  // optimizer_ and slot_init_ are read under a shard lock
+    layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
+    layout.optimizer = optimizer_;
+    layout.slot_init = slot_init_;
+  }
+  // Before the first shard: an update landing after some shard's copy (its step above every
+  // completed one) stamps its rows later than this, so the next delta holds them.
+  layout.step = step();
+  SavePiece piece;
+  TF_RETURN_IF_ERROR(allocate(layout, &piece));
+  if (piece.max_rows < 1 || piece.max_candidates < 1 || !piece.write)
+    return errors::Internal("a save's piece needs room for a row and a candidate, and a writer");
+  const bool all = since_step == std::numeric_limits<int64_t>::min();
+  const int64_t stride = layout.stride;
+  int64_t written = 0;
+  auto write = [&]() -> Status {
+    TF_RETURN_IF_ERROR(piece.write(piece));
+    piece.rows = piece.candidates = 0;
+    ++written;
+    return OkStatus();
+  };
+  deleted->clear();
+  for (auto& shard : shards_) {
+    TableShard& sh = *shard;
+    if (piece.rows > 0 || piece.candidates > 0) {
+      // Write the piece with no lock held when this shard (at most all its rows) may not fit
+      // in what is left of it but fits in an empty one.
+      int64_t rows, candidates;
+      {
+        std::shared_lock<std::shared_mutex> lock(sh.mu);
+        rows = sh.rows.index.size() + sh.disk.index.size();
+        candidates = sh.candidates.index.size();
+      }
+      const bool fits_left = piece.rows + rows <= piece.max_rows && piece.candidates + candidates <= piece.max_candidates;
+      if (!fits_left && rows <= piece.max_rows && candidates <= piece.max_candidates) TF_RETURN_IF_ERROR(write());
+    }
+    // The shard's copy and its deleted keys' move are one step: updates (which record
+    // deletions, under the shard lock exclusive) wait; deleted_mu_ (taken first, the lock
+    // order) keeps other readers of the record out.
+    std::lock_guard<std::mutex> record_lock(deleted_mu_);
+    std::shared_lock<std::shared_mutex> lock(sh.mu);
+    if (sh.rows.store.stride() != stride)  // cannot happen: layouts change under relayout_mu_
+      return errors::Internal("table shard has row stride ", sh.rows.store.stride(), ", expected ", stride);
+    Status status = OkStatus();
+    // A full piece inside a shard is written under its lock: the shard holds more than a piece.
+    auto add_row = [&](int64_t key, const RowMeta& m, const float* row) {
+      if (!status.ok() || (m.last_seen <= since_step && !all)) return;
+      if (piece.rows == piece.max_rows && !(status = write()).ok()) return;
+      const int64_t r = piece.rows++;
+      piece.keys[r] = key;
+      std::memcpy(piece.values + r * stride, row, stride * sizeof(float));
+      piece.meta[2 * r] = m.count;
+      piece.meta[2 * r + 1] = m.last_seen;
+    };
+    sh.rows.index.ForEach([&](int64_t key, uint32_t id) { add_row(key, sh.rows.store.meta(id), sh.rows.store.row(id)); });
+    TF_RETURN_IF_ERROR(sh.disk.ForEachLive(add_row));  // sequential reads, same snapshot
+    TF_RETURN_IF_ERROR(status);
+    sh.candidates.index.ForEach([&](int64_t key, uint32_t id) {
+      const RowMeta& m = sh.candidates.store.meta(id);
+      if (!status.ok() || (m.last_seen <= since_step && !all)) return;
+      if (piece.candidates == piece.max_candidates && !(status = write()).ok()) return;
+      const int64_t c = piece.candidates++;
+      piece.candidate_keys[c] = key;
+      piece.candidate_meta[2 * c] = m.count;
+      piece.candidate_meta[2 * c + 1] = m.last_seen;
+    });
+    TF_RETURN_IF_ERROR(status);
+    std::vector<int64_t>& live = sh.deleted_keys[kCheckpointRecord];
+    sh.deleted_in_save.insert(sh.deleted_in_save.end(), live.begin(), live.end());
+    std::vector<int64_t>().swap(live);
+    deleted->insert(deleted->end(), sh.deleted_in_save.begin(), sh.deleted_in_save.end());
+  }
+  if (piece.rows > 0 || piece.candidates > 0 || written == 0) TF_RETURN_IF_ERROR(write());  // at least one piece
+  std::sort(deleted->begin(), deleted->end());
+  deleted->erase(std::unique(deleted->begin(), deleted->end()), deleted->end());
+  return OkStatus();
+}
+
+void EmbeddingTable::CommitSave() {
+  std::lock_guard<std::mutex> record_lock(deleted_mu_);
+  for (auto& sh : shards_) std::vector<int64_t>().swap(sh->deleted_in_save);  // changes under deleted_mu_ only
 }
 
 namespace {
@@ -1290,6 +1340,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     }
   }
 
+  std::unique_lock<std::shared_mutex> relayout_lock(relayout_mu_);  // waits for a save in progress
   std::unique_lock<std::mutex> record_lock(deleted_mu_);
   std::vector<std::unique_lock<std::shared_mutex>> locks;
   for (auto& sh : shards_) locks.emplace_back(sh->mu);

@@ -20,7 +20,10 @@
 // whole-table operations, which take all of them in shard order (so they cannot deadlock
 // with each other): slot re-layout and Import take them exclusive (the slot layout and the
 // content change for every shard at once: no reader ever sees two layouts), Export takes
-// them shared (one consistent snapshot, one layout; writers wait, readers go on). Growth
+// them shared (one consistent snapshot, one layout; writers wait, readers go on). A save
+// (Save) takes one shard lock at a time, shared: each shard is a consistent snapshot and an
+// update waits for one shard's copy at most; it holds relayout_mu_ shared throughout, so the
+// slot layout stays one and no Import lands in the middle. Growth
 // allocates with the lock released (ReserveRoom), then re-takes it to rehash, so a growing
 // shard never blocks readers during the allocation itself.
 #ifndef TTF_OPS_KERNELS_EMBEDDING_TABLE_H_
@@ -436,6 +439,10 @@ struct TableShard {
   int64_t next_ttl_sweep = 0;         // the step at which TTL next scans this shard
   // Removed rows and candidates, one record per reader (DeletedRecord) while it tracks them.
   std::vector<int64_t> deleted_keys[2];
+  // Keys of the checkpoint record that saves took with this shard's rows (Save) and that no
+  // save has committed yet (CommitSave): the next save takes them again, so a failed save
+  // loses none. The checkpoint record reads as deleted_keys[kCheckpointRecord] plus these.
+  std::vector<int64_t> deleted_in_save;
   DiskTier disk;                      // cold rows (tiered tables only)
   int64_t rows_demoted = 0, rows_promoted = 0;
   // Lookups of keys with a row, by tier (atomics: lookups hold the lock shared).
@@ -460,7 +467,7 @@ struct TableShard {
 // so neither disturbs the other's chain.
 enum DeletedRecord : int { kCheckpointRecord = 0, kPublishRecord = 1, kNumDeletedRecords = 2 };
 
-// Where Export writes one piece, allocated by the caller once the counts are known (all shard
+// Where Export writes its snapshot, allocated by the caller once the counts are known (all shard
 // locks are held meanwhile, so the counts stay exact): keys [rows], values [rows, stride],
 // meta [rows, 2] (count, last_seen), candidate_keys [candidates], candidate_meta [candidates, 2].
 struct ExportBuffers {
@@ -471,22 +478,29 @@ struct ExportBuffers {
   int64_t* candidate_meta = nullptr;
 };
 struct ExportLayout {
-  int64_t rows = 0, candidates = 0, stride = 0;  // of the piece being allocated
+  int64_t rows = 0, candidates = 0, stride = 0;  // rows and candidates: of the export (Export only)
   std::string optimizer;
   std::vector<float> slot_init;
   int64_t step = 0;
-  int64_t piece = 0;  // its number: 0, 1, ...
 };
 using ExportAllocator = std::function<Status(const ExportLayout&, ExportBuffers*)>;
-// How Export cuts its snapshot: pieces of at most max_bytes (a row counts its key, meta and
-// floats; a candidate its key and meta; at least one of either a piece), rows first, the
-// last piece with rows also taking the first candidates. `done` is called with each piece
-// once it is filled, before the next is allocated, so a caller that writes the piece out
-// and frees it holds one piece at a time. Defaults: one piece, no callback.
-struct ExportPieces {
-  int64_t max_bytes = std::numeric_limits<int64_t>::max();
-  std::function<Status(const ExportLayout&, const ExportBuffers&)> done;
+// The buffer a streamed save (Save) fills from the front: room for max_rows rows (keys,
+// values [rows, stride], meta [rows, 2]) and max_candidates candidates (candidate_keys,
+// candidate_meta [c, 2]). `write` writes its first `rows` rows and `candidates` candidates
+// out as the next piece; the save then refills it from the front.
+struct SavePiece {
+  int64_t max_rows = 0, max_candidates = 0;
+  int64_t* keys = nullptr;
+  float* values = nullptr;
+  int64_t* meta = nullptr;
+  int64_t* candidate_keys = nullptr;
+  int64_t* candidate_meta = nullptr;
+  int64_t rows = 0, candidates = 0;  // filled
+  std::function<Status(const SavePiece&)> write;
 };
+// Called once by Save, with the layout and no shard lock held: sets the piece's room,
+// buffers and writer.
+using SaveAllocator = std::function<Status(const ExportLayout&, SavePiece*)>;
 
 // An Import's input, read in place from the op's input tensors (never copied).
 struct ImportSource {
@@ -590,9 +604,22 @@ class EmbeddingTable : public ResourceBase {
   // record was last reset (sorted, distinct); reset_deleted clears the record in the same
   // snapshot and starts it if it was off.
   // `record` (a DeletedRecord) names whose record of deleted keys is read and reset.
-  // `pieces` cuts it (a save streams a tiered table's disk rows piece by piece through it).
   Status Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                bool reset_deleted, int record, const ExportPieces& pieces = ExportPieces());
+                bool reset_deleted, int record);
+  // A streamed save (TtfTableSave): the rows and candidates last seen after since_step
+  // (INT64_MIN: all) into the piece `allocate` sets up, written out each time it is full.
+  // One lock shard at a time, held shared while its rows (DRAM, then its disk tier's, read
+  // sequentially) and candidates are copied: each shard is a consistent snapshot, and an
+  // update waits for one shard's copy (plus a piece's write when a shard holds more than a
+  // piece). A piece is written with no lock held when the next shard would not fit in it.
+  // In the same step as a shard's copy, its checkpoint record of deleted keys moves to
+  // deleted_in_save; `deleted` gets every shard's deleted_in_save (sorted, distinct): the keys
+  // removed since the last committed save. layout.step is read before the first shard: a
+  // row changed after its shard's copy is stamped with a later step by its update.
+  Status Save(int64_t since_step, const SaveAllocator& allocate, std::vector<int64_t>* deleted);
+  // A save is durable (TtfTableCommitSave): forgets the deleted keys saves took; deletions
+  // recorded after each shard's copy stay for the next delta.
+  void CommitSave();
   // Returns (and with reset, clears and starts) the deleted-key record `record`.
   void DeletedKeys(bool reset, std::vector<int64_t>* deleted, int record);
   // Replaces the content (or upserts into it, src.merge) from an export; validates `src`
@@ -645,6 +672,9 @@ class EmbeddingTable : public ResourceBase {
   // serialised by deleted_mu_ (taken before any shard lock); appends hold the shard lock.
   std::atomic<bool> track_deleted_[kNumDeletedRecords] = {{false}, {false}};
   std::mutex deleted_mu_;
+  // Held shared by Save for its whole span, exclusively by the slot re-layout and Import,
+  // before any other lock: a save copies its shards under one layout and one content.
+  std::shared_mutex relayout_mu_;
   std::atomic<bool> index_warned_{false};  // the disk index took over half a shard's budget (logged once)
 };
 

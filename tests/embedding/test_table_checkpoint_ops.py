@@ -236,3 +236,27 @@ def test_publish_and_checkpoint_records_of_deleted_keys_are_independent():
     assert ops().ttf_table_deleted_keys(h, record="publish").numpy().tolist() == [3]  # the publisher's: untouched
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError, TypeError), match="record"):
         ops().ttf_table_deleted_keys(h, record="serving")
+
+
+def test_a_save_takes_each_shards_deleted_keys_and_only_its_commit_forgets_them(tmp_path):
+    """TtfTableSave takes the checkpoint record with each shard's rows; TtfTableCommitSave
+    forgets what it took, never a key deleted after it; a failed save forgets nothing."""
+    h = trained_table(np.arange(0, 200, dtype=np.int64), num_shards=4)
+    ops().ttf_table_find_or_insert(h, [1, 2, 3, 4], dim=4)  # rows for the keys removed below
+    ops().ttf_table_deleted_keys(h, reset=True)
+
+    def save(prefix, since=0):
+        return ops().ttf_table_save(h, prefix, "t/ttf/src-0", since, delta=True)[5].numpy().tolist()
+
+    ops().ttf_table_remove(h, [1, 2])
+    with pytest.raises(tf.errors.OpError):  # the piece cannot be written: the save fails
+        save(str(tmp_path / "no" / "such" / "dir" / "x"))
+    assert ops().ttf_table_deleted_keys(h).numpy().tolist() == [1, 2]  # nothing lost by the failure
+    ops().ttf_table_remove(h, [3])
+    assert save(str(tmp_path / "a")) == [1, 2, 3]  # the failed save's keys again, and the later one
+    ops().ttf_table_remove(h, [4])  # after the save copied its shard: the next delta's
+    ops().ttf_table_commit_save(h)
+    assert ops().ttf_table_deleted_keys(h).numpy().tolist() == [4]
+    assert save(str(tmp_path / "b")) == [4]
+    ops().ttf_table_commit_save(h)
+    assert ops().ttf_table_deleted_keys(h).numpy().tolist() == []

@@ -402,7 +402,8 @@ class Case:
 
     def save(self, h):
         """TtfTableSave (the streamed checkpoint writer) into a scratch folder: random piece
-        sizes, full or delta, sometimes a broken input (prefix, since_step, piece_bytes)."""
+        sizes, full or delta, sometimes a broken input (prefix, since_step, piece_bytes), half
+        the time committed (TtfTableCommitSave)."""
         from ttf._ops import ops
         rng = self.rng
         scratch = f"save-{self.index}-{rng.integers(1 << 30)}-"
@@ -413,6 +414,8 @@ class Case:
         if bad < 0.1:
             prefix = pick(rng, ["", ["a", "b"], "/nonexistent/dir/x"])
         self.call("save", ops().ttf_table_save, h, prefix, "t/ttf/src-0", since, **args)
+        if rng.random() < 0.5:  # the save's commit: forgets the deleted keys it took
+            self.call("commit save", ops().ttf_table_commit_save, h)
         for name in os.listdir(SSD_DIR):  # the bundles are the fuzzer's, not the table's: keep the folder empty
             if name.startswith(scratch):
                 os.remove(os.path.join(SSD_DIR, name))

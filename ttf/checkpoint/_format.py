@@ -2,8 +2,9 @@
 
 Save: for each table, each shard (source i) is written on its own device (a PS writes its
 part; in one process, one source per shard) by TtfTableSave, in pieces of at most PIECE_BYTES
-of rows (and of candidates), one small bundle per piece, written while the shard's snapshot
-is read (one piece in RAM at a time; a tiered shard's disk rows streamed from its files); the pieces are merged (MergeV2Checkpoints: index
+of rows (and of candidates), one small bundle per piece, written while the shard is read one
+lock shard at a time (each lock shard a consistent snapshot, docs/checkpoints.md; one piece in
+RAM at a time; a tiered shard's disk rows streamed from its files); the pieces are merged (MergeV2Checkpoints: index
 merge + renames, no row copy) into this saver's prefix, which TensorFlow merges into the
 checkpoint. On Horovod, source i is rank i's shard: each rank writes its own pieces first
 (write_rank_part, called by ttf.distribute.horovod.save_checkpoint on every rank) into the

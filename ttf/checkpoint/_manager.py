@@ -129,6 +129,8 @@ class CheckpointManager:
         steps_before = {id(t): max(int(shard.stats()[2]) for shard in t.layer.tables) for t in tables}
         for table in tables:
             table.pending_step = None
+            if table.layer.sharding is None:  # Horovod: tdh.save_checkpoint did it on every rank
+                table.begin_save()
         if self.delta_plan() is not None:
             path = os.path.join(self.directory, f"delta-{step}")
             with self._mode(_DELTA), self._failed_save(path):
@@ -145,8 +147,8 @@ class CheckpointManager:
         # The save is durable: from here on it counts.
         for table in tables:
             table.saved_step = table.pending_step if table.pending_step is not None else steps_before[id(table)]
-        for table in tables:  # deletions from here on belong to the next delta
-            table.layer.reset_deleted()
+        for table in tables:  # the deletions it took are saved; later ones belong to the next delta
+            table.layer.commit_save()
         for name in old:
             for file in tf.io.gfile.glob(os.path.join(self.directory, name) + ".*"):
                 tf.io.gfile.remove(file)

@@ -361,8 +361,8 @@ def save_checkpoint(manager, step):
     3. A barrier; rank 0's manager.save(step) writes the dense state and merges every rank's
        pieces into the checkpoint (MergeV2Checkpoints: an index merge and renames, no copy of
        rows), fsyncs, then records the chain (ttf_chain.json) last.
-    4. Every rank learns the outcome; then each restarts its record of deleted ids (the next
-       delta's base). A failure on any rank raises on every rank, naming the rank and the
+    4. Every rank learns the outcome; then each forgets the deleted ids its save took (those
+       deleted after its shards were copied stay for the next delta). A failure on any rank raises on every rank, naming the rank and the
        cause, and leaves the previous checkpoint the latest.
 
     Restore: manager.restore_latest() on every rank; each keeps the ids it owns (any topology's
@@ -392,6 +392,7 @@ def save_checkpoint(manager, step):
                 raise ValueError(f"rank 0's delta plan names no start step for {logical.layer.name}: do the ranks "
                                  "build the same model?")
             since = None if plan is None else plan[logical.layer.name]
+            logical.begin_save()
             prefixes, layout = write_rank_part(name, logical, os.path.join(folder, f"r{rank}-t{j}"), rank, since)
             written["prefixes"][name], written["layouts"][name] = prefixes, layout
         for name in tf.io.gfile.glob(os.path.join(folder, f"r{rank}-*")):
@@ -426,7 +427,7 @@ def save_checkpoint(manager, step):
     if rank != 0:  # rank 0's manager did this once the save was durable
         for name, logical in tables:
             logical.saved_step = max(w["layouts"][name]["step"] for w in every)
-            logical.layer.reset_deleted()
+            logical.layer.commit_save()
     return outcome["path"]
 
 

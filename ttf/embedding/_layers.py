@@ -263,6 +263,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         """Clears and (re)starts every shard's record of deleted ids (delta checkpoints)."""
         return tf.group(*[table.reset_deleted() for table in self.tables])
 
+    def commit_save(self):
+        """A checkpoint save is durable: every shard forgets the deleted ids the save took
+        (those deleted after its shard was copied stay for the next delta)."""
+        return tf.group(*[table.commit_save() for table in self.tables])
+
     # -- .keras files (tf_keras saving_lib): the anchor plus the logical table, like a checkpoint
 
     def save_own_variables(self, store):

@@ -158,6 +158,13 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
     def layer(self):
         return self._layer()
 
+    def begin_save(self):
+        """Before a ttf.checkpoint save: the first one (no durable save yet) starts the
+        record of deleted ids, which each shard's copy takes and the commit forgets, so an id
+        deleted after its shard was copied reaches the next delta."""
+        if self.saved_step is None:
+            self.layer.reset_deleted()
+
     def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
         # tf.saved_model.save writes the checkpoint from a graph holding copies of the tables,
         # and its variables/ checkpoint holds the whole-table entry: the loaded model restores

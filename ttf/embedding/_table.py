@@ -286,6 +286,12 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         with tf.device(self._resource_device):
             return ops().ttf_table_deleted_keys(self.resource_handle, reset=True, record=record)
 
+    def commit_save(self):
+        """A checkpoint save of this table is durable: forgets the deleted keys its save took
+        with each shard's rows (TtfTableCommitSave); keys deleted since stay recorded."""
+        with tf.device(self._resource_device):
+            return ops().ttf_table_commit_save(self.resource_handle)
+
     # -- SavedModel: a loaded table is a new table (tables are not shared by name)
 
     def _serialize_to_proto(self, object_proto=None, **kwargs):
