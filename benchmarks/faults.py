@@ -458,11 +458,14 @@ def case_cluster(args, kind, rng, work):
     out, hung = output.finish(max(deadline - time.time(), 1))
     if hung:
         return False, f"{note}; the job hung after the kill; output: {out[-600:]}"
-    lines = [line for line in out.splitlines() if "[train] error" in line or "[train] done" in line]
+    # The clear line of a stop: train.py's, or start_all.sh's when horovodrun stopped the other
+    # ranks before one of them could say a peer was lost.
+    stops = ("[train] error", "[start_all] Horovod rank")
+    lines = [line for line in out.splitlines() if any(stop in line for stop in stops) or "[train] done" in line]
     note += f"; job exit {proc.returncode}: " + (lines[-1][:140] if lines else "no [train] line")
     if kind == "kill-worker" and proc.returncode != 0:
         return False, note + " (a lost worker must let the job finish)"
-    if proc.returncode != 0 and not any("[train] error" in line for line in lines):
+    if proc.returncode != 0 and not any(stop in line for line in lines for stop in stops):
         return False, note + f" (no one clear line); output: {out[-600:]}"
     chain = os.path.join(ckpt, "ttf_chain.json")
     newest = None
