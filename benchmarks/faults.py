@@ -17,10 +17,13 @@ Kinds of case (--kinds, all by default):
                save from a random one on); the job stops with one line when a save fails;
   kill-ps, kill-worker
                a real parameter-server job (start_all.sh, models/train.py) with a
-               checkpoint folder, a ps or worker task killed with SIGKILL at a random
-               moment; a lost ps stops the chief with one line, a lost worker lets it finish;
-               then a restart resumes from the newest checkpoint;
-  kill-rank    a Horovod job (start_all.sh --hvd, 2 ranks), one rank killed with SIGKILL.
+               checkpoint folder (full and delta saves: --full-every 3), a ps or worker task
+               killed with SIGKILL, half the time inside one of the first four saves, half at
+               a random moment of training (the case line says where it landed, from
+               train.py's "checkpoint at step N: saving (full|delta)" / "saved" lines); a lost
+               ps stops the chief with one line, a lost worker lets it finish; then a
+               restart resumes from the newest checkpoint;
+  kill-rank    the same with a Horovod job (start_all.sh --hvd, 2 ranks), one random rank killed.
 
 Format-agnostic: the one-process child writes a journal (step, number of keys, float64
 checksum of every key's row and slots) just before each save and a `done` line after it;
@@ -28,7 +31,8 @@ a fresh process restores with CheckpointManager.restore_latest() and its table m
 the journal's entry for the step it restored, which must be the last complete save (or
 the one in flight when the kill came after its files were complete). The cluster kinds
 check, through models/train.py's --metrics-out, that the restart resumed at the newest
-checkpoint's step and restored the same table twice.
+checkpoint's step with the table (key count and checksum) the job reported at its end when
+it finished (a lost worker), or else the same table in two restores.
 
 Examples:
   python benchmarks/faults.py --cases 3                     # a small sweep: 3 cases per kind
@@ -47,6 +51,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -314,12 +319,84 @@ def _metrics_run(args, work, extra, name):
     return proc, metrics
 
 
-def _child_pid(parent, needle):
-    """A process below `parent` whose command line holds `needle`: never a launcher (horovodrun,
-    whose own command line names the script too), so kill-rank kills a rank."""
+class _Output:
+    """A job's output lines, read on a thread, each with the time it arrived: the sweep sleeps
+    until its kill while the job goes on printing, and then tells where the kill landed."""
+
+    def __init__(self, proc):
+        self.proc, self.lines, self.ended = proc, [], False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append((time.time(), line))
+                self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
+
+    def wait(self, needle, deadline, nth=1):
+        """True once `nth` lines hold `needle`; False when the job ends or the deadline passes first."""
+        with self._changed:
+            while sum(needle in line for _, line in self.lines) < nth:
+                if self.ended or time.time() >= deadline:
+                    return False
+                self._changed.wait(min(1.0, max(deadline - time.time(), 0.01)))
+            return True
+
+    def finish(self, timeout):
+        """(the whole output, hung): waits for the job; past `timeout` kills its process group."""
+        try:
+            self.proc.wait(timeout=timeout)
+            hung = False
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            hung = True
+        self._reader.join(30)
+        return self.text(), hung
+
+    def text(self):
+        with self._changed:
+            return "".join(line for _, line in self.lines)
+
+    def landed(self, moment):
+        """Where a kill at `moment` came, from models/train.py's checkpoint lines: inside the
+        full or delta save of step N ("saving (...)" printed, "saved" not yet), or in training."""
+        with self._changed:
+            before = [line for when, line in self.lines if when <= moment]
+        phase = "training (before any save)"
+        for line in before:
+            found = re.search(r"\[train\] checkpoint at step (\d+): (saving \((\w+)\)|saved)", line)
+            if found and found.group(3):
+                phase = f"inside the {found.group(3)} save of step {found.group(1)}"
+            elif found:
+                phase = f"training (after the save of step {found.group(1)})"
+        return phase
+
+
+def _child_pids(parent, needle):
+    """Processes below `parent` whose command line holds `needle`: never a launcher (horovodrun,
+    whose own command line names the script too, or a shell running it), so kill-rank kills a rank."""
     out = subprocess.run(["pgrep", "-f", "--", needle], capture_output=True, text=True).stdout.split()
-    ours = [int(p) for p in out if _descends(int(p), parent) and "horovodrun" not in _cmdline(int(p))]
-    return ours[0] if ours else None
+    return [int(p) for p in out if _descends(int(p), parent) and "horovodrun" not in _cmdline(int(p))
+            and "python" in os.path.basename(_cmdline(int(p)).split(" ", 1)[0])]
+
+
+def _task_name(pid):
+    """'ps 0', 'worker 1', 'rank 1' (Horovod's HOROVOD_RANK in its environment): which task `pid` is."""
+    task = re.search(r"--job (\w+) --index (\d+)", _cmdline(pid))
+    if task:
+        return f"{task.group(1)} {task.group(2)}"
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        return f"rank {env[b'HOROVOD_RANK'].decode()}"
+    except (OSError, KeyError):
+        return f"pid {pid}"
 
 
 def _cmdline(pid):
@@ -344,31 +421,51 @@ def _descends(pid, ancestor):
 
 def case_cluster(args, kind, rng, work):
     """A real PS (or Horovod) job killed in part; then a restart must resume at the newest
-    checkpoint, and two restores must give the same table."""
+    checkpoint with the table the job ended with (when it finished) or the same table twice.
+
+    Half the kills aim at a save (a random delay of up to --kill-window after one of the first
+    four saves began: full, delta, delta, full with --full-every 3), half at any moment of
+    training (up to 10x --kill-window after the first progress line); the job's checkpoint
+    lines tell where each one landed."""
     import tensorflow as tf
 
     ckpt = os.path.join(work, "ckpt")
-    steps = args.cluster_steps
-    common = ["--checkpoint-dir", ckpt, "--checkpoint-every", "20"]
+    common = ["--checkpoint-dir", ckpt, "--checkpoint-every", str(args.cluster_checkpoint_every), "--full-every", "3"]
     hvd = ["--hvd"] if kind == "kill-rank" else []
-    proc, _ = _metrics_run(args, work, ["--steps", str(steps), *common, *hvd], "first")
+    proc, first_metrics = _metrics_run(args, work, ["--steps", str(args.cluster_steps), *common, *hvd], "first")
+    output = _Output(proc)
     deadline = time.time() + args.timeout
-    seen, out = _wait_line(proc, "[train] step", deadline)
-    time.sleep(rng.uniform(0, args.kill_window * 10))
-    needle = {"kill-ps": "--job ps --index 0", "kill-worker": "--job worker --index 1",
+    if rng.random() < 0.5:
+        save = rng.randint(1, 4)
+        seen = output.wait(": saving (", deadline, nth=save)
+        delay = rng.uniform(0, args.kill_window)
+        aim = f"aimed {delay:.2f} s into save #{save}"
+    else:
+        seen = output.wait("[train] step", deadline)
+        delay = rng.uniform(0, args.kill_window * 10)
+        aim = f"aimed {delay:.2f} s after the first progress line"
+    time.sleep(delay)
+    needle = {"kill-ps": "--job ps --index 0", "kill-worker": "--job worker --index",
               "kill-rank": "models/train.py"}[kind]
-    victim = _child_pid(proc.pid, needle) if seen else None
+    victims = _child_pids(proc.pid, needle) if seen and proc.poll() is None else []
+    victim = rng.choice(victims) if victims else None
     if victim is not None:
+        who = _task_name(victim)
         os.kill(victim, signal.SIGKILL)
-    rest, hung = _finish(proc, max(deadline - time.time(), 1))
-    out += rest
+        note = f"{kind}: killed {who} ({aim}), landed {output.landed(time.time())}"
+    else:
+        note = f"{kind}: no kill ({aim}; the job had {'ended' if proc.poll() is not None else 'not started'})"
+    out, hung = output.finish(max(deadline - time.time(), 1))
     if hung:
-        return False, f"the job hung after the kill; output: {out[-600:]}"
-    lines = [line for line in out.splitlines() if "[train] error" in line or "[train] done" in line]
-    note = f"{kind}: pid {victim}, job exit {proc.returncode}: " + (lines[-1][:140] if lines else "no [train] line")
+        return False, f"{note}; the job hung after the kill; output: {out[-600:]}"
+    # The clear line of a stop: train.py's, or start_all.sh's when horovodrun stopped the other
+    # ranks before one of them could say a peer was lost.
+    stops = ("[train] error", "[start_all] Horovod rank")
+    lines = [line for line in out.splitlines() if any(stop in line for stop in stops) or "[train] done" in line]
+    note += f"; job exit {proc.returncode}: " + (lines[-1][:140] if lines else "no [train] line")
     if kind == "kill-worker" and proc.returncode != 0:
         return False, note + " (a lost worker must let the job finish)"
-    if proc.returncode != 0 and not any("[train] error" in line for line in lines):
+    if proc.returncode != 0 and not any(stop in line for line in lines for stop in stops):
         return False, note + f" (no one clear line); output: {out[-600:]}"
     chain = os.path.join(ckpt, "ttf_chain.json")
     newest = None
@@ -379,8 +476,16 @@ def case_cluster(args, kind, rng, work):
         newest = int(tf.train.latest_checkpoint(ckpt).rsplit("-", 1)[1])
     if newest is None:
         return True, note + "; no checkpoint had been written: nothing to restore"
+    # The job that finished reported the table it saved last: one restore must give it back.
+    # Otherwise two restores must agree.
+    finished = proc.returncode == 0 and os.path.exists(first_metrics)
+    want = None
+    if finished:
+        m = json.load(open(first_metrics))
+        want = (m.get("table_size"), m.get("table_checksum"))
     summaries = []
-    for name in ("restore1", "restore2"):  # --steps = the saved step: restore, train nothing, report
+    for name in ("restore1",) if finished else ("restore1", "restore2"):
+        # --steps = the saved step: restore, train nothing, report
         restart, metrics = _metrics_run(args, work, ["--steps", str(newest), *common, *hvd], name)
         text, hung = _finish(restart, args.timeout)
         if hung or restart.returncode != 0 or not os.path.exists(metrics):
@@ -389,6 +494,11 @@ def case_cluster(args, kind, rng, work):
             return False, note + f"; the restart did not resume at step {newest}: {text[-600:]}"
         m = json.load(open(metrics))
         summaries.append((m.get("table_size"), m.get("table_checksum")))
+    if want is not None:
+        if summaries[0] != want:
+            lost = (want[0] or 0) - (summaries[0][0] or 0)
+            return False, note + f"; the restore of step {newest} gave {summaries[0]}, the job saved {want} ({lost} keys lost)"
+        return True, note + f"; restart resumed at step {newest} with {want[0]} keys, the table the job saved"
     if summaries[0] != summaries[1] or not summaries[0][0]:
         return False, note + f"; two restores of step {newest} differ: {summaries}"
     return True, note + f"; restart resumed at step {newest} with {summaries[0][0]} keys, the same twice"
@@ -433,6 +543,9 @@ def parse_args(argv):
                         "the first save starts; cluster kinds within 10x it after the first progress line (default 0.3)")
     p.add_argument("--tmpfs-kb", type=int, default=2048, help="full-disk: size of the tmpfs in KiB (default 2048)")
     p.add_argument("--cluster-steps", type=int, default=400, help="cluster kinds: steps of the job (default 400)")
+    p.add_argument("--cluster-checkpoint-every", type=int, default=20,
+                   help="cluster kinds: steps between checkpoints (default 20; a parameter-server job saves at its "
+                        "first progress line, every 50 steps, past each multiple)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before a case counts as hung (default 600)")
     child = p.add_argument_group("internal: the one-process child")
     child.add_argument("--child", choices=["train", "verify"], default=None, help=argparse.SUPPRESS)
@@ -443,7 +556,8 @@ def parse_args(argv):
     child.add_argument("--fail-bytes", type=int, default=4096, help=argparse.SUPPRESS)
     child.add_argument("--stop-on-failed-save", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ("cases", "steps", "save_every", "full_every", "keys_per_step", "tmpfs_kb", "cluster_steps"):
+    for name in ("cases", "steps", "save_every", "full_every", "keys_per_step", "tmpfs_kb", "cluster_steps",
+                 "cluster_checkpoint_every"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if args.steps // args.save_every < 2:

@@ -1076,10 +1076,17 @@ class Trainer:
             self.save_checkpoint(step)
 
     def save_checkpoint(self, step):
+        # A line as a save begins and one as it ends: a save's length, and where a fault came.
+        saving = self.manager.last_step != step  # (on Horovod, only rank 0's manager knows and prints)
+        if saving:
+            log(f"[train] checkpoint at step {step}: saving ({'full' if self.manager.delta_plan() is None else 'delta'})")
+        started = time.perf_counter()
         if self.horovod:  # every rank writes its part of the tables (a collective); rank 0 the rest
             self.horovod.save(self.manager, step, self.position)
         else:
             self.manager.save(step)
+        if saving:
+            log(f"[train] checkpoint at step {step}: saved in {time.perf_counter() - started:.2f} s")
 
     def evaluate(self):
         """AUC and logloss of the model on the eval data (run on this process)."""
