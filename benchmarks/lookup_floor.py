@@ -158,7 +158,8 @@ class TtfFamily:
     def extra(self):
         stats = self.table.tier_stats()
         hits = stats["dram_hits"] + stats["disk_hits"]
-        out = {f"{self.prefix}_rows": int(self.table.size()), f"{self.prefix}_memory_bytes": int(self.table.stats()[1])}
+        out = {f"{self.prefix}_rows": int(self.table.size()), f"{self.prefix}_memory_bytes": int(self.table.stats()[1]),
+               f"{self.prefix}_process_anon_huge_pages_mib": anon_huge_pages_mib()}
         if self.prefix == "ttf_tiered":
             out["ttf_tiered_dram_hit_rate"] = round(stats["dram_hits"] / max(hits, 1), 6)
             out["ttf_tiered_disk_rows"] = stats["disk_rows"]
@@ -209,7 +210,20 @@ class FloorFamily:
                            self.grads.ctypes.data, ADAM["lr"], ADAM["beta_1"], ADAM["beta_2"], ADAM["epsilon"])
 
     def extra(self):
-        return {"unique_ids_per_id": round(self.unique_share, 4)}
+        return {"unique_ids_per_id": round(self.unique_share, 4), "floor_process_anon_huge_pages_mib": anon_huge_pages_mib()}
+
+
+def anon_huge_pages_mib():
+    """The process's memory in transparent huge pages (Linux; None elsewhere): whether the
+    table's rows and the floors' arrays got them decides much of a gather's cost."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        return None
+    return None
 
 
 def build(args, family):

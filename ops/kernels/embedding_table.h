@@ -42,6 +42,7 @@
 #include <new>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -72,16 +73,50 @@ inline void CopyRow(float* __restrict dst, const float* __restrict src, int64_t 
   }
 }
 
-// Row memory starts on a cache line: a row of 16k floats (a value of dim 16, or value and
-// Adam slots) then fills whole lines, so a lookup reads one line for its value, not two.
-constexpr size_t kRowAlignment = 64;
-struct AlignedFloatsDelete {
-  void operator()(float* p) const { ::operator delete[](p, std::align_val_t(kRowAlignment)); }
+// Memory for rows and index slots, in 2 MiB transparent huge pages where the kernel gives
+// them (THP in "madvise" or "always" mode): a lookup's random rows and index slots then
+// miss the TLB far less often (one entry covers 2 MiB, not 4 KiB), which was the largest cost
+// left against a plain gather (docs/lookup_speed.md). Blocks of at least 64 KiB are carved
+// from 2 MiB-aligned slabs marked MADV_HUGEPAGE, page-aligned (so a row of 16k floats fills
+// whole cache lines); smaller ones come from operator new, 64-byte aligned. A freed block's
+// pages go back to the system at once (MADV_DONTNEED; a slab with no live block is unmapped),
+// so RSS falls after an eviction. Thread-safe; allocation is rare (a chunk of rows, an index).
+void* AllocatePages(size_t bytes);
+void FreePages(void* block, size_t bytes);
+
+// `n` Ts (trivially copyable, left uninitialised) from AllocatePages; freed with the array.
+template <typename T>
+class PageArray {
+  static_assert(std::is_trivially_copyable<T>::value, "PageArray holds plain data");
+
+ public:
+  PageArray() = default;
+  explicit PageArray(int64_t n)
+      : data_(n > 0 ? static_cast<T*>(AllocatePages(static_cast<size_t>(n) * sizeof(T))) : nullptr), n_(n) {}
+  ~PageArray() { Reset(); }
+  PageArray(PageArray&& o) noexcept : data_(o.data_), n_(o.n_) { o.data_ = nullptr, o.n_ = 0; }
+  PageArray& operator=(PageArray&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      data_ = o.data_, n_ = o.n_;
+      o.data_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  PageArray(const PageArray&) = delete;
+  PageArray& operator=(const PageArray&) = delete;
+  T* get() const { return data_; }
+  T& operator[](int64_t i) const { return data_[i]; }
+  int64_t size() const { return n_; }
+
+ private:
+  void Reset() {
+    if (data_ != nullptr) FreePages(data_, static_cast<size_t>(n_) * sizeof(T));
+    data_ = nullptr, n_ = 0;
+  }
+  T* data_ = nullptr;
+  int64_t n_ = 0;
 };
-using AlignedFloats = std::unique_ptr<float[], AlignedFloatsDelete>;
-inline AlignedFloats NewAlignedFloats(int64_t n) {
-  return AlignedFloats(new (std::align_val_t(kRowAlignment)) float[n]);
-}
 
 enum class InitKind { kNormal, kTruncatedNormal, kUniform, kZeros, kConstant };
 Status ParseInitKind(const std::string& name, InitKind* kind);
@@ -195,7 +230,7 @@ class KeyIndex {
   };
 #pragma pack(pop)
   static_assert(sizeof(Slot) == 12, "KeyIndex slots are 12 bytes");
-  std::vector<Slot> slots_;
+  PageArray<Slot> slots_;
   uint64_t mask_ = 0;
   int64_t capacity_ = 0;
   int64_t size_ = 0;
@@ -217,8 +252,8 @@ class RowStore {
   int64_t ChunksNeeded(int64_t extra) const;
   int64_t allocated_rows() const { return static_cast<int64_t>(chunks_.size()) * kChunkRows; }
   struct Chunk {
-    AlignedFloats values;
-    std::unique_ptr<RowMeta[]> meta;
+    PageArray<float> values;  // kChunkRows x stride
+    PageArray<RowMeta> meta;  // kChunkRows
   };
   static Chunk NewChunk(int64_t stride);
   void AddChunk(Chunk chunk) { chunks_.push_back(std::move(chunk)); }
