@@ -14,6 +14,7 @@ per step of each (median, all threads) and its ratio (steadier on a shared machi
 process's peak RSS against budget + 1.5 GiB, the DRAM hit rate and bytes per key.
   .venv/bin/python benchmarks/tiers.py --dram-budget 64M --ssd-dir /tmp/ttf-ssd   # ~3M keys
   .venv/bin/python benchmarks/tiers.py --dram-budget 2G --ssd-dir /mnt/ssd --keys 100000000  # the issue's
+  (add --dram-keys 10000000 where a 100M-row table does not fit in RAM: the all-DRAM run then holds 10M rows)
 With --checkpoint-dir DIR, the last tiered run also saves its table there (tf.train.Checkpoint:
 streamed in 64 MiB pieces) and a fresh process restores it into a tiered table: the peak
 extra RSS of each (and of a whole-table export, what an unstreamed save holds) is reported.
@@ -66,6 +67,9 @@ def parse_args(argv):
     tier.add_argument("--ssd-dir", default="/tmp/ttf-ssd-tier", help="disk tier directory (default /tmp/ttf-ssd-tier)")
     tier.add_argument("--keys", type=int, default=0,
                       help="rows in the table (default 0: 10x the rows --dram-budget holds in DRAM)")
+    tier.add_argument("--dram-keys", type=int, default=0,
+                      help="rows of the all-DRAM run (default --keys); smaller when a table of --keys rows does not "
+                           "fit in this machine's RAM (the issue's comparison: an all-DRAM table that fits)")
     tier.add_argument("--steps", type=int, default=60, help="timed training steps per run (default 60)")
     tier.add_argument("--warm-steps", type=int, default=20, help="untimed training steps first (default 20)")
     tier.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating (default 2)")
@@ -83,7 +87,8 @@ def parse_args(argv):
         if args.dram_budget <= 0:
             p.error("--dram-budget must be > 0")
         args.keys = args.keys or 10 * args.dram_budget // tier_row_bytes(args.dim, 2)
-        for name in ("steps", "repeats", "keys"):
+        args.dram_keys = args.dram_keys or args.keys
+        for name in ("steps", "repeats", "keys", "dram_keys"):
             if getattr(args, name) <= 0:
                 p.error(f"--{name} must be > 0")
     for name in ("capacity", "distinct", "batch", "dim", "num_shards"):
@@ -165,20 +170,21 @@ def tier_child(args):
     if args.child == "restore":
         return restore_child(args)
     tiered = args.child == "tiered"
+    keys_held = args.keys if tiered else args.dram_keys
     layer = tier_layer(args, tiered)
     table = layer.tables[0]
     h = table.resource_handle
     mix = np.uint64(0x9E3779B97F4A7C15)
     t0 = time.perf_counter()
-    for begin in range(0, args.keys, 1 << 18):  # fill every row once (as Adam rows: apply, zero gradients)
-        ids = np.arange(begin, min(begin + (1 << 18), args.keys), dtype=np.uint64)
+    for begin in range(0, keys_held, 1 << 18):  # fill every row once (as Adam rows: apply, zero gradients)
+        ids = np.arange(begin, min(begin + (1 << 18), keys_held), dtype=np.uint64)
         keys = (ids * mix).astype(np.int64)
         ops().ttf_table_apply_adam(h, keys, np.zeros((len(keys), args.dim), np.float32), 0.0, 0.9, 0.999, 1e-7, 1)
     fill_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     times, cpu_times = [], []
     for step in range(2, 2 + args.warm_steps + args.steps):
-        ranks = np.minimum(rng.zipf(1.1, args.batch), args.keys) - 1  # rank 0 is the hottest id
+        ranks = np.minimum(rng.zipf(1.1, args.batch), keys_held) - 1  # rank 0 is the hottest id
         keys = (ranks.astype(np.uint64) * mix).astype(np.int64)  # hot ids spread over the id space
         grads = rng.normal(size=(args.batch, args.dim)).astype(np.float32)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -230,7 +236,8 @@ def tier_main(args, argv):
     peak = max(r["peak_rss_mib"] for r in runs["tiered"])
     result = {
         "command": " ".join(["benchmarks/tiers.py"] + (argv if argv is not None else sys.argv[1:])),
-        "dram_budget_mib": round(budget_mib, 1), "keys": args.keys, "batch": args.batch, "dim": args.dim,
+        "dram_budget_mib": round(budget_mib, 1), "keys": args.keys, "dram_keys": args.dram_keys, "batch": args.batch,
+        "dim": args.dim,
         "rows_over_dram_rows": round(args.keys / max(1, runs["tiered"][0]["dram_rows"]), 1),
         "tiered_steps_per_s": tiered_sps, "dram_steps_per_s": dram_sps,
         "throughput_ratio": round(tiered_sps / dram_sps, 3), "throughput_target_met": tiered_sps >= 0.7 * dram_sps,
