@@ -362,8 +362,9 @@ def save_checkpoint(manager, step):
        pieces into the checkpoint (MergeV2Checkpoints: an index merge and renames, no copy of
        rows), fsyncs, then records the chain (ttf_chain.json) last.
     4. Every rank learns the outcome; then each forgets the deleted ids its save took (those
-       deleted after its shards were copied stay for the next delta). A failure on any rank raises on every rank, naming the rank and the
-       cause, and leaves the previous checkpoint the latest.
+       deleted after its shards were copied stay for the next delta). A failure on any rank
+       raises on every rank, naming the rank and the cause, and leaves the previous checkpoint
+       the latest.
 
     Restore: manager.restore_latest() on every rank; each keeps the ids it owns (any topology's
     checkpoint). Other state (dense variables, InputPosition) is rank 0's: make it agree first
