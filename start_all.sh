@@ -36,10 +36,11 @@ Data:
                        | FILE: data of --schema, plain or .gz
   --synthetic-rows N   rows of the synthetic data, every 5th held out (default 200000)
   --eval-data FILE     eval data (default: every 5th line of --data, held out)
-  --stream SPEC        train on a stream until SIGTERM instead of --data (one process or a PS job;
-                       the chief reads it): folder:DIR (files renamed into DIR) or
-                       kafka:HOST:PORT/TOPIC; SIGTERM makes the chief finish its round, checkpoint
-                       (stream position included) and exit 0, then the servers stop (docs/streams.md)
+  --stream SPEC        train on a stream until SIGTERM instead of --data: folder:DIR (files renamed
+                       into DIR) or kafka:HOST:PORT/TOPIC. In a PS job the chief reads it; with
+                       --hvd each rank reads its share. SIGTERM makes the job finish its step or
+                       round, publish, checkpoint (stream position included) and exit 0, then the
+                       servers stop (docs/streams.md)
 Training:
   --steps N            global steps (default 200)
   --epochs N           passes over --data instead of --steps: each worker (or Horovod rank) reads
@@ -168,7 +169,6 @@ for n in steps batch num_ps num_workers index; do
 done
 [ "$num_ps" -ge 1 ] && [ "$num_workers" -ge 1 ] || die "--ps and --workers must be at least 1"
 case "$role" in ""|chief|worker|ps) ;; *) die "--role must be chief, worker or ps, got '$role'" ;; esac
-[ -z "$stream" ] || [ "$hvd" = 0 ] || die "--stream runs in one process or a parameter-server job, not on Horovod yet"
 if [ -n "$role" ] && { [ -z "$ps_hosts" ] || [ -z "$worker_hosts" ] || [ -z "$chief_host" ]; }; then
   die "--role needs --ps-hosts, --worker-hosts and --chief-host"
 fi
@@ -196,6 +196,18 @@ fi
 if [ -z "$role" ] && [ "$single" = 0 ] && [ -z "$hvd_hosts" ] && [ "$isolation" = 1 ] && [ -z "${TTF_NETWORK:-}" ]; then
   TTF_NETWORK_PID=$$ exec "$PY" ttf/distribute/private_network.py -- "$BASH" "$PWD/start_all.sh" ${start_all_args[@]+"${start_all_args[@]}"}
 fi
+rank_pids() {  # PID: the Python processes of models/train.py below PID (horovodrun's ranks); reads /proc only
+  local status pid
+  for status in /proc/[0-9]*/status; do
+    [ "$(sed -n 's/^PPid:[[:space:]]*//p' "$status" 2>/dev/null)" = "$1" ] || continue
+    pid=${status#/proc/}; pid=${pid%/status}
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+      python*) tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "models/train.py" && echo "$pid" ;;
+    esac
+    rank_pids "$pid"
+  done
+}
+
 network_line() {  # PORTS PROTOCOLS: one line saying where the local job's servers listen, and who can reach them
   case "${TTF_NETWORK:-}" in
     private) echo "[start_all] listening: $1 on every address of this job's private network namespace ($2," \
@@ -259,8 +271,16 @@ if [ "$hvd" = 1 ]; then
   }
   trap stop_horovodrun EXIT
   trap 'echo "[start_all] interrupted: stopping every rank"; exit 130' INT TERM
+  if [ -n "$stream" ]; then  # SIGTERM: every rank finishes its step, publishes and checkpoints, exits 0
+    # (to the ranks themselves: horovodrun gives them 5 s before SIGKILL, too short for a save)
+    trap 'echo "[start_all] SIGTERM: the ranks finish their step, publish and checkpoint"
+          kill -TERM $(rank_pids "$hvdrun") 2>/dev/null || true' TERM
+  fi
   rc=0
   wait "$hvdrun" || rc=$?
+  while [ -n "$stream" ] && kill -0 "$hvdrun" 2>/dev/null; do  # a trapped SIGTERM ends the wait early
+    rc=0; wait "$hvdrun" || rc=$?
+  done
   if [ "$rc" != 0 ]; then
     failed=$(grep -o -E "Process [0-9]+ exit with status code -?[0-9]+" "$logdir/horovodrun.log" | head -n 1 || true)
     if [ -n "$failed" ]; then

@@ -159,8 +159,8 @@ def parse_args(argv):
         p.error("--hvd-compression needs --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:
         p.error("--hvd-compression bf16 needs --tiacc (the native path uses horovod's DistributedOptimizer: none or fp16)")
-    if args.publish_dir and (args.horovod or not args.tiacc):
-        p.error("--publish-dir publishes ttf tables (--tiacc) from one process or a parameter-server job, not --horovod")
+    if args.publish_dir and not args.tiacc:
+        p.error("--publish-dir publishes ttf tables: add --tiacc")
     for name in ("publish_every", "dense_publish_every", "rebase_every"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
@@ -264,9 +264,9 @@ def add_publish_args(p):
     group.add_argument("--publish-dir", default=None, metavar="BASE",
                        help="publish the model for serving while it trains: a base version BASE/<N>/ (TF Serving's "
                             "layout, as --export-dir), then every --publish-every seconds a delta BASE/deltas/<N>/<seq>/ "
-                            "of the rows touched and the ids deleted, written by each parameter server for its own "
-                            "rows; ttf.serving.DeltaFollower(BASE) serves it (docs/serving.md). --tiacc only, not "
-                            "--horovod. Example: --publish-dir /tmp/ctr_online --publish-every 5")
+                            "of the rows touched and the ids deleted, written by each parameter server or Horovod "
+                            "rank for its own rows; ttf.serving.DeltaFollower(BASE) serves it (docs/serving.md). "
+                            "--tiacc only. Example: --publish-dir /tmp/ctr_online --publish-every 5")
     group.add_argument("--publish-every", type=float, default=10.0,
                        help="seconds between deltas (default 10)")
     group.add_argument("--dense-publish-every", type=float, default=300.0,
@@ -299,7 +299,9 @@ def add_stream_args(p):
                        help="train on a stream until SIGTERM/SIGINT (then checkpoint, stream position included, and "
                             "exit 0) instead of --data: folder:DIR (files renamed into DIR, read once in name order) "
                             "or kafka:HOST:PORT[,HOST:PORT]/TOPIC (one line of --schema per message). --steps, if "
-                            "given, stops it at that step. Example: --stream folder:/data/incoming --checkpoint-dir ck")
+                            "given, stops it at that step. With --horovod each rank reads its share (Kafka partitions "
+                            "p %% ranks == rank, folder files by name) and the ranks step together. "
+                            "Example: --stream folder:/data/incoming --checkpoint-dir ck")
     group.add_argument("--stream-poll", type=float, default=1.0,
                        help="seconds between looks at an idle stream, and the longest wait to fill a batch once "
                             "some examples arrived (a batch may then be smaller) (default 1.0)")
@@ -324,9 +326,6 @@ def check_stream_args(p, args):
         return
     if args.epochs:
         p.error("--stream runs until stopped (or --steps): drop --epochs")
-    if args.horovod:
-        p.error("--stream runs in one process or a parameter-server job (a Horovod stream job is not built yet: "
-                "docs/streams.md); drop --horovod")
     if args.data != ["synthetic"] or args.prepare_data:
         p.error("--stream replaces --data and --prepare-data: give one of them")
     if args.export_dir or args.eval_data:
@@ -346,10 +345,12 @@ def check_stream_args(p, args):
     args.data, args.synthetic = [], False  # nothing to read but the stream
 
 
-def open_stream(args):
-    """The --stream source (raises ValueError naming a bad spec or a missing folder)."""
-    return ttf.data.open_stream(args.stream, args.schema, strict=not args.lenient, poll_seconds=args.stream_poll,
-                                kafka_config=args.kafka_settings)
+def open_stream(args, horovod=None):
+    """The --stream source, this rank's share of it on Horovod (raises ValueError naming a bad
+    spec or a missing folder)."""
+    opener = horovod.tdh.open_stream if horovod else ttf.data.open_stream
+    return opener(args.stream, schema=args.schema, strict=not args.lenient, poll_seconds=args.stream_poll,
+                  kafka_config=args.kafka_settings)
 
 
 def train_stream(trainer):
@@ -359,22 +360,33 @@ def train_stream(trainer):
     args, stream = trainer.args, trainer.stream
     if trainer.coordinator:
         return train_stream_cluster(trainer)
+    horovod = trainer.horovod
     step = start = trainer.step()
     started = last_log = time.perf_counter()
-    journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal else None
+    # Horovod: rank 0 writes every rank's ids of a step (gathered).
+    journal = open(args.stream_journal, "a", encoding="utf-8") if args.stream_journal and _LOG_RANK[0] == 0 else None
     left = None if args.steps is None else max(0, args.steps - step)
     stream.update_progress()
+    # One trace for every batch size a stream brings (Horovod: ranks on different traces would hang).
+    empty = stream.empty_batch()
+    trainer.train_step.trace_for_any_batch_size(empty.features, empty.labels)
     with ttf.distribute.StopOnSignal(stream) as stop:
         trainer.stop = stop
-        for batch in ttf.data.stream_batches(stream, args.batch_size, stop, max_steps=left):
+        # Horovod: every rank reads its share; the ranks step together (an empty batch where a share had none).
+        batches = (horovod.tdh.stream_batches if horovod else ttf.data.stream_batches)(
+            stream, args.batch_size, stop, max_steps=left)
+        for batch in batches:
             result = trainer.train_step(batch.features, batch.labels)
             stream.commit(batch)
             step += 1
-            if journal:
-                journal.write(f"{step} " + " ".join(map(str, batch.example_ids.tolist())) + "\n")
-                journal.flush()  # in the page cache before any later checkpoint: a kill -9 keeps it
+            if args.stream_journal:
+                ids = horovod.gather(batch.example_ids, "ttf_journal") if horovod else batch.example_ids
+                if journal:
+                    journal.write(f"{step} " + " ".join(map(str, ids.tolist())) + "\n")
+                    journal.flush()  # in the page cache before any later checkpoint: a kill -9 keeps it
             now = time.perf_counter()
-            if step % args.log_every == 0 or now - last_log > 30:
+            due = step % args.log_every == 0 or now - last_log > 30
+            if due if not horovod else horovod.agree(due):  # rank 0's clock decides for every rank
                 log_stream_progress(trainer, step, float(result["loss"]))
                 last_log = now
             trainer._maybe_checkpoint(step)  # pylint: disable=protected-access
@@ -384,12 +396,20 @@ def train_stream(trainer):
     return step - start, time.perf_counter() - started
 
 
+def stream_progress(trainer):
+    """(the stream's progress dict, the newest event time trained), over every rank's share on
+    Horovod (a collective)."""
+    if trainer.horovod:
+        return trainer.horovod.tdh.stream_progress(trainer.stream)
+    return trainer.stream.update_progress(), trainer.stream.last_event_time
+
+
 def log_stream_progress(trainer, step, loss):
-    progress = trainer.stream.update_progress()
+    progress, event_time = stream_progress(trainer)
     evicted = ""
     if trainer.args.ttl_seconds:  # event-time TTL: note the tables' steps at the newest event time, evict
-        if trainer.stream.last_event_time is not None:
-            trainer.event_ttl.observe(trainer.stream.last_event_time)
+        if event_time is not None:
+            trainer.event_ttl.observe(event_time)
         trainer.event_ttl.evict()
         evicted = f", {trainer.event_ttl.evicted} evicted by --ttl-seconds"
     lag = f"lag {progress['lag_seconds']:.1f} s"
@@ -509,13 +529,14 @@ def finish_stream(trainer, steps, seconds):
     trainer.maybe_publish(final=True)
     saved = "no --checkpoint-dir: nothing saved"
     if trainer.manager:
-        if trainer.manager.last_step != trainer.step():
+        # Not again at a step already saved (on Horovod every rank asks rank 0, in save_checkpoint).
+        if trainer.horovod or trainer.manager.last_step != trainer.step():
             trainer.save_checkpoint(trainer.step())
         saved = f"checkpoint {trainer.manager.latest} holds the model and the stream position"
-    progress = trainer.stream.update_progress()
+    progress, _ = stream_progress(trainer)
     why = f"stopped by {stop.signal_name}" if stop.requested else f"reached --steps {args.steps}"
     log(f"[train] {why} after step {trainer.step()} ({progress['examples']} examples trained); {saved}; exiting 0")
-    if args.metrics_out:
+    if args.metrics_out and _LOG_RANK[0] == 0:
         with open(args.metrics_out, "w") as f:
             json.dump({"steps": trainer.step(), "timed_steps": steps, "seconds": seconds,
                        "examples_trained": progress["examples"], "stream": args.stream,
@@ -586,8 +607,13 @@ class HorovodRanks:
         """True while every rank still has a batch (--epochs: shares may end a batch apart)."""
         return bool(self.tdh.all_ranks(tf.constant(flag), name="ttf_have_batch").numpy())
 
-    def mean(self, value):
-        return self.tdh.mean_over_ranks(value, name="ttf_loss")
+    def global_loss(self, losses):
+        """The mean of the examples' losses over every rank's batch (a stream's batches differ in size)."""
+        return self.tdh.mean_over_examples(losses, name="ttf_loss")
+
+    def agree(self, flag):
+        """Rank 0's boolean, on every rank (a decision taken by one clock)."""
+        return bool(self.hvd.broadcast(tf.constant(flag), root_rank=0, name="ttf_agree").numpy())
 
     def gather(self, array, name):
         return self.tdh.gather_rows(array, name)
@@ -598,12 +624,14 @@ class HorovodRanks:
     def shape(self):
         return {"horovod_ranks": self.size, "compression": self.compression}
 
-    def save(self, manager, step, position):
+    def save(self, manager, step, position, stream=None):
         # Every rank writes its part of the tables, rank 0 the rest; none when rank 0 has saved
         # this step already (only its manager knows).
         saved = self.hvd.broadcast_object(manager.last_step == step if self.rank == 0 else None,
                                           name="ttf_save_done")
         self.tdh.gather_input_position(position)
+        if stream is not None:  # every rank's share of the stream into rank 0's checkpoint
+            self.tdh.gather_stream_position(stream)
         if not saved:
             self.tdh.save_checkpoint(manager, step)
 
@@ -666,13 +694,15 @@ def make_precision_policy(precision):
 
 def make_train_step(model, optimizer, policy, args, global_loss=None, finite_across=None, auc_window=None):
     """The one-process (or one Horovod rank's) training step: sigmoid cross-entropy on the
-    model's logits. global_loss (Horovod): the mean over the ranks, so every rank takes the
-    same precision decision; its gradient leaves each rank's own gradient as is.
+    model's logits. global_loss (Horovod): the examples' losses -> their mean over every rank's
+    batch (tdh.mean_over_examples: batches may differ in size, or be empty, on a stream), so
+    every rank takes the same precision decision and the averaged gradients are the global
+    batch's.
     finite_across (Horovod): every rank skips a step where any rank's gradient is not finite.
     auc_window (--logdir): a ttf.summary.RollingAUC that records each batch's predictions."""
     def loss_fn(labels, logits):
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        loss = loss if global_loss is None else global_loss(loss)
+        losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+        loss = tf.reduce_mean(losses) if global_loss is None else global_loss(losses)
         return loss if auc_window is None else with_recorded(auc_window, labels, logits, loss)
 
     return ttf.precision.make_train_step(ctr.Logits(model), loss_fn, optimizer, policy,
@@ -707,7 +737,7 @@ class Trainer:
         with scope:
             # --stream: read by this process (the chief of a PS job); its position variables live
             # where the job's variables do (made after connecting), checkpointed as stream_position.
-            self.stream = open_stream(args) if args.stream else None
+            self.stream = open_stream(args, self.horovod) if args.stream else None
             if self.stream is not None:  # an idle stream still publishes the rows its last steps trained
                 self.stream.on_idle = self.maybe_publish
             shard_devices = self.cluster.ps_devices() if self.cluster else None
@@ -747,7 +777,7 @@ class Trainer:
             else:
                 self.train_step = make_train_step(
                     self.model, self.optimizer, self.precision, args,
-                    global_loss=self.horovod.mean if self.horovod else None,
+                    global_loss=self.horovod.global_loss if self.horovod else None,
                     finite_across=self.horovod.tdh.all_ranks if self.horovod else None, auc_window=self.auc_window)
                 parts["train_step"] = self.train_step
             self.checkpoint = tf.train.Checkpoint(**parts)
@@ -765,6 +795,12 @@ class Trainer:
                     + f"; {self.position.examples_trained()} examples trained so far")
                 if self.stream:
                     log(f"[train] stream position: {self.stream.describe()}")
+            if self.stream:  # Horovod: each rank takes its share of the merged position
+                try:
+                    self.stream.adopt_share()
+                except ValueError as err:
+                    print(f"[train] error: {err}", file=sys.stderr, flush=True)
+                    raise SystemExit(2) from err
         if self.horovod:
             self.horovod.broadcast(self.model)  # rank 0's dense weights everywhere (same seed: already equal)
         self.low_steps = 0  # parameter-server job: steps run with the dense part in bf16
@@ -844,8 +880,9 @@ class Trainer:
         stops training."""
         if not self.args.publish_dir:
             return None
-        if getattr(self, "publisher", None) is None:
-            self.publisher = ttf.serving.Publisher(
+        if getattr(self, "publisher", None) is None:  # Horovod: every rank writes its own part
+            publisher = self.horovod.tdh.Publisher if self.horovod else ttf.serving.Publisher
+            self.publisher = publisher(
                 self.model, self.args.publish_dir, publish_every=self.args.publish_every,
                 dense_publish_every=self.args.dense_publish_every, rebase_every=self.args.rebase_every,
                 row_dtype=tf.float16 if self.args.export_rows == "fp16" else tf.float32)
@@ -1082,7 +1119,7 @@ class Trainer:
             log(f"[train] checkpoint at step {step}: saving ({'full' if self.manager.delta_plan() is None else 'delta'})")
         started = time.perf_counter()
         if self.horovod:  # every rank writes its part of the tables (a collective); rank 0 the rest
-            self.horovod.save(self.manager, step, self.position)
+            self.horovod.save(self.manager, step, self.position, self.stream)
         else:
             self.manager.save(step)
         if saving:

@@ -117,9 +117,63 @@ def test_folder_stream_shares_split_files(tmp_path):
     for share in range(2):
         stream = ttf.data.FolderStream(str(tmp_path), share=share, num_shares=2, poll_seconds=0.05)
         seen.append(stream.next_batch(1000).example_ids.tolist())  # every file of the share, then a poll
-    # Each file in exactly one share (file sequence numbers count per share: compare counts).
+    # Each file in exactly one share; ids unique over the shares: file number sequence * 2 + share.
     assert len(seen[0]) + len(seen[1]) == 200 and seen[0] and seen[1]
-    assert len(seen[0]) % 25 == 0
+    assert len(set(seen[0]) | set(seen[1])) == 200 and len(seen[0]) % 25 == 0
+    assert {i >> ID_SHIFT for i in seen[1]} <= {1, 3, 5, 7, 9, 11, 13, 15}
+
+
+def read_shares(streams, batch_size, limit):
+    """Round-robin over the shares (as ranks step together), committing, until `limit` ids
+    or every share stayed empty for 5 rounds; returns the ids."""
+    ids, idle = [], 0
+    while len(ids) < limit and idle < 5:
+        batches = [stream.next_batch(batch_size, block=False) for stream in streams]
+        idle = idle + 1 if all(b is None for b in batches) else 0
+        for stream, batch in zip(streams, batches):
+            batch = batch if batch is not None else stream.empty_batch()
+            stream.commit(batch)
+            ids += batch.example_ids.tolist()
+    return ids
+
+
+def merged_checkpoint(streams, path):
+    """What a Horovod job does before a save (tdh.gather_stream_position), then share 0 saves."""
+    states = [stream.share_state() for stream in streams]
+    for stream in streams:
+        stream.merge_shares(states)
+    return tf.train.Checkpoint(stream_position=streams[0]).save(path)
+
+
+def test_folder_shares_merge_into_one_checkpoint_and_resume_exactly(tmp_path):
+    """Two shares read, merge their positions, share 0 saves; two fresh shares restore that one
+    checkpoint, adopt their own parts and read the rest: every line once. The examples count
+    is the sum over the shares. Another number of shares is refused, naming both counts."""
+    incoming = tmp_path / "in"
+    incoming.mkdir()
+    lines = sample_lines()
+    for i in range(8):
+        drop(incoming, f"f{i}", lines[i * 25:(i + 1) * 25])
+    first = [ttf.data.FolderStream(str(incoming), share=s, num_shares=2, poll_seconds=0.05) for s in range(2)]
+    before = read_shares(first, 10, 60)
+    saved = merged_checkpoint(first, str(tmp_path / "c"))
+    assert int(first[1].examples.numpy()) == len(before)  # every share's count, on every share
+    read_shares(first, 10, 30)  # lost with the job
+    again = [ttf.data.FolderStream(str(incoming), share=s, num_shares=2, poll_seconds=0.05) for s in range(2)]
+    for stream in again:
+        tf.train.Checkpoint(stream_position=stream).restore(saved).assert_existing_objects_matched()
+        stream.adopt_share()
+    after = read_shares(again, 10, 1000)
+    assert sorted(before + after) == sorted(set(before + after)) and len(before + after) == 200
+    states = [stream.share_state() for stream in again]
+    assert sum(state["examples"] for state in states) == len(after)
+    one = ttf.data.FolderStream(str(incoming), poll_seconds=0.05)
+    tf.train.Checkpoint(stream_position=one).restore(saved)
+    with pytest.raises(ValueError, match=r"written by a job of 2 share\(s\) \(ranks\), this job reads it in 1: .*"
+                                         r"resume with 2 rank\(s\)"):
+        one.adopt_share()
+    with pytest.raises(ValueError, match="merge_shares needs the states of shares 0..1 in order"):
+        first[0].merge_shares([first[1].share_state(), first[0].share_state()])
 
 
 kafka_mock = pytest.importorskip("kafka_mock", reason="confluent-kafka is not installed")
@@ -169,6 +223,31 @@ def test_kafka_stream_resumes_exactly_and_splits_partitions(cluster, tmp_path):
         ids, _, _ = drain(stream, 100, 100)
         assert {i >> ID_SHIFT for i in ids} == {share, share + 2}
         stream.close()
+
+
+def test_kafka_shares_merge_into_one_checkpoint_that_resumes_in_any_number(cluster, tmp_path):
+    """Two shares read a 4-partition topic and merge their offsets; share 0's checkpoint
+    resumes in one share and in three: every message once."""
+    lines = sample_lines()
+    cluster.create_topic("clicks", 4)
+    kafka_mock.produce_lines(cluster.bootstrap, "clicks", lines, 4)
+    two = [ttf.data.KafkaStream(cluster.bootstrap, "clicks", share=s, num_shares=2, poll_seconds=0.2) for s in range(2)]
+    before = read_shares(two, 15, 60)
+    saved = merged_checkpoint(two, str(tmp_path / "c"))
+    for stream in two:
+        stream.close()
+    everything = sorted((i % 4 << ID_SHIFT) | (i // 4) for i in range(200))
+    for count in (1, 3):
+        streams = [ttf.data.KafkaStream(cluster.bootstrap, "clicks", share=s, num_shares=count, poll_seconds=0.2)
+                   for s in range(count)]
+        for stream in streams:
+            tf.train.Checkpoint(stream_position=stream).restore(saved).assert_existing_objects_matched()
+            stream.adopt_share()
+        assert int(streams[-1].examples.numpy()) == len(before)  # the checkpoint's count of both shares
+        after = read_shares(streams, 15, 1000)
+        assert sorted(before + after) == everything, count
+        for stream in streams:
+            stream.close()
 
 
 def test_kafka_stream_waits_through_a_broker_outage(cluster, capfd):

@@ -10,10 +10,13 @@ Restoring it resumes there: an example is trained once by the model state it end
 rolled-back model, which never saw them).
 
 Reading happens in the calling process (a Python loop; the parse is one op call per
-batch). In a parameter-server job the chief reads and ships each batch to a worker
-(docs/streams.md).
+batch). In a parameter-server job the chief reads and ships each batch to a worker; in a
+Horovod job each rank reads its own share (`share`, `num_shares`), and before a checkpoint
+the shares' positions are merged into every rank's variables (`share_state`,
+`merge_shares`, `adopt_share`; ttf.distribute.horovod does it) (docs/streams.md).
 """
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -75,6 +78,7 @@ class StreamSource(tf.Module):
         self._last_progress = (time.monotonic(), None)
         self._last_event_time = None
         self._block = True
+        self._merged_examples = 0  # `examples` as the shares last agreed it (merge_shares, adopt_share)
         # Called (no arguments) at every poll while a blocking next_batch finds nothing to read:
         # a job publishes its last trained rows while the stream is idle (models/train.py sets it).
         self.on_idle = None
@@ -110,9 +114,47 @@ class StreamSource(tf.Module):
 
     def commit(self, batch):
         """Records that `batch` was trained: the position moves past it (call after the update)."""
+        if batch.position is None:  # empty_batch: nothing was read
+            return
         self._assign(batch.position)
         self.examples.assign_add(int(tf.size(batch.labels)))
         self._last_event_time = batch.event_time
+
+    def empty_batch(self):
+        """A batch of no examples, for a share that had nothing to read while the others had
+        (a synchronous job's rank still takes the step); committing it changes nothing."""
+        return StreamBatch(zero_features(self.schema, rows=0), tf.zeros([0], tf.float32), np.zeros([0], np.int64),
+                           None, 0.0)
+
+    # -- shares: several processes read one stream, one share each; a checkpoint holds them all
+
+    def share_state(self):
+        """This share's committed position and the examples it trained since the shares last
+        agreed (JSON-able): what merge_shares needs from every share."""
+        return {"share": self.share, "num_shares": self.num_shares, "position": self._share_position(),
+                "examples": int(self.examples.numpy()) - self._merged_examples}
+
+    def merge_shares(self, states):
+        """Every share's share_state, in share order -> this source's variables hold the
+        position of the whole stream and the examples every share trained, so a checkpoint
+        written from any one share resumes them all (call it on every share before a save)."""
+        if [s["share"] for s in states] != list(range(self.num_shares)):
+            raise ValueError(f"merge_shares needs the states of shares 0..{self.num_shares - 1} in order, got shares "
+                             f"{[s['share'] for s in states]}")
+        self._merge_positions([s["position"] for s in states])
+        self._merged_examples += sum(s["examples"] for s in states)
+        self.examples.assign(self._merged_examples)
+
+    def adopt_share(self):
+        """After restoring a checkpoint (every share restores the same one, written by one of
+        them after merge_shares): this share takes its own part of the merged position.
+
+        Raises:
+          ValueError: the checkpoint's position cannot be split into this many shares (a
+            folder read by another number of shares; see FolderStream)."""
+        self._adopt()
+        self._merged_examples = int(self.examples.numpy())
+        self._rewind()
 
     def rewind(self):
         """Drops what was read past the committed position: the next batch starts at the
@@ -172,8 +214,13 @@ class FolderStream(StreamSource):
     text of the schema (no gzip); a header line is skipped when the schema has one.
 
     Position (checkpointed): the file being read, the byte offset and 1-based number of its
-    next line, and the file's sequence number (0 for the first file read). Example id:
-    `sequence << ID_SHIFT | line number`.
+    next line, and the file's sequence number among this share's files (0 for the first file
+    read). Example id: `(sequence * num_shares + share) << ID_SHIFT | line number` (one share:
+    `sequence << ID_SHIFT | line`), unique over the shares. With several shares, merge_shares
+    also records every share's position (`share_positions`, JSON), and a checkpoint resumes
+    only with the same number of shares (a file's share is its name's crc32 % num_shares, so
+    another count would move files that are half read between shares); a Kafka stream
+    resumes in any number.
 
     Args:
       directory: the folder.
@@ -195,6 +242,7 @@ class FolderStream(StreamSource):
         self.offset = tf.Variable(0, dtype=tf.int64, trainable=False, name="offset")
         self.line = tf.Variable(1, dtype=tf.int64, trainable=False, name="line")
         self.sequence = tf.Variable(-1, dtype=tf.int64, trainable=False, name="sequence")
+        self.share_positions = tf.Variable("", trainable=False, name="share_positions")  # JSON: merge_shares
         self._reading = None  # (name, offset, line, sequence) read ahead of the committed position
         self._listed = None  # names seen by the last listing (None: not listed yet)
 
@@ -225,6 +273,28 @@ class FolderStream(StreamSource):
         self.line.assign(line)
         self.sequence.assign(sequence)
 
+    def _share_position(self):
+        return list(self._committed())
+
+    def _merge_positions(self, positions):
+        self.share_positions.assign(json.dumps({"num_shares": self.num_shares, "positions": positions}))
+
+    def _adopt(self):
+        saved = self.share_positions.numpy().decode()
+        if saved:
+            merged = json.loads(saved)
+            shares = merged["num_shares"]
+        else:  # written by one process, or before any merge
+            merged, shares = None, 1
+        started = self._committed()[0] != ""
+        if shares != self.num_shares and (started or merged is not None):
+            raise ValueError(
+                f"the checkpoint's folder stream position ({self.directory}) was written by a job of {shares} "
+                f"share(s) (ranks), this job reads it in {self.num_shares}: a folder's files are split over the "
+                f"shares by name, so resume with {shares} rank(s) (a Kafka stream resumes in any number)")
+        if merged is not None:
+            self._assign(merged["positions"][self.share])
+
     def _read(self, batch_size):
         name, offset, line, sequence = self._reading or self._committed()
         lines, ids, wheres, numbers, event_time = [], [], [], [], 0.0
@@ -246,7 +316,7 @@ class FolderStream(StreamSource):
                             continue
                         if text:
                             lines.append(text)
-                            ids.append((sequence << ID_SHIFT) | line)
+                            ids.append(((sequence * self.num_shares + self.share) << ID_SHIFT) | line)
                             wheres.append(path)
                             numbers.append(line)
                         line += 1
@@ -371,6 +441,20 @@ class KafkaStream(StreamSource):
 
     def _assign(self, position):
         self.offsets.assign(position)
+
+    def _share_position(self):
+        committed = self._committed()
+        return {str(p): int(committed[p]) for p in self._mine}
+
+    def _merge_positions(self, positions):
+        merged = self._committed()
+        for position in positions:
+            for p, offset in position.items():
+                merged[int(p)] = offset
+        self.offsets.assign(merged)
+
+    def _adopt(self):
+        pass  # the offsets of every partition: any number of shares takes its partitions from them
 
     def _rewind(self):
         self._next = None  # _ensure_assigned seeks every partition back to the committed offsets

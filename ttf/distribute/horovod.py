@@ -66,7 +66,9 @@ except ImportError as err:  # pragma: no cover (depends on the environment)
     ) from err
 
 from ttf._ops import ops
+from ttf.data import open_stream as _open_stream
 from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
+from ttf.serving import Publisher as _Publisher
 
 COMPRESSIONS = ("none", "fp16", "bf16")
 _WIRE_DTYPES = {"none": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
@@ -589,7 +591,8 @@ def export_for_serving(model, base, **kwargs):
     mine, local = [], {"error": None, "layouts": [], "base": os.path.abspath(os.fspath(base))}
     try:
         for layer in layers:
-            shard, step = HashedShard.of_table(layer.tables[0], layer.dim, row_dtype, f"shard_{rank}")
+            shard, step = HashedShard.of_table(layer.tables[0], layer.dim, row_dtype, f"shard_{rank}",
+                                               publish_record=kwargs.get("publish_record", False))
             mine.append(shard)
             local["layouts"].append(dict(shard.layout, step=step))
     except Exception as err:  # noqa: BLE001 (every rank must reach the gather below, then all raise)
@@ -635,6 +638,55 @@ def export_for_serving(model, base, **kwargs):
     with collective("export_for_serving", SAVE_TIMEOUT_SECONDS):
         hvd.broadcast_object(outcome, root_rank=0, name="ttf_export_done")
     return outcome["path"]
+
+
+class Publisher(_Publisher):
+    """ttf.serving.Publisher for a model sharded over the Horovod ranks: create it and call
+    maybe_publish() / publish() on every rank, in the same steps (each call is a collective).
+    Rank 0's clock decides when a delta, a base or the dense part is due. A base is
+    export_for_serving's (each rank writes its own shards); a delta is one folder in which
+    each rank writes its own table parts (no rank holds another's rows), then rank 0, once
+    every rank's parts are written and fsynced, writes the dense part and the manifest and
+    renames the folder into place. A write failing on any rank pauses publishing on every
+    rank (one line on each; training goes on) until a later call succeeds.
+
+    Args: as ttf.serving.Publisher (the same `base` on every rank, on a filesystem they can
+    all write: one host, or a shared one)."""
+
+    def __init__(self, model, base, **kwargs):
+        super().__init__(model, base, **kwargs)
+        self._rank = hvd.rank()
+        self._writes_shared = self._rank == 0
+
+    def _agree(self, value):
+        with collective("Publisher"):
+            if isinstance(value, bool):  # maybe_publish's check runs every step: a one-number broadcast
+                return bool(hvd.broadcast(tf.constant(value), root_rank=0, name="ttf_publish_flag").numpy())
+            return hvd.broadcast_object(value, root_rank=0, name="ttf_publish_agree")
+
+    def _gather(self, written):
+        with collective("Publisher", SAVE_TIMEOUT_SECONDS):
+            every = hvd.allgather_object(written, name="ttf_publish_parts")
+        for rank, report in enumerate(every):
+            if report["error"]:
+                report["error"] = f"rank {rank}: {report['error']}"
+        return every
+
+    def _shards(self):
+        return [(layer, self._rank, layer.tables[0]) for layer in self.layers]
+
+    def _export_base(self):
+        try:
+            path = export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True)
+        except RuntimeError as err:  # a failed write on some rank: every rank pauses publishing
+            raise OSError(str(err)) from err
+        if path is not None:
+            with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
+                told = (int(os.path.basename(path)), json.load(f)["exported_steps"])
+        else:
+            told = None
+        with collective("Publisher"):
+            return hvd.broadcast_object(told, root_rank=0, name="ttf_publish_base")
 
 
 def _error_text(err):
@@ -782,6 +834,82 @@ def gather_input_position(position):
     position.assign(states, examples)
 
 
+def open_stream(spec, **kwargs):
+    """ttf.data.open_stream for this rank: its share of the stream (a Kafka topic's partitions
+    p with p % size == rank; a folder's files by crc32 of the name % size). kwargs go to
+    ttf.data.open_stream (schema, strict, poll_seconds, kafka_config)."""
+    return _open_stream(spec, share=hvd.rank(), num_shares=hvd.size(), **kwargs)
+
+
+def stream_batches(stream, batch_size, stop=None, max_steps=None):
+    """ttf.data.stream_batches for a Horovod job: every rank reads its own share (open_stream)
+    and the ranks take each step together. Each round every rank reads what its share has
+    (waiting at most one poll interval), then one small allgather tells every rank what the
+    others got: a step runs when any rank has examples (a rank with none steps on
+    stream.empty_batch(); weight the loss by examples: mean_over_examples), nothing runs while
+    every share is empty (each rank calls stream.on_idle, e.g. a publish), and every rank stops
+    when any rank's `stop.requested` is set (a signal reaches one rank) or after max_steps.
+    Commit each batch after its update, on every rank."""
+    taken = 0
+    while max_steps is None or taken < max_steps:
+        stopping = stop is not None and stop.requested
+        batch = None if stopping else stream.next_batch(batch_size, block=False)
+        stopping = stopping or (stop is not None and stop.requested)
+        rows = 0 if batch is None else int(tf.size(batch.labels))
+        flags = hvd.allgather(tf.constant([[rows, int(stopping)]], tf.int64), name="ttf_stream_round").numpy()
+        if flags[:, 1].any():
+            if stop is not None and not stop.requested:
+                stop.request(f"rank {int(flags[:, 1].argmax())}'s stop")
+            stream.rewind()  # a batch read but not trained is read again after a restart
+            return
+        if not flags[:, 0].any():
+            if stream.on_idle is not None:  # every rank here in the same round: a collective may run
+                stream.on_idle()
+            continue
+        taken += 1
+        yield batch if batch is not None else stream.empty_batch()
+
+
+def gather_stream_position(stream):
+    """Every rank's share of a stream position into every rank's copy (stream.merge_shares):
+    a collective of small numbers; call it on every rank before rank 0 saves a checkpoint.
+    After a restore, call stream.adopt_share() on every rank."""
+    with collective("gather_stream_position"):
+        states = hvd.allgather_object(stream.share_state(), name="ttf_stream_position")
+    stream.merge_shares(states)
+
+
+def stream_progress(stream):
+    """stream.update_progress() over every rank's share (a collective): examples trained (every
+    share), examples/s and messages or bytes waiting (summed), lag in seconds (the largest),
+    waiting (every share). Returns (progress, newest event time over the ranks or None)."""
+    local = stream.update_progress()
+    mine = dict(local, since=local["examples"] - stream._merged_examples,  # pylint: disable=protected-access
+                event_time=stream.last_event_time)
+    with collective("stream_progress"):
+        every = hvd.allgather_object(mine, name="ttf_stream_progress")
+    merged = dict(local)
+    merged["examples"] = stream._merged_examples + sum(e["since"] for e in every)  # pylint: disable=protected-access
+    merged["examples_per_sec"] = sum(e["examples_per_sec"] for e in every)
+    merged["lag_seconds"] = max(e["lag_seconds"] for e in every)
+    for field in ("lag_messages", "lag_bytes"):  # -1: unknown on some share
+        merged[field] = -1 if any(e[field] < 0 for e in every) else sum(e[field] for e in every)
+    merged["waiting"] = all(e["waiting"] for e in every)
+    times = [e["event_time"] for e in every if e["event_time"] is not None]
+    return merged, max(times) if times else None
+
+
+def mean_over_examples(values, name="ttf_mean_examples"):
+    """The mean of per-example values (e.g. each example's loss) over every rank's examples,
+    for batches that differ in size between the ranks (a stream's, or a last partial one),
+    even empty. Each rank returns sum(own) x size / (examples on every rank), averaged over
+    the ranks: the value is the global mean, and the gradient of each rank's term, averaged
+    by the DistributedOptimizer, is the gradient of the global mean."""
+    total = hvd.allreduce(tf.cast(tf.size(values), tf.float32), op=hvd.Sum, name=f"{name}_count")
+    local = tf.reduce_sum(values) * float(hvd.size()) / tf.maximum(total, 1.0)
+    return hvd.allreduce(local, op=hvd.Average, name=name)
+
+
 def gather_rows(array, name):
     """Concatenates a NumPy array's rows over the ranks (rank order), e.g. eval predictions."""
     return hvd.allgather(tf.convert_to_tensor(array), name=name).numpy()
@@ -815,6 +943,7 @@ def check_same_config(config, what="flags"):
         raise ValueError(f"the ranks were started with different {what}: " + "; ".join(diffs))
 
 
-__all__ = ["COMPRESSIONS", "SAVE_TIMEOUT_SECONDS", "SHUTDOWN_WAIT_SECONDS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
+__all__ = ["Publisher", "gather_stream_position", "mean_over_examples", "open_stream", "stream_batches",
+           "stream_progress", "COMPRESSIONS", "SAVE_TIMEOUT_SECONDS", "SHUTDOWN_WAIT_SECONDS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
            "all_ranks", "check_same_config", "gather_rows", "mean_over_ranks", "rank_slice", "save_checkpoint", "shard_tables", "table_size",
            "ttf_layers", "wire_bytes"]

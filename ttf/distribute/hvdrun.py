@@ -25,6 +25,10 @@ import sys
 import threading
 import time
 
+# Seconds the ranks get to finish after a SIGTERM to this launcher (a --stream job publishes and
+# checkpoints), before SIGKILL; after another rank failed, 10.
+STOP_GRACE_SECONDS = 300
+
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
@@ -151,7 +155,14 @@ def main(argv=None):
             if proc.poll() is None:
                 proc.terminate()
 
-    signal.signal(signal.SIGTERM, lambda *_: (stop_all(), sys.exit(143)))
+    signalled = []
+
+    def on_sigterm(*_):  # a user's stop: a stream job's ranks publish and checkpoint first (STOP_GRACE_SECONDS)
+        signalled.append(True)
+        stop_all()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     failed = None
     try:
         while any(p.poll() is None for p in ranks.values()):
@@ -168,7 +179,7 @@ def main(argv=None):
         stop_all()
         return 130
     finally:
-        deadline = time.time() + 10
+        deadline = time.time() + (STOP_GRACE_SECONDS if signalled else 10)
         for proc in ranks.values():
             try:
                 proc.wait(max(deadline - time.time(), 0.1))

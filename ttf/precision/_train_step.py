@@ -283,6 +283,28 @@ class PrecisionTrainStep(tf.Module):
     def trace_counts(self):
         return dict(self._trace_counts.counts)
 
+    def trace_for_any_batch_size(self, features, labels, sample_weight=None):
+        """Traces the step once for batches of any size (the first dimension of every input
+        None), so batches of varying sizes never make it trace again. Data-parallel replicas
+        (Horovod ranks, whose batches vary apart on a stream) need it: a trace holds the
+        collectives by name, and replicas running different traces wait for each other for
+        ever. The arguments are one batch (any size), for the structure and dtypes."""
+        if not self._optimizer_built:
+            _build_optimizer(self._optimizer, self._trainable_variables())
+            self._optimizer_built = True
+
+        def any_size(value):
+            if value is None:
+                return None
+            if isinstance(value, tf.RaggedTensor):
+                return tf.RaggedTensorSpec([None, *value.shape[1:]], value.dtype, value.ragged_rank,
+                                           value.row_splits.dtype)
+            value = tf.convert_to_tensor(value)
+            return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
+
+        self._function.get_concrete_function(tf.nest.map_structure(any_size, features), any_size(labels),
+                                             any_size(sample_weight))
+
     def __call__(self, features, labels, sample_weight=None):
         """Runs one step. Returns {"loss", "low_precision", "skipped"} as scalar tensors.
 

@@ -169,8 +169,6 @@ class HashedTable(tf.Module):
         self.shards = []
         steps = []
         sharding = getattr(layer, "sharding", None)
-        if sharding is not None and publish_record:
-            raise ValueError("ttf.serving.Publisher does not publish tables sharded over Horovod ranks yet")
         if sharding is not None and rank_shards is None:
             raise ValueError(f"{layer.name} is sharded over {sharding.size} Horovod ranks, each holding its own rows: "
                              "export it with ttf.distribute.horovod.export_for_serving(model, base) on every rank")

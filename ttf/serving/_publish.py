@@ -84,8 +84,8 @@ class Publisher:
       clock: the time source (seconds), for tests.
 
     Raises:
-      ValueError: no ttf table in the model, a table sharded over Horovod ranks, or a bad
-        argument.
+      ValueError: no ttf table in the model, a table sharded over Horovod ranks (use
+        ttf.distribute.horovod.Publisher), or a bad argument.
 
     Example:
       >>> import ttf, tensorflow as tf, tempfile
@@ -114,9 +114,9 @@ class Publisher:
         if not self.layers:
             raise ValueError(f"Publisher: {model.name} holds no ttf table: nothing to publish (use "
                              "ttf.export_for_serving for a model without tables)")
-        if any(getattr(layer, "sharding", None) is not None for layer in self.layers):
-            raise ValueError("Publisher: tables sharded over Horovod ranks are not published yet (each rank would "
-                             "write its own part); publish from a one-process or parameter-server job")
+        if type(self) is Publisher and any(getattr(layer, "sharding", None) is not None for layer in self.layers):
+            raise ValueError("Publisher: the tables are sharded over Horovod ranks: publish with "
+                             "ttf.distribute.horovod.Publisher on every rank (each rank writes its own part)")
         self.model, self.base = model, os.fspath(base)
         self.publish_every, self.dense_publish_every, self.rebase_every = publish_every, dense_publish_every, rebase_every
         self.row_dtype, self.keep_versions, self.clock = row_dtype, keep_versions, clock
@@ -135,7 +135,8 @@ class Publisher:
         (version, sequence) when something was published, else None. Never raises for a
         failed write: it prints one line and retries at the next interval."""
         now = self.clock()
-        if not self._need_base and self._last_publish is not None and now - self._last_publish < self.publish_every:
+        due = self._need_base or self._last_publish is None or now - self._last_publish >= self.publish_every
+        if not self._agree(due):
             return None
         return self.publish()
 
@@ -145,10 +146,10 @@ class Publisher:
         now = self.clock()
         self._last_publish = now
         try:
-            if self._need_base or now - self._last_base >= self.rebase_every:
+            if self._agree(self._need_base or now - self._last_base >= self.rebase_every):
                 self.publish_base()
             else:
-                self.publish_delta(dense=now - self._last_dense >= self.dense_publish_every)
+                self.publish_delta(dense=self._agree(now - self._last_dense >= self.dense_publish_every))
         except (OSError, tf.errors.OpError) as error:
             cause = getattr(error, "message", None) or str(error)
             if self.paused is None:
@@ -168,17 +169,16 @@ class Publisher:
         """Writes a new base version (every table shard's "publish" record of deleted keys
         restarts in that snapshot); deltas then start again at sequence 1."""
         self._need_base = True  # until the base is whole: the records were reset by the export
-        path = export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True)
-        with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
-            steps = json.load(f)["exported_steps"]
+        version, steps = self._export_base()
         # Updates racing the snapshot at table step t may still stamp t: start the deltas at t - 1.
-        self._since = {(layer.name, i): step - 1 for layer in self.layers for i, step in enumerate(steps[layer.name])}
+        self._since = {(layer.name, shard): steps[layer.name][shard] - 1 for layer, shard, _ in self._shards()}
         self._pending_deleted = {}
-        self.version, self.sequence = int(os.path.basename(path)), 0
+        self.version, self.sequence = version, 0
         self._need_base = False
         now = self.clock()
         self._last_base = self._last_dense = now
-        self._remove_old_versions()
+        if self._writes_shared:
+            self._remove_old_versions()
         return self.version
 
     def publish_delta(self, dense=False):
@@ -189,14 +189,23 @@ class Publisher:
             raise ValueError("Publisher.publish_delta: no base version yet; call publish() first")
         sequence = self.sequence + 1
         folder = os.path.join(self.base, DELTAS, str(self.version))
-        temporary = os.path.join(folder, f".tmp-{sequence}-{os.getpid()}")
-        shutil.rmtree(temporary, ignore_errors=True)
-        os.makedirs(temporary)
+        temporary = os.path.join(folder, f".tmp-{sequence}-{self._agree(os.getpid())}")
+        made = True
+        if self._writes_shared:
+            shutil.rmtree(temporary, ignore_errors=True)
+            try:
+                os.makedirs(temporary)
+            except OSError as error:
+                made = str(error)
+        made = self._agree(made)  # the folder exists before any process writes its parts into it
+        if made is not True:
+            raise OSError(made)
         try:
-            parts, since = [], {}
-            for layer in self.layers:
-                for i, table in enumerate(layer.tables):
-                    key = (layer.name, i)
+            written = {"error": None, "parts": [], "dense": None}
+            since = {}
+            try:
+                for layer, shard, table in self._shards():
+                    key = (layer.name, shard)
                     with tf.device(table._resource_device):  # pylint: disable=protected-access
                         exported = table.export(since_step=self._since[key], reset_deleted=True, record="publish")
                         deleted = exported["deleted_keys"]
@@ -205,26 +214,65 @@ class Publisher:
                         self._pending_deleted[key] = deleted
                         rows = tf.cast(exported["values"][:, : layer.dim], self.row_dtype)
                         since[key] = int(exported["step"]) - 1
-                        parts += self._write_shard(temporary, layer, i, exported["keys"], rows, deleted)
-            dense_part = self._write_dense(temporary) if dense else None
-            manifest = {"format": FORMAT, "base_version": self.version, "sequence": sequence,
-                        "row_dtype": self.row_dtype.name, "published_at": time.time(),
-                        "tables": [layer.name for layer in self.layers], "parts": parts, "dense": dense_part}
-            with open(os.path.join(temporary, MANIFEST), "w") as f:
-                json.dump(manifest, f)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_path(temporary)
-            os.rename(temporary, delta_folder(self.base, self.version, sequence))  # whole, or not there
-            fsync_path(folder)
+                        written["parts"] += self._write_shard(temporary, layer, shard, exported["keys"], rows, deleted)
+                if dense and self._writes_shared:
+                    written["dense"] = self._write_dense(temporary)
+            except (OSError, tf.errors.OpError) as error:
+                written["error"] = (getattr(error, "message", None) or str(error)).splitlines()[0]
+            every = self._gather(written)
+            failed = "; ".join(w["error"] for w in every if w["error"])
+            if failed:
+                raise OSError(failed)
+            outcome = None
+            if self._writes_shared:
+                try:
+                    manifest = {"format": FORMAT, "base_version": self.version, "sequence": sequence,
+                                "row_dtype": self.row_dtype.name, "published_at": time.time(),
+                                "tables": [layer.name for layer in self.layers],
+                                "parts": [part for w in every for part in w["parts"]], "dense": written["dense"]}
+                    with open(os.path.join(temporary, MANIFEST), "w") as f:
+                        json.dump(manifest, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    fsync_path(temporary)
+                    os.rename(temporary, delta_folder(self.base, self.version, sequence))  # whole, or not there
+                    fsync_path(folder)
+                except OSError as error:
+                    outcome = str(error)
+            outcome = self._agree(outcome)
+            if outcome is not None:
+                raise OSError(outcome)
         finally:
-            shutil.rmtree(temporary, ignore_errors=True)
+            if self._writes_shared:
+                shutil.rmtree(temporary, ignore_errors=True)
         self._since.update(since)
         self._pending_deleted = {}
         self.sequence = sequence
         if dense:
             self._last_dense = self.clock()
         return sequence
+
+    # -- what differs in a job of several publishing processes (ttf.distribute.horovod.Publisher)
+
+    _writes_shared = True  # this process writes the manifest, the dense part and removes old versions
+
+    def _agree(self, value):
+        """The value every publishing process acts on (here: this process's own)."""
+        return value
+
+    def _gather(self, written):
+        """Every publishing process's `written` report of a delta (here: this process's)."""
+        return [written]
+
+    def _shards(self):
+        """(layer, shard number, table) of every table shard this process publishes."""
+        return [(layer, shard, table) for layer in self.layers for shard, table in enumerate(layer.tables)]
+
+    def _export_base(self):
+        """Writes the next base version; returns (version, {table name: [table step of each shard]})."""
+        path = export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True)
+        with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
+            return int(os.path.basename(path)), json.load(f)["exported_steps"]
 
     def _write_shard(self, folder, layer, shard, keys, rows, deleted):
         """Writes one shard's rows in pieces of at most PIECE_BYTES, on the current device
