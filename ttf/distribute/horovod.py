@@ -859,7 +859,7 @@ def stream_batches(stream, batch_size, stop=None, max_steps=None):
         flags = hvd.allgather(tf.constant([[rows, int(stopping)]], tf.int64), name="ttf_stream_round").numpy()
         if flags[:, 1].any():
             if stop is not None and not stop.requested:
-                stop.request(f"rank {int(flags[:, 1].argmax())}'s stop")
+                stop.request(f"a stop on rank {int(flags[:, 1].argmax())}")
             stream.rewind()  # a batch read but not trained is read again after a restart
             return
         if not flags[:, 0].any():
