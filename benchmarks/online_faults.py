@@ -13,6 +13,8 @@ random moment (--kill-after seconds after the job has trained again), one proces
             the whole job is started again
   worker    worker 1 (--job cluster): started again alone, with the same command line; the
             chief's coordinator re-connects it and the job goes on
+  rank      one of the 2 Horovod ranks (--job hvd, at random): horovodrun stops the other and
+            start_all.sh exits 1; the job is started again and resumes from its checkpoint
   follower  the follower: started again, it loads the newest base and applies its deltas
 
 Data keeps arriving while a process is down. After the last kill the producer stops, the job
@@ -32,6 +34,7 @@ Examples:
   python benchmarks/online_faults.py --kills 20                                # the trainer, one process
   python benchmarks/online_faults.py --kills 6 --victims trainer follower
   python benchmarks/online_faults.py --job cluster --kills 6 --victims ps worker trainer
+  TTF_TF=2.16 .venv-tf2.16/bin/python benchmarks/online_faults.py --job hvd --kills 10 --victims rank follower
 Exit codes: 0 every check passed, 1 a check failed (printed), 2 bad usage.
 """
 import argparse
@@ -45,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -94,11 +98,14 @@ print(json.dumps({"version": follower.version, "sequence": follower.sequence, "r
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--job", choices=["single", "cluster"], default="single",
+    p.add_argument("--job", choices=["single", "cluster", "hvd"], default="single",
                    help="single: one models/train.py process; cluster: start_all.sh's local PS cluster (1 ps, "
-                        "2 workers, the chief reading the stream) (default single)")
+                        "2 workers, the chief reading the stream); hvd: start_all.sh --hvd, 2 Horovod ranks each "
+                        "reading its share of the folder (run it with TTF_TF=2.16, where horovod builds) "
+                        "(default single)")
     p.add_argument("--kills", type=int, default=20, help="SIGKILLs in the sweep (default 20)")
-    p.add_argument("--victims", nargs="+", choices=["trainer", "ps", "worker", "follower"], default=["trainer"],
+    p.add_argument("--victims", nargs="+", choices=["trainer", "ps", "worker", "rank", "follower"],
+                   default=["trainer"],
                    help="processes to kill, each kill picks one at random (default trainer)")
     p.add_argument("--in-order", action="store_true",
                    help="kill the --victims in the order given (cycling) instead of at random (the test uses it)")
@@ -117,8 +124,10 @@ def parse_args(argv):
                                                    "folder, removed when every check passed)")
     p.add_argument("--out", default=None, help="write the summary as JSON here")
     args = p.parse_args(argv)
-    if args.job == "single" and {"ps", "worker"} & set(args.victims):
+    if args.job != "cluster" and {"ps", "worker"} & set(args.victims):
         p.error("--victims ps and worker need --job cluster")
+    if (args.job == "hvd") != ("rank" in args.victims) or (args.job == "hvd" and "trainer" in args.victims):
+        p.error("--job hvd kills a rank (--victims rank, and follower); --victims rank needs --job hvd")
     for name in ("kills", "rows_per_file", "batch_size", "checkpoint_every"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0")
@@ -197,7 +206,8 @@ class Job:
             self.command = [sys.executable, os.path.join(ROOT, "models", "train.py"), "--tiacc", "--model", "fm",
                             *stream, *flags]
         else:
-            self.command = [os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", "--no-isolation", *stream,
+            hvd = ["--hvd"] if args.job == "hvd" else []
+            self.command = [os.path.join(ROOT, "start_all.sh"), *hvd, "--tiacc", "--fm", "--no-isolation", *stream,
                             "--", *flags]
 
     def start(self):
@@ -214,10 +224,14 @@ class Job:
         """The pid of `victim` (trainer, ps, worker) in this job."""
         if self.args.job == "single":
             return self.proc.pid
-        needle = {"trainer": "models/train.py", "ps": "--job ps --index 0", "worker": "--job worker --index 1"}[victim]
-        found = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f", "--", needle], capture_output=True,
-                               text=True).stdout.split()
-        return int(found[0]) if found else None
+        needle = {"trainer": "models/train.py", "rank": "models/train.py", "ps": "--job ps --index 0",
+                  "worker": "--job worker --index 1"}[victim]
+        found = [int(pid) for pid in subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f", "--", needle],
+                                                    capture_output=True, text=True).stdout.split()]
+        if victim == "rank":  # the ranks themselves, not the shells horovodrun starts them in
+            found = [pid for pid in found if open(f"/proc/{pid}/comm", encoding="utf-8").read().startswith("python")]
+            return random.choice(found) if found else None
+        return found[0] if found else None
 
     def wait_exit(self, timeout):
         try:
@@ -252,17 +266,29 @@ def wait_for(condition, what, timeout):
         time.sleep(0.2)
 
 
-def example_keys(incoming, files, rows_per_file):
+def file_numbers(files, shares):
+    """The id's file number of each file produced (ttf.data.FolderStream): with several shares
+    (Horovod ranks), file f goes to share crc32(name) % shares, and is that share's n-th file:
+    number n x shares + share."""
+    numbers, counts = [], [0] * shares
+    for sequence in range(files):
+        share = zlib.crc32(f"part-{sequence:06d}".encode()) % shares
+        numbers.append(counts[share] * shares + share)
+        counts[share] += 1
+    return numbers
+
+
+def example_keys(incoming, files, rows_per_file, shares):
     """{example id: the key of its C1 value} over the files produced (parsed as the job parses them)."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     import ttf  # pylint: disable=import-outside-toplevel
     ids, keys = [], []
-    for sequence in range(files):
+    for sequence, number in enumerate(file_numbers(files, shares)):
         with open(os.path.join(incoming, f"part-{sequence:06d}"), encoding="utf-8") as f:
             lines = f.read().splitlines()
         features, _, _ = ttf.data.parse_lines(lines, "part", np.arange(1, len(lines) + 1))
         keys.extend(features["ids"][:, 0].numpy().tolist())
-        ids.extend((sequence << ID_SHIFT) | n for n in range(1, len(lines) + 1))
+        ids.extend((number << ID_SHIFT) | n for n in range(1, len(lines) + 1))
     return dict(zip(ids, keys))
 
 
@@ -337,7 +363,9 @@ def sweep(args):
                   f"({time.time() - started:.0f} s)", flush=True)
         producer.done.set()
         producer.join()
-        expected_ids = [(f << ID_SHIFT) | n for f in range(producer.files) for n in range(1, args.rows_per_file + 1)]
+        shares = 2 if args.job == "hvd" else 1
+        expected_ids = [(f << ID_SHIFT) | n for f in file_numbers(producer.files, shares)
+                        for n in range(1, args.rows_per_file + 1)]
         trained_before = -1
         while len(replay(journal)) < len(expected_ids) and job.proc.poll() is None:  # catch up, while it moves
             trained_before = len(replay(journal))
@@ -359,7 +387,7 @@ def sweep(args):
         served = json.loads(out.strip().splitlines()[-1])
         trained = replay(journal)
         counts = checkpoint_counts(checkpoint)
-        keys = example_keys(incoming, producer.files, args.rows_per_file)
+        keys = example_keys(incoming, producer.files, args.rows_per_file, shares)
         per_example = [counts.get(keys[i], 0) for i in expected_ids]
         seen = {}
         for i in trained:

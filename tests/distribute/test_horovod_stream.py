@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 import ttf
@@ -54,6 +53,7 @@ def job(tmp_path, run, stream, ranks, extra=()):
 
 def ranks_of(proc):
     """The train.py processes below horovodrun (its ranks), or [proc] for a plain process."""
+    import psutil  # noqa: PLC0415 (a horovod dependency: installed where these tests run, not everywhere)
     if os.path.basename(proc.args[0]) != "horovodrun":
         return [psutil.Process(proc.pid)]
     return [p for p in psutil.Process(proc.pid).children(recursive=True)
