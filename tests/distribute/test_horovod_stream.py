@@ -175,22 +175,20 @@ def test_kafka_stream_on_two_ranks_kill_9_then_one_process_exactly_once(horovod,
         cluster.close()
 
 
-def test_folder_stream_on_two_ranks_resumes_exactly_and_refuses_another_rank_count(horovod, tmp_path):
+def test_folder_stream_on_two_ranks_stops_together_and_refuses_another_rank_count(horovod, tmp_path):
     """2 ranks read a folder (files by name over the ranks; one rank's share runs dry first and
-    it steps on empty batches); SIGTERM to one rank stops both with a checkpoint; more files
-    arrive; 2 ranks resume exactly. Then one process is refused, naming both counts."""
+    it steps on empty batches until the other's does too); SIGTERM to one rank stops both at
+    one step, with a checkpoint holding both shares' positions. One process is then refused,
+    naming both counts. (Resuming each share exactly from the merged position: the quick
+    tests/data/test_streams.py::test_folder_shares_merge_into_one_checkpoint_and_resume_exactly.)"""
     incoming = tmp_path / "in"
     incoming.mkdir()
-    ttf.data.write_synthetic_criteo(str(tmp_path / "rows.tsv"), 2400, seed=5)
+    ttf.data.write_synthetic_criteo(str(tmp_path / "rows.tsv"), 1500, seed=5)
     lines = (tmp_path / "rows.tsv").read_text().splitlines()
-
-    def drop(index):
+    for index in range(5):
         tmp = incoming / f".part-{index:03d}"
         tmp.write_text("".join(line + "\n" for line in lines[index * 300:(index + 1) * 300]))
         tmp.rename(incoming / f"part-{index:03d}")
-
-    for index in range(5):
-        drop(index)
     first, log1 = job(tmp_path, 1, f"folder:{incoming}", 2)
     try:
         wait_for(lambda: sum(len(ids) for _, ids in journal(tmp_path, 1)) >= 1500, "run 1 to read every file",
@@ -199,22 +197,12 @@ def test_folder_stream_on_two_ranks_resumes_exactly_and_refuses_another_rank_cou
     finally:
         if first.poll() is None:
             first.kill()
-    for index in range(5, 8):
-        drop(index)
-    second, log2 = job(tmp_path, 2, f"folder:{incoming}", 2)
-    try:
-        wait_for(lambda: resumed_step(log2) is not None and sum(len(ids) for _, ids in journal(tmp_path, 2)) >= 900,
-                 "run 2 to read the new files", second, log2)
-        stop(second, log2)
-    finally:
-        if second.poll() is None:
-            second.kill()
-    # Ids: file number (the share's own sequence x 2 + share) << ID_SHIFT | line: check by content instead.
-    ids1 = [i for _, ids in journal(tmp_path, 1) for i in ids]
-    ids2 = [i for _, ids in journal(tmp_path, 2) for i in ids]
-    assert len(ids1) == 1500 and len(ids2) == 900 and not set(ids1) & set(ids2)
-    third = subprocess.run([sys.executable, os.path.join(ROOT, "models", "train.py"), "--tiacc", "--model", "fm",
-                            "--stream", f"folder:{incoming}", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                            "--embedding-dim", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
-    assert third.returncode == 2, third.stdout[-2000:] + third.stderr[-2000:]
-    assert "written by a job of 2 share(s) (ranks), this job reads it in 1" in third.stderr
+    ids = [i for _, ids in journal(tmp_path, 1) for i in ids]
+    assert len(ids) == len(set(ids)) == 1500
+    # Ids: file number = the share's own file sequence x 2 + share: both shares' files are there.
+    assert {(i >> ID_SHIFT) % 2 for i in ids} == {0, 1}
+    second = subprocess.run([sys.executable, os.path.join(ROOT, "models", "train.py"), "--tiacc", "--model", "fm",
+                             "--stream", f"folder:{incoming}", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                             "--embedding-dim", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "written by a job of 2 share(s) (ranks), this job reads it in 1" in second.stderr
