@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -224,14 +225,14 @@ class Job:
         """The pid of `victim` (trainer, ps, worker) in this job."""
         if self.args.job == "single":
             return self.proc.pid
-        needle = {"trainer": "models/train.py", "rank": "models/train.py", "ps": "--job ps --index 0",
-                  "worker": "--job worker --index 1"}[victim]
-        found = [int(pid) for pid in subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f", "--", needle],
-                                                    capture_output=True, text=True).stdout.split()]
-        if victim == "rank":  # the ranks themselves, not the shells horovodrun starts them in
-            found = [pid for pid in found if open(f"/proc/{pid}/comm", encoding="utf-8").read().startswith("python")]
+        if victim == "rank":  # horovodrun starts the ranks in sessions of their own: found by parentage
+            found = [pid for pid in descendants(self.proc.pid) if command_of(pid)[:1] != ["/bin/sh"]
+                     and any(arg.endswith("models/train.py") for arg in command_of(pid))]
             return random.choice(found) if found else None
-        return found[0] if found else None
+        needle = {"trainer": "models/train.py", "ps": "--job ps --index 0", "worker": "--job worker --index 1"}[victim]
+        found = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f", "--", needle], capture_output=True,
+                               text=True).stdout.split()
+        return int(found[0]) if found else None
 
     def wait_exit(self, timeout):
         try:
@@ -245,6 +246,31 @@ class Job:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def command_of(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode() for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def descendants(pid):
+    """Every process below `pid`, from /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [p for p, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
 
 
 def restart_worker(pid):
@@ -378,8 +404,9 @@ def sweep(args):
             raise RuntimeError(f"the job did not stop with exit 0 on SIGTERM ({code}): {text[-1500:]}")
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         checkpoint = tf.train.latest_checkpoint(os.path.join(work, "ckpt"))
-        published = [line for line in text.splitlines() if line.startswith("[train] published to")]
-        version, sequence = (int(x) for x in published[-1].rsplit(": base ", 1)[1].split(", sequence "))
+        # (a Horovod job's lines come prefixed by horovodrun: "[0]<stdout>:[train] ...")
+        version, sequence = (int(x) for x in re.findall(r"\[train\] published to .*: base (\d+), sequence (\d+)",
+                                                         text)[-1])
         with open(control + ".tmp", "w", encoding="utf-8") as f:
             json.dump({"version": version, "sequence": sequence, "checkpoint": checkpoint, "prefix": TABLE}, f)
         os.rename(control + ".tmp", control)
