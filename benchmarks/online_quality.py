@@ -14,7 +14,11 @@ each evaluated on hour h before anything has trained on it, for every h >= --war
 and, for "AUC rises as the publish interval shrinks", the online trainer as a server would
 see it when it publishes every k hours (--publish-hours): hour h is predicted by the trainer's
 state at the last publish, floor(h / k) * k (evaluated at that moment, so one training run
-serves every k; k = 1 is the online column).
+serves every k; k = 1 is the online column). With --parts-per-hour M > 1 each hour is M files,
+and one more column publishes every 60/M minutes: part j of hour h is predicted by the online
+trainer's state after parts 0..j-1 (it then trains on part j). It is compared with the state of
+the hour's start on the same parts: both as the mean of per-part AUCs (one AUC pooled over the
+predictions of several states would mix their calibrations).
 
 Prints per-hour AUCs and, over the evaluated hours from the first day boundary on (where the
 daily model differs from the static one) and over all of them, the mean AUC of each model
@@ -24,6 +28,7 @@ static >= 0.003 and online > daily.
     .venv/bin/python benchmarks/online_quality.py                       # 48 h x 50k rows, ~15 min on 2 cores
     .venv/bin/python benchmarks/online_quality.py --hours 24 --rows-per-hour 20000 --hours-per-day 8
     .venv/bin/python benchmarks/online_quality.py --quick               # smoke run (tiny), nothing recorded
+    .venv/bin/python benchmarks/online_quality.py --hours 48 --rows-per-hour 25000 --parts-per-hour 4 --record
 """
 import argparse
 import os
@@ -73,12 +78,16 @@ class Model:
         for features, labels in reader.dataset(self.batch_size, shuffle=True, seed=seed):
             self.train_step(features, labels)
 
-    def auc(self, path):
+    def predictions(self, paths):
+        """(labels, predicted probabilities) of the files' rows, in order."""
         labels, probs = [], []
-        for features, y in ttf.data.Reader(path, "criteo").dataset(8192, shuffle=False):
+        for features, y in ttf.data.Reader(paths, "criteo").dataset(8192, shuffle=False):
             labels.append(y.numpy())
             probs.append(self.predict(features).numpy())
-        return ttf.data.best_auc(np.concatenate(labels), np.concatenate(probs))
+        return np.concatenate(labels), np.concatenate(probs)
+
+    def auc(self, paths):
+        return ttf.data.best_auc(*self.predictions(paths))
 
 
 def machine_notes():
@@ -102,6 +111,9 @@ def main(argv=None):
     p.add_argument("--embedding-dim", type=int, default=16, help="(default 16)")
     p.add_argument("--publish-hours", default="1,4,12",
                    help="publish intervals in simulated hours to compare, comma-separated (default 1,4,12)")
+    p.add_argument("--parts-per-hour", type=int, default=1,
+                   help="files per simulated hour; M > 1 adds the online trainer published every 60/M minutes "
+                        "(default 1)")
     p.add_argument("--seed", type=int, default=0, help="stream and model seed (default 0)")
     p.add_argument("--data-dir", default=None, help="folder for the hour files (default: a temporary one, removed)")
     p.add_argument("--record", action="store_true", help="append the result table to benchmarks/RESULTS.md")
@@ -116,6 +128,13 @@ def main(argv=None):
         p.error(f"--publish-hours takes comma-separated whole hours, got {args.publish_hours!r}")
     if intervals[0] <= 0:
         p.error("--publish-hours must be > 0")
+    parts = args.parts_per_hour
+    if parts < 1 or args.rows_per_hour % parts:
+        p.error("--parts-per-hour must be >= 1 and divide --rows-per-hour")
+    columns = [(f"publish_{k}h", f"{k}h") for k in intervals]
+    if parts > 1:  # the mean of per-part AUCs, both
+        columns += [("publish_1h_parts", f"1h (AUC per {60 / parts:g} min)"),
+                    ("publish_sub", f"{60 / parts:g} min (AUC per {60 / parts:g} min)")]
     if not 0 < args.warmup_hours <= args.hours_per_day < args.hours:
         p.error("need 0 < --warmup-hours <= --hours-per-day < --hours (the daily model must retrain at least once)")
     command = "benchmarks/online_quality.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -125,23 +144,26 @@ def main(argv=None):
     os.makedirs(directory, exist_ok=True)
     started = time.time()
     try:
-        files, best = [], []
+        files, best = [], []  # files[hour]: the hour's part files
         for hour in range(args.hours):
-            path, labels, probabilities = write_part(directory, stream, hour, 0, args.rows_per_hour, seed=args.seed)
-            files.append(path)
-            best.append(ttf.data.best_auc(labels, probabilities))
+            written = [write_part(directory, stream, hour, j, args.rows_per_hour // parts, parts, seed=args.seed)
+                       for j in range(parts)]
+            files.append([path for path, _, _ in written])
+            best.append(ttf.data.best_auc(np.concatenate([w[1] for w in written]),
+                                          np.concatenate([w[2] for w in written])))
         print(f"[online_quality] {args.hours} hours x {args.rows_per_hour:,} rows written to {directory} "
               f"({time.time() - started:.0f}s)", flush=True)
         day = args.hours_per_day
         static, online = Model(args), Model(args)
-        static.train(files[:args.warmup_hours], args.seed)
-        online.train(files[:args.warmup_hours], args.seed)
+        warmup = [path for hour in files[:args.warmup_hours] for path in hour]
+        static.train(warmup, args.seed)
+        online.train(warmup, args.seed)
         daily = static  # until the first day boundary the daily model is the static one
         rows, published = [], {}  # published[k, h]: AUC on hour h of the state published every k hours
         for hour in range(args.warmup_hours, args.hours):
             if hour % day == 0:
                 daily = Model(args)
-                daily.train(files[hour - day:hour], args.seed + hour)
+                daily.train([path for h in files[hour - day:hour] for path in h], args.seed + hour)
             row = {"hour": hour, "static": static.auc(files[hour]), "daily": daily.auc(files[hour]),
                    "online": online.auc(files[hour]), "best": best[hour]}
             for k in intervals:  # a publish now (or the first hour evaluated): it serves the next k hours
@@ -149,11 +171,20 @@ def main(argv=None):
                     for later in range(hour, min(args.hours, (hour // k + 1) * k)):
                         published[k, later] = row["online"] if later == hour else online.auc(files[later])
             row.update({f"publish_{k}h": row["online"] if k == 1 else published[k, hour] for k in intervals})
-            online.train([files[hour]], args.seed + hour)
+            if parts == 1:
+                online.train(files[hour], args.seed + hour)
+            else:  # per part (an AUC pooled over several states would mix their calibrations): the hour's
+                # state (published every 1 h) against the state trained on the parts before it (every 60/M min)
+                row["publish_1h_parts"] = float(np.mean([online.auc([part]) for part in files[hour]]))
+                per_part = []
+                for j, part in enumerate(files[hour]):
+                    per_part.append(online.auc([part]))
+                    online.train([part], args.seed + hour * parts + j)
+                row["publish_sub"] = float(np.mean(per_part))
             rows.append(row)
             print(f"[online_quality] hour {hour}: AUC static {row['static']:.4f}, daily {row['daily']:.4f}, "
                   f"online {row['online']:.4f} (planted {row['best']:.4f}); published every "
-                  + ", ".join(f"{k}h {row[f'publish_{k}h']:.4f}" for k in intervals)
+                  + ", ".join(f"{label} {row[key]:.4f}" for key, label in columns)
                   + f" [{time.time() - started:.0f}s]", flush=True)
     finally:
         if not args.data_dir:
@@ -168,7 +199,7 @@ def main(argv=None):
               f"online {mean['online']:.4f}, planted {mean['best']:.4f}; online - static "
               f"{mean['online'] - mean['static']:+.4f} (target >= +0.003), online - daily "
               f"{mean['online'] - mean['daily']:+.4f} (target > 0); published every "
-              + ", ".join(f"{k}h {mean[f'publish_{k}h']:.4f}" for k in intervals), flush=True)
+              + ", ".join(f"{label} {mean[key]:.4f}" for key, label in columns), flush=True)
     if args.record:
         lines = [f"\n### Online quality on a drifting stream ({time.strftime('%Y-%m-%d', time.gmtime())})\n",
                  f"Command: `.venv/bin/python {command.strip()}` ({time.time() - started:.0f}s). "
@@ -177,13 +208,13 @@ def main(argv=None):
                  f"lr {args.lr}, batch {args.batch_size}); AUC on each hour before any model trained on it. "
                  f"Machine: {machine_notes()}; shared with other jobs (figures indicative).\n",
                  "| hours | static | daily | online | planted (best) | online - static | online - daily | "
-                 + " | ".join(f"published every {k}h" for k in intervals) + " |",
-                 "| --- " * (7 + len(intervals)) + "|"]
+                 + " | ".join(f"published every {label}" for _, label in columns) + " |",
+                 "| --- " * (7 + len(columns)) + "|"]
         for name, mean in summary:
             lines.append(f"| {name} | {mean['static']:.4f} | {mean['daily']:.4f} | {mean['online']:.4f} | "
                          f"{mean['best']:.4f} | {mean['online'] - mean['static']:+.4f} | "
                          f"{mean['online'] - mean['daily']:+.4f} | "
-                         + " | ".join(f"{mean[f'publish_{k}h']:.4f}" for k in intervals) + " |")
+                         + " | ".join(f"{mean[key]:.4f}" for key, _ in columns) + " |")
         with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
             f.write("\n".join(lines) + "\n")
     return 0
