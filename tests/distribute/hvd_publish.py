@@ -56,6 +56,11 @@ def recording_write(path, blob):
 
 
 _publish._write_file = recording_write
+try:  # the one-process publisher refuses a sharded model, naming the one to use
+    ttf.serving.Publisher(model, base)
+    refusal = None
+except ValueError as err:
+    refusal = str(err)
 clock = [0.0]
 publisher = tdh.Publisher(model, base, publish_every=1, dense_publish_every=1, clock=lambda: clock[0] + rank * 0.5)
 rng = np.random.default_rng(rank)
@@ -79,7 +84,7 @@ for delta in range(4):
     fail[0] = False
 clock[0] += 1
 results.append(publisher.maybe_publish())  # resumes: everything since the last whole delta
-out = {"written": written, "results": results, "paused": publisher.paused}
+out = {"written": written, "results": results, "paused": publisher.paused, "refusal": refusal}
 # The reference: every rank's rows and the ids any rank saw, gathered for this check only.
 mine = layer.tables[0].export()
 keys = hvd.allgather(mine["keys"]).numpy()
