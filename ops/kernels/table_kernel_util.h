@@ -108,8 +108,8 @@ inline std::vector<float>& ScratchRows() {
 // Runs fn(begin, end) over [0, total) on TensorFlow's CPU pool in at most one block per pool
 // thread, each of at least min_per_block units; a single block runs on the calling thread.
 // Shard's cost model cut a lookup of 26k ids into several blocks, and each hand-off wakes a
-// pool thread that then spins for more work: 10-20% of a lookup's CPU time (a training step's:
-// 8-10%), and no wall time gained on a busy machine (docs/lookup_speed.md).
+// pool thread that then spins for more work: 7-19% of a lookup's CPU time (a training step's:
+// 6-10%), and no wall time gained on a busy machine (docs/lookup_speed.md).
 template <typename Fn>
 void RunInBlocks(OpKernelContext* ctx, int64_t total, int64_t min_per_block, const Fn& fn) {
   const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
