@@ -4,8 +4,9 @@ A ttf table of --keys rows (dim 16, Adam slots, filled first) and the same rows 
 contiguous arrays, read with the same Zipf(1.1) ids (--batch ids a call; id rank r is ttf key
 r * 0x9E3779B97F4A7C15 and floor row r; rows filled in rank order on both sides). Each call is
 timed in CPU time of the whole process (time.process_time_ns: TensorFlow's pool threads
-count), reported as ns per id (median over calls), after gc.freeze() (Python's collector
-scanning TensorFlow's heap inside timed calls was 7% of a lookup's profile). The paths:
+count), reported as ns per id (median over calls; the JSON also has wall-clock medians), after
+gc.freeze() (Python's collector scanning TensorFlow's heap inside timed calls was 7% of a
+lookup's profile). The paths:
 
   inference lookup
     ttf            TtfEmbeddingLookup(training=False), what a ttf layer runs at inference: ids ->
@@ -99,7 +100,16 @@ def parse_args(argv):
     return args
 
 
-def id_batches(args, count=8):
+# Call c of the k-th path uses batch (c + PATH_STAGGER * k) % NUM_BATCHES, so a path never runs
+# a batch that another path ran fewer than PATH_STAGGER calls before. With every path on the
+# same batch in turn (as before issue 18's branch floor), a path reading the memory of the one
+# before it found that batch's rows still in the cache: the C++ training floor after the NumPy
+# one (one array), the ttf training step after the ttf lookup.
+NUM_BATCHES = 32
+PATH_STAGGER = 4
+
+
+def id_batches(args, count=NUM_BATCHES):
     """`count` batches of Zipf ranks in [0, keys), the same in every process (seed 0)."""
     rng = np.random.default_rng(0)
     return [(rng.zipf(args.zipf, args.batch) - 1) % args.keys for _ in range(count)]
@@ -237,14 +247,15 @@ def quiet_gc():
     gc.freeze()
 
 
-def run_round(families, args, times):
-    """One round: every path of every family, interleaved call by call."""
+def run_round(families, args, times, first_call=0):
+    """One round: every path of every family, interleaved call by call (staggered batches)."""
     paths = {name: fn for fam in families for name, fn in fam.paths().items()}
-    for call in range(args.calls):
-        for name, fn in paths.items():
-            t0 = time.process_time_ns()
-            fn(call % 8)
+    for call in range(first_call, first_call + args.calls):
+        for k, (name, fn) in enumerate(paths.items()):
+            t0, w0 = time.process_time_ns(), time.perf_counter_ns()
+            fn((call + PATH_STAGGER * k) % NUM_BATCHES)
             times.setdefault(name, []).append((time.process_time_ns() - t0) / args.batch)
+            times.setdefault("wall:" + name, []).append((time.perf_counter_ns() - w0) / args.batch)
 
 
 def run_child(args):
@@ -260,7 +271,8 @@ def run_child(args):
 
 
 def summarize(args, times, extra):
-    med = {name: statistics.median(v) for name, v in times.items()}
+    wall = {name[5:]: round(statistics.median(v), 1) for name, v in times.items() if name.startswith("wall:")}
+    med = {name: statistics.median(v) for name, v in times.items() if not name.startswith("wall:")}
     lines = ["| path | CPU ns/id (median) | vs np floor | vs C++ floor |", "| --- | --- | --- | --- |"]
     ratios = {}
     for kind, np_floor, cpp_floor_name in (("lookup", "lookup/np_take", "lookup/cpp_gather"),
@@ -274,6 +286,7 @@ def summarize(args, times, extra):
     table = "\n".join(lines)
     result = {"keys": args.keys, "batch": args.batch, "dim": args.dim, "zipf": args.zipf, "repeats": args.repeats,
               "calls": args.calls, "isolate": args.isolate, "ns_per_id_median": {k: round(v, 1) for k, v in med.items()},
+              "wall_ns_per_id_median": wall,
               "ratios": ratios, **extra}
     return table, result
 
@@ -305,7 +318,7 @@ def main(argv=None):
                 for b in range(8):
                     fn(b)
         for rnd in range(args.repeats):
-            run_round(families, args, times)
+            run_round(families, args, times, first_call=rnd * args.calls)
             print(f"[floor] round {rnd + 1}/{args.repeats} done", flush=True)
         for fam in families:
             extra.update(fam.extra())

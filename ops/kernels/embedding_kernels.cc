@@ -83,7 +83,7 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   const int64_t dim = table->dim();
   rows->resize(grouped->size() * dim);
   std::vector<Status> shard_status(table->num_shards());  // a tiered table's disk reads can fail
-  ForEachShard(ctx, *grouped, table->num_shards(), 50 * dim, [&](int s) {
+  ForEachShard(ctx, *grouped, table->num_shards(), [&](int s) {
     const int64_t off = grouped->offsets[s], n = grouped->offsets[s + 1] - off;
     float* out = rows->data() + off * dim;
     shard_status[s] = table->Find(s, &grouped->keys[off], &grouped->hashes[off], n, training, out);
@@ -92,11 +92,11 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   return OkStatus();
 }
 
-// out[p] = rows[inverse[p]] for every position p, in parallel.
+// out[p] = rows[inverse[p]] for every position p (in blocks on the CPU pool when there are many).
 void ScatterRows(OpKernelContext* ctx, const std::vector<float>& rows, const std::vector<int32_t>& inverse,
                  int64_t dim, float* out) {
-  const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  Shard(workers->num_threads, workers->workers, inverse.size(), 4 * dim, [&](int64_t begin, int64_t end) {
+  // A row copy is a few ns: blocks of at least 64k positions (~0.3 ms) are worth a hand-off.
+  RunInBlocks(ctx, inverse.size(), 65536, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p)
       CopyRow(out + p * dim, rows.data() + static_cast<int64_t>(inverse[p]) * dim, dim);
   });
@@ -269,7 +269,7 @@ class TableLookupOp : public TableOpKernel {
       GroupKeys(keys.flat<int64_t>().data(), keys.NumElements(), *table, &grouped);
       rows.resize(grouped.size() * dim_);
       std::vector<Status> shard_status(table->num_shards());
-      ForEachShard(ctx, grouped, table->num_shards(), 50 * dim_, [&](int s) {
+      ForEachShard(ctx, grouped, table->num_shards(), [&](int s) {
         const int64_t off = grouped.offsets[s], n = grouped.offsets[s + 1] - off;
         shard_status[s] = table->FindOrInsert(s, &grouped.keys[off], &grouped.hashes[off], n, rows.data() + off * dim_);
       });

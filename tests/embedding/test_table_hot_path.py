@@ -117,3 +117,32 @@ def test_empty_batches():
     assert table.lookup(empty, training=False).shape == (0, 16)
     assert int(ops().ttf_table_apply_adam(h, empty, np.zeros([0, 16], np.float32), 0.1, 0.9, 0.999, 1e-7, 1)) == 0
     assert int(table.size()) == 0
+
+
+def test_batches_split_over_the_pool_match_reference():
+    # Enough keys that the kernels split their work into blocks on TensorFlow's pool (with two
+    # or more pool threads: ForEachShard from 2 x 8192 distinct keys, the copy back from
+    # 2 x 65536 ids): every shard handled exactly once, every position written.
+    rng = np.random.default_rng(7)
+    dim = 4
+    table = EmbeddingTable(dim, "normal", seed=3, default_value=-1.0, num_shards=16)
+    h = table.resource_handle
+    pool = rng.permutation(np.unique(rng.integers(-(1 << 62), 1 << 62, size=41_000)))[:40_000]
+    present = pool[:30_000]
+    inserted = ops().ttf_table_find_or_insert(h, present, dim=dim).numpy()  # 30k distinct keys at once
+    ids = pool[rng.integers(0, 40_000, size=150_000)]
+    emb, unique_keys, inverse = ops().ttf_embedding_lookup(h, ids, dim=dim, training=False)
+    ex = {k: v.numpy() for k, v in table.export().items()}
+    rows = dict(zip(ex["keys"], ex["values"]))
+    assert len(rows) == 30_000
+    np.testing.assert_array_equal(np.array([rows[k] for k in present]), inserted)
+    expected = np.array([rows.get(k, np.full(dim, -1.0, np.float32)) for k in ids])
+    np.testing.assert_array_equal(emb.numpy(), expected)
+    np.testing.assert_array_equal(unique_keys.numpy()[inverse.numpy()], ids)
+    # An update of 20k distinct keys (SGD: exact in float32), a quarter of them new.
+    keys = np.concatenate([present[:15_000], pool[30_000:35_000]])
+    grads = rng.normal(size=(len(keys), dim)).astype(np.float32)
+    before = table.lookup(keys, training=True).numpy()
+    assert int(ops().ttf_table_apply_sgd(h, keys, grads, np.float32(0.5), 1)) == len(keys)
+    np.testing.assert_array_equal(table.lookup(keys, training=False).numpy(), before - np.float32(0.5) * grads)
+    assert int(table.size()) == 35_000
