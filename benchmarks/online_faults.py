@@ -366,7 +366,9 @@ def sweep(args):
                 follower.wait()
                 follower = start_follower()
             else:
-                pid = job.pid_of(victim)
+                # worker 1 started again by this driver lives in a session of its own: the latest one is it
+                restarted = victim == "worker" and workers and workers[-1].poll() is None
+                pid = workers[-1].pid if restarted else job.pid_of(victim)
                 if pid is None:
                     raise RuntimeError(f"no {victim} process found in the job: {job.text()[-1500:]}")
                 again = restart_worker(pid) if victim == "worker" else None
