@@ -17,6 +17,7 @@ import time
 import pytest
 
 import ttf
+from tests.distribute.test_horovod import horovod  # noqa: F401  (fixture)  pylint: disable=unused-import
 from ttf.data import ID_SHIFT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,18 +26,6 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def horovod():
-    """Horovod must be installed where the slow tests run (./test.sh --all installs it)."""
-    try:
-        import horovod.tensorflow  # noqa: F401
-    except ImportError as err:
-        unsupported = os.path.join(sys.prefix, ".ttf-horovod-unsupported")  # written by setup_horovod.sh
-        if os.path.exists(unsupported):
-            pytest.skip(open(unsupported).read().strip())
-        pytest.fail(f"horovod is not installed ({err}): run ./scripts/setup_horovod.sh (./test.sh --all does)")
 
 
 def job(tmp_path, run, stream, ranks, extra=()):
