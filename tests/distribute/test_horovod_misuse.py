@@ -62,3 +62,26 @@ def test_restore_then_broadcast_saved_model_and_serving_export(tmp_path):
     assert rank0["export_gathers"] == rank1["export_gathers"] == []
     assert rank0["served_max_diff"] <= 1e-6 < rank0["served_spread"]
     assert not os.path.exists(f"{prefix}-saved-0") or not os.path.exists(os.path.join(f"{prefix}-saved-0", "saved_model.pb"))
+
+
+KERAS3_MODEL = """
+import tensorflow as tf, ttf, ttf.distribute.horovod as tdh
+tdh.hvd.init()
+ids = tf.keras.Input([2], dtype=tf.int64)
+model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=2)(ids))))
+try:
+    tdh.shard_tables(model)
+except ValueError as err:
+    print("refused:", err)
+"""
+
+
+def test_shard_tables_refuses_a_keras_3_model_naming_the_fix():
+    """Keras 3 (TF_USE_LEGACY_KERAS unset): one line naming the setting, not an AttributeError
+    from inside Keras 3's functional graph, and no layer left half sharded."""
+    pytest.importorskip("horovod.tensorflow", reason="run ./scripts/setup_horovod.sh (./test.sh --all does)")
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    proc = subprocess.run([HOROVODRUN, "--gloo", "-np", "1", "-H", "localhost:1", sys.executable, "-c", KERAS3_MODEL],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240, env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "is a Keras 3 model" in proc.stdout and "Set TF_USE_LEGACY_KERAS=1" in proc.stdout, proc.stdout[-3000:]

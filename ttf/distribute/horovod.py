@@ -28,7 +28,8 @@ Your own Keras model (both model.fit and a GradientTape loop work):
     model(sample_batch)                                   # builds the variables
     tdh.broadcast_variables(model.variables)              # rank 0's initial dense weights everywhere
 
-and run it with `horovodrun --gloo -np 2 python your_script.py`.
+and run it with `horovodrun --gloo -np 2 python your_script.py`. The model is a tf_keras (Keras 2)
+model: set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (shard_tables refuses a Keras 3 model).
 
 Compression (`compression="fp16"|"bf16"`) casts what crosses the wire to 16 bits and back:
 the embedding rows, their gradients and the dense allreduce (summed in float32 on arrival).
@@ -65,6 +66,7 @@ except ImportError as err:  # pragma: no cover (depends on the environment)
         "(builds horovod 0.28.1 against this TensorFlow with Gloo, about 6 minutes the first time)."
     ) from err
 
+from ttf._keras import KERAS3
 from ttf._ops import ops
 from ttf.data import open_stream as _open_stream
 from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
@@ -457,6 +459,10 @@ def shard_tables(model, compression="none"):
     """Shards every ttf table of `model` over the Horovod ranks (call after hvd.init(), before
     training). Returns the sharded layers. A layer already sharded over parameter servers
     (shard_devices) cannot also be sharded over ranks."""
+    if KERAS3:  # its functional graph is another (Node.operation, no _run_internal_graph): never run here
+        raise ValueError(f"ttf.distribute.horovod.shard_tables: {model.name} is a Keras 3 model; ttf shards tables over "
+                         "Horovod ranks in tf_keras (Keras 2) models only. Set TF_USE_LEGACY_KERAS=1 before TensorFlow "
+                         "is imported, with tf_keras installed (models/train.py and start_all.sh --hvd do)")
     layers = ttf_layers(model)
     if not layers:
         raise ValueError(f"{model.name} has no ttf embedding layer (ttf.FusedEmbedding / ttf.DynamicEmbedding) "
