@@ -386,7 +386,7 @@ def train_stream(trainer):
                     journal.flush()  # in the page cache before any later checkpoint: a kill -9 keeps it
             now = time.perf_counter()
             due = step % args.log_every == 0 or now - last_log > 30
-            if due if not horovod else horovod.agree(due):  # rank 0's clock decides for every rank
+            if due if not horovod else horovod.tdh.agree(due, "progress line"):  # rank 0's clock decides
                 log_stream_progress(trainer, step, float(result["loss"]))
                 last_log = now
             trainer._maybe_checkpoint(step)  # pylint: disable=protected-access
@@ -610,10 +610,6 @@ class HorovodRanks:
     def global_loss(self, losses):
         """The mean of the examples' losses over every rank's batch (a stream's batches differ in size)."""
         return self.tdh.mean_over_examples(losses, name="ttf_loss")
-
-    def agree(self, flag):
-        """Rank 0's boolean, on every rank (a decision taken by one clock)."""
-        return bool(self.hvd.broadcast(tf.constant(flag), root_rank=0, name="ttf_agree").numpy())
 
     def gather(self, array, name):
         return self.tdh.gather_rows(array, name)

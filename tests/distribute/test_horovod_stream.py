@@ -17,7 +17,7 @@ import time
 import pytest
 
 import ttf
-from tests.distribute.test_horovod import horovod  # noqa: F401  (fixture)  pylint: disable=unused-import
+from tests.distribute.test_horovod import descendants, horovod  # noqa: F401  (horovod: a fixture)
 from ttf.data import ID_SHIFT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,12 +41,19 @@ def job(tmp_path, run, stream, ranks, extra=()):
 
 
 def ranks_of(proc):
-    """The train.py processes below horovodrun (its ranks), or [proc] for a plain process."""
-    import psutil  # noqa: PLC0415 (a horovod dependency: installed where these tests run, not everywhere)
+    """The pids of the train.py processes below horovodrun (its ranks), or [proc.pid] for a plain process."""
     if os.path.basename(proc.args[0]) != "horovodrun":
-        return [psutil.Process(proc.pid)]
-    return [p for p in psutil.Process(proc.pid).children(recursive=True)
-            if p.name().startswith("python") and any("train.py" in a for a in p.cmdline())]
+        return [proc.pid]
+    ranks = []
+    for pid in descendants(proc.pid):
+        try:
+            name = open(f"/proc/{pid}/comm", encoding="utf-8").read()
+            command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if name.startswith("python") and any(arg.endswith(b"train.py") for arg in command):
+            ranks.append(pid)
+    return ranks
 
 
 def journal(tmp_path, run):
@@ -78,7 +85,7 @@ def stop(proc, log, signal_one_rank=True):
     the job must publish, checkpoint and exit 0."""
     targets = ranks_of(proc)
     for rank in targets[:1] if signal_one_rank else targets:
-        rank.send_signal(signal.SIGTERM)
+        os.kill(rank, signal.SIGTERM)
     assert proc.wait(180) == 0, log.read_text()[-4000:]
     text = log.read_text()
     assert re.search(r"\[train\] stopped by .+? after step \d+ \(\d+ examples trained\); checkpoint \S+ "
@@ -141,7 +148,7 @@ def test_kafka_stream_on_two_ranks_kill_9_then_one_process_exactly_once(horovod,
             wait_for(lambda: len(journal(tmp_path, 1)) >= 9 and any((tmp_path / "ckpt").glob("*.index")),
                      "run 1 to checkpoint and train on", first, log1)
             assert "published base 1 sequence" in log1.read_text()
-            ranks_of(first)[-1].kill()  # SIGKILL one rank: no handler, no final checkpoint
+            os.kill(ranks_of(first)[-1], signal.SIGKILL)  # SIGKILL one rank: no handler, no final checkpoint
             first.wait(120)
         finally:
             if first.poll() is None:

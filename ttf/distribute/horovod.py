@@ -71,6 +71,7 @@ from ttf._ops import ops
 from ttf.data import open_stream as _open_stream
 from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
 from ttf.serving import Publisher as _Publisher
+from ttf.serving._publish import exported_steps
 
 COMPRESSIONS = ("none", "fp16", "bf16")
 _WIRE_DTYPES = {"none": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
@@ -665,10 +666,7 @@ class Publisher(_Publisher):
         self._writes_shared = self._rank == 0
 
     def _agree(self, value):
-        with collective("Publisher"):
-            if isinstance(value, bool):  # maybe_publish's check runs every step: a one-number broadcast
-                return bool(hvd.broadcast(tf.constant(value), root_rank=0, name="ttf_publish_flag").numpy())
-            return hvd.broadcast_object(value, root_rank=0, name="ttf_publish_agree")
+        return agree(value, "Publisher")
 
     def _gather(self, written):
         with collective("Publisher", SAVE_TIMEOUT_SECONDS):
@@ -686,13 +684,7 @@ class Publisher(_Publisher):
             path = export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True)
         except RuntimeError as err:  # a failed write on some rank: every rank pauses publishing
             raise OSError(str(err)) from err
-        if path is not None:
-            with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
-                told = (int(os.path.basename(path)), json.load(f)["exported_steps"])
-        else:
-            told = None
-        with collective("Publisher"):
-            return hvd.broadcast_object(told, root_rank=0, name="ttf_publish_base")
+        return agree(exported_steps(path) if path is not None else None, "Publisher")
 
 
 def _error_text(err):
@@ -916,6 +908,15 @@ def mean_over_examples(values, name="ttf_mean_examples"):
     return hvd.allreduce(local, op=hvd.Average, name=name)
 
 
+def agree(value, what="agree"):
+    """Rank 0's `value` on every rank (a decision one clock takes): a collective. A bool travels
+    as one number (cheap enough for every step), anything else pickled."""
+    with collective(what):
+        if isinstance(value, bool):
+            return bool(hvd.broadcast(tf.constant(value), root_rank=0, name="ttf_agree_flag").numpy())
+        return hvd.broadcast_object(value, root_rank=0, name="ttf_agree")
+
+
 def gather_rows(array, name):
     """Concatenates a NumPy array's rows over the ranks (rank order), e.g. eval predictions."""
     return hvd.allgather(tf.convert_to_tensor(array), name=name).numpy()
@@ -949,7 +950,7 @@ def check_same_config(config, what="flags"):
         raise ValueError(f"the ranks were started with different {what}: " + "; ".join(diffs))
 
 
-__all__ = ["Publisher", "gather_stream_position", "mean_over_examples", "open_stream", "stream_batches",
+__all__ = ["Publisher", "agree", "gather_stream_position", "mean_over_examples", "open_stream", "stream_batches",
            "stream_progress", "COMPRESSIONS", "SAVE_TIMEOUT_SECONDS", "SHUTDOWN_WAIT_SECONDS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
            "all_ranks", "check_same_config", "gather_rows", "mean_over_ranks", "rank_slice", "save_checkpoint", "shard_tables", "table_size",
            "ttf_layers", "wire_bytes"]

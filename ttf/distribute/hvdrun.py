@@ -25,12 +25,12 @@ import sys
 import threading
 import time
 
+from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
 # Seconds the ranks get to finish after a SIGTERM to this launcher (a --stream job publishes and
 # checkpoints), before SIGKILL; after another rank failed, 10.
 STOP_GRACE_SECONDS = 300
-
-from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
 
 def interface_of(address):

@@ -56,6 +56,13 @@ def _write_file(path, blob):
     return int(_write_on_device(tf.constant(path), blob))
 
 
+def exported_steps(path):
+    """(version, {table name: [table step of each shard at the snapshot]}) of the serving
+    version at `path` (export_for_serving's record, assets.extra/ttf_serving.json)."""
+    with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
+        return int(os.path.basename(path)), json.load(f)["exported_steps"]
+
+
 def _fingerprint(blob):
     """farmhash64 of a scalar string tensor, as 16 hex digits (stock TF: the follower's check)."""
     return bytes(tf.fingerprint(tf.reshape(blob, [1]))[0].numpy()).hex()
@@ -270,9 +277,7 @@ class Publisher:
 
     def _export_base(self):
         """Writes the next base version; returns (version, {table name: [table step of each shard]})."""
-        path = export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True)
-        with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
-            return int(os.path.basename(path)), json.load(f)["exported_steps"]
+        return exported_steps(export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True))
 
     def _write_shard(self, folder, layer, shard, keys, rows, deleted):
         """Writes one shard's rows in pieces of at most PIECE_BYTES, on the current device
