@@ -70,6 +70,10 @@ def parse_args(argv):
     tier.add_argument("--dram-keys", type=int, default=0,
                       help="rows of the all-DRAM run (default --keys); smaller when a table of --keys rows does not "
                            "fit in this machine's RAM (the issue's comparison: an all-DRAM table that fits)")
+    tier.add_argument("--model", choices=["table", "deepfm"], default="table",
+                      help="the step timed: 'table' (a training lookup and an Adam update of the table alone: "
+                           "the strictest ratio) or 'deepfm' (a DeepFM train step of models/ctr.py, batch "
+                           "--batch/26 rows of 26 fields, 13 dense columns, Adam: the issue's job) (default table)")
     tier.add_argument("--steps", type=int, default=60, help="timed training steps per run (default 60)")
     tier.add_argument("--warm-steps", type=int, default=20, help="untimed training steps first (default 20)")
     tier.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating (default 2)")
@@ -120,6 +124,14 @@ def current_rss_bytes():
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
+def rss_parts_mib():
+    """{anon, file}: the process's RSS by kind (/proc/self/status RssAnon, RssFile: mapped
+    libraries and files), MiB."""
+    with open("/proc/self/status") as f:
+        parts = {line.split(":")[0]: int(line.split()[1]) for line in f if line.startswith(("RssAnon", "RssFile"))}
+    return {"anon": round(parts["RssAnon"] / 1024, 1), "file": round(parts["RssFile"] / 1024, 1)}
+
+
 def peak_extra_mib(run):
     """Runs run(); returns (its result, the process's peak RSS during it minus the RSS before, MiB):
     VmHWM is reset to the current RSS first (/proc/self/clear_refs)."""
@@ -137,6 +149,52 @@ def tier_layer(args, tiered):
                                  dram_budget=args.dram_budget if tiered else 0, ssd_dir=args.ssd_dir if tiered else "")
     layer(tf.constant([[0]], tf.int64))  # built: its table exists
     return layer
+
+
+def table_step(args, layer):
+    """step(keys, number) of the table alone: a training lookup, the gradient summed per
+    distinct key, an Adam update."""
+    h = layer.tables[0].resource_handle
+    grads = tf.constant(np.random.default_rng(1).normal(size=(args.batch, args.dim)).astype(np.float32))
+
+    def step(keys, number):
+        emb, unique_keys, inverse = ops().ttf_embedding_lookup(h, keys, dim=args.dim, training=True)
+        unique_grads = tf.math.unsorted_segment_sum(grads, inverse, tf.shape(unique_keys)[0])
+        ops().ttf_table_apply_adam(h, unique_keys, unique_grads, 0.001, 0.9, 0.999, 1e-7, number)
+    return step
+
+
+def deepfm(args, tiered):
+    """(its table layer, step(keys, number)): models/ctr.py's DeepFM with ttf tables (one table for the
+    26 fields, rows of dim + 1 floats: the FM's linear term) and ttf's Adam, trained on the
+    keys as [batch / 26, 26] ids with random dense columns and labels (throughput only: a
+    tiered table trains bit for bit as an all-DRAM one, tests/embedding/test_table_tiers.py)."""
+    from models import ctr
+
+    os.makedirs(args.ssd_dir, exist_ok=True)
+    spec = ctr.ModelSpec(model="fm", embedding_dim=args.dim)
+    options = dict(num_shards=args.num_shards, dram_budget=args.dram_budget if tiered else 0,
+                   ssd_dir=args.ssd_dir if tiered else "")
+    model = ctr.build(spec, "ttf", seed=1, table_options=options)
+    optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
+    rows, fields = args.batch // spec.num_fields, spec.num_fields
+    rng = np.random.default_rng(1)
+
+    @tf.function
+    def train(features, labels):
+        with tf.GradientTape() as tape:
+            logits = model.logits(features, training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    def step(keys, number):
+        features = {"ids": keys[:rows * fields].reshape(rows, fields),
+                    "dense": rng.normal(size=(rows, spec.num_dense)).astype(np.float32)}
+        train(features, (rng.random(rows) < 0.25).astype(np.float32)).numpy()
+    model.logits({"ids": np.zeros((1, fields), np.int64), "dense": np.zeros((1, spec.num_dense), np.float32)})
+    return model.sparse, step
 
 
 def checkpoint_save(args, layer, table):
@@ -171,29 +229,53 @@ def tier_child(args):
         return restore_child(args)
     tiered = args.child == "tiered"
     keys_held = args.keys if tiered else args.dram_keys
-    layer = tier_layer(args, tiered)
+    if args.model == "deepfm":
+        layer, train_step = deepfm(args, tiered)
+    else:
+        layer = tier_layer(args, tiered)
+        train_step = table_step(args, layer)
     table = layer.tables[0]
     h = table.resource_handle
+    row_dim = args.dim + (args.model == "deepfm")  # DeepFM's rows carry the FM's linear term
     mix = np.uint64(0x9E3779B97F4A7C15)
     t0 = time.perf_counter()
-    for begin in range(0, keys_held, 1 << 18):  # fill every row once (as Adam rows: apply, zero gradients)
-        ids = np.arange(begin, min(begin + (1 << 18), keys_held), dtype=np.uint64)
+    # Fill every row once (as Adam rows: apply, zero gradients), the coldest ranks first: the
+    # DRAM tier starts with the hottest rows, as a long job's LRU holds them (the warm steps
+    # then bring it to the steady state; the window lines on stderr show the hit rate settle).
+    for end in range(keys_held, 0, -(1 << 18)):
+        ids = np.arange(max(0, end - (1 << 18)), end, dtype=np.uint64)[::-1]
         keys = (ids * mix).astype(np.int64)
-        ops().ttf_table_apply_adam(h, keys, np.zeros((len(keys), args.dim), np.float32), 0.0, 0.9, 0.999, 1e-7, 1)
+        ops().ttf_table_apply_adam(h, keys, np.zeros((len(keys), row_dim), np.float32), 0.0, 0.9, 0.999, 1e-7, 1)
+        if (keys_held - end) % (1 << 24) < (1 << 18):  # progress every ~16M rows
+            print(f"[tiers] filled {keys_held - end + len(keys):,} of {keys_held:,} rows, "
+                  f"RSS {current_rss_bytes() / 2**20:.0f} MiB (peak {peak_rss_bytes() / 2**20:.0f})",
+                  file=sys.stderr, flush=True)
     fill_s = time.perf_counter() - t0
+    rss_after_fill_mib = round(current_rss_bytes() / 2**20, 1)
     rng = np.random.default_rng(0)
     times, cpu_times = [], []
+    hits_at = lambda s: (s["dram_hits"], s["disk_hits"])  # noqa: E731
+    window_t, window_hits = time.perf_counter(), hits_at(table.tier_stats()) if tiered else (0, 0)
     for step in range(2, 2 + args.warm_steps + args.steps):
-        ranks = np.minimum(rng.zipf(1.1, args.batch), keys_held) - 1  # rank 0 is the hottest id
+        if step == 2 + args.warm_steps and tiered:
+            timed_hits = hits_at(table.tier_stats())
+        # The same ids on both paths: Zipf(1.1) ranks folded into the tiered table's --keys
+        # (a rank beyond them is another key, not one overloaded last key); the all-DRAM
+        # table, filled with the hottest --dram-keys, inserts the others as they come.
+        ranks = (rng.zipf(1.1, args.batch) - 1) % args.keys  # rank 0 is the hottest id
         keys = (ranks.astype(np.uint64) * mix).astype(np.int64)  # hot ids spread over the id space
-        grads = rng.normal(size=(args.batch, args.dim)).astype(np.float32)
         t0, c0 = time.perf_counter(), time.process_time()
-        emb, unique_keys, inverse = ops().ttf_embedding_lookup(h, keys, dim=args.dim, training=True)
-        unique_grads = tf.math.unsorted_segment_sum(grads, inverse, tf.shape(unique_keys)[0])
-        ops().ttf_table_apply_adam(h, unique_keys, unique_grads, 0.001, 0.9, 0.999, 1e-7, step)
+        train_step(keys, step)
         if step >= 2 + args.warm_steps:
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)  # all threads: steadier than wall time on a shared machine
+        if tiered and (step - 1) % 200 == 0:  # progress: each window's hit rate and speed
+            now_hits, now_t = hits_at(table.tier_stats()), time.perf_counter()
+            dram, disk = now_hits[0] - window_hits[0], now_hits[1] - window_hits[1]
+            print(f"[tiers] step {step - 1}: window hit rate {dram / max(1, dram + disk):.4f}, "
+                  f"{200 / (now_t - window_t):.2f} steps/s, RSS {current_rss_bytes() / 2**20:.0f} MiB",
+                  file=sys.stderr, flush=True)
+            window_t, window_hits = now_t, now_hits
     stats = table.tier_stats()
     rows = int(table.size())
     peak_rss_mib = round(peak_rss_bytes() / 2**20, 1)  # of training, before any checkpoint
@@ -203,7 +285,9 @@ def tier_child(args):
         "steps_per_s": round(1.0 / float(np.median(times)), 2),
         "cpu_ms_per_step": round(1000 * float(np.median(cpu_times)), 2), "peak_rss_mib": peak_rss_mib,
         "dram_rows": stats["dram_rows"], "disk_rows": stats["disk_rows"],
-        "dram_hit_rate": round(stats["dram_hits"] / max(1, stats["dram_hits"] + stats["disk_hits"]), 4),
+        "dram_hit_rate": round((stats["dram_hits"] - timed_hits[0]) / max(
+            1, stats["dram_hits"] + stats["disk_hits"] - sum(timed_hits)), 4) if tiered else None,  # timed steps
+        "rss_after_fill_mib": rss_after_fill_mib, "rss_at_end_mib": rss_parts_mib(),
         "ram_bytes_per_key": round((stats["dram_bytes"] + stats["disk_index_bytes"]) / max(rows, 1), 1),
         "disk_index_bytes_per_disk_key": round(stats["disk_index_bytes"] / max(1, stats["disk_rows"]), 1),
         "disk_file_mib": round(stats["disk_file_bytes"] / 2**20, 1),

@@ -555,15 +555,16 @@ def log(message):
 
 
 def tier_progress(stats):
-    """', rows D DRAM + S disk, DRAM hit rate H% (since start), B bytes of RAM a key' over
-    the tier stats of some tables (TtfTableTierStats)."""
+    """', rows D DRAM + S disk, DRAM hit rate H% (since start), W% of disk reads from the
+    device, B bytes of RAM a key' over the tier stats of some tables (TtfTableTierStats)."""
     total = {name: sum(s[name] for s in stats) for name in stats[0]}
     rows = total["dram_rows"] + total["disk_rows"]
     lookups = total["dram_hits"] + total["disk_hits"]
     hit_rate = 100.0 * total["dram_hits"] / lookups if lookups else 100.0
+    waited = 100.0 * total["disk_waits"] / total["disk_hits"] if total["disk_hits"] else 0.0
     ram_per_key = (total["dram_bytes"] + total["disk_index_bytes"]) / max(rows, 1)
     return (f", rows {total['dram_rows']} DRAM + {total['disk_rows']} disk, DRAM hit rate {hit_rate:.1f}% since start, "
-            f"{ram_per_key:.0f} bytes of RAM a key")
+            f"{waited:.0f}% of disk reads from the device (the rest page cache), {ram_per_key:.0f} bytes of RAM a key")
 
 
 class HorovodRanks:

@@ -208,15 +208,16 @@ REGISTER_OP("TtfTableTierStats")
     .Input("table: resource")
     .Output("stats: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(10));
+      c->set_output(0, c->Vector(11));
       return OkStatus();
     })
     .Doc(R"doc(
-The DRAM + SSD tier of a table, as int64[10]: rows in DRAM, rows on disk, lookups of keys
+The DRAM + SSD tier of a table, as int64[11]: rows in DRAM, rows on disk, lookups of keys
 found in DRAM, lookups of keys found on disk (both since creation, keys with a row only),
 rows demoted to disk, rows promoted back, DRAM bytes of the rows (values, slots, metadata,
 index), RAM bytes of the disk tier's key index, bytes of the disk files, and the DRAM row
-limit the budget gives at the current row width (0 for an untiered table).
+limit the budget gives at the current row width (0 for an untiered table), and the lookups'
+disk reads that were not in the page cache (waited for the device, since creation).
 )doc");
 
 REGISTER_OP("TtfTableEvict")

@@ -1,6 +1,7 @@
 // Kernels of the table ops registered in ops/embedding_ops.cc.
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "embedding_table.h"
@@ -323,9 +324,10 @@ class TableTierStatsOp : public TableOpKernel {
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
     const EmbeddingTable::TierStats t = table->Tiers();
     const int64_t values[] = {t.dram_rows, t.disk_rows,      t.dram_hits,        t.disk_hits,       t.demoted,
-                              t.promoted,  t.dram_bytes,     t.disk_index_bytes, t.disk_file_bytes, t.dram_row_limit};
+                              t.promoted,  t.dram_bytes,     t.disk_index_bytes, t.disk_file_bytes, t.dram_row_limit,
+                              t.disk_waits};
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({10}), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(std::size(values))}), &out));
     std::copy(std::begin(values), std::end(values), out->flat<int64_t>().data());
   }
 };

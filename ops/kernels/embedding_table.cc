@@ -8,13 +8,17 @@
 #include <map>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
 #include "tensorflow/core/lib/strings/strcat.h"
+#include "tensorflow/core/platform/blocking_counter.h"
+#include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/logging.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -417,6 +421,10 @@ Status DiskTier::Open(const std::string& dir, int64_t stride) {
     return errors::InvalidArgument("ssd_dir '", dir, "' cannot be written (creating a file there: ",
                                    std::strerror(errno), "); give a writable directory");
   ::unlink(buf.data());  // a cache only this process sees: gone with it, even after kill -9
+  // Records are read one at a time at random places: the kernel's readahead (up to 128 KiB a
+  // read) was most of a tiered step's CPU time once the file outgrew the page cache
+  // (profiled at 100M keys), and it evicts useful cached pages for pages never read.
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
   return OkStatus();
 }
 
@@ -443,6 +451,18 @@ Status DiskReadAll(int fd, const std::string& dir, char* data, int64_t bytes, in
   return OkStatus();
 }
 
+// Reads `bytes` at `offset` only if the page cache holds them all (RWF_NOWAIT): false when the
+// read would wait for the disk, or fails, or the kernel cannot tell (a blocking read then
+// gives the answer or the error).
+bool ReadIfCached(int fd, char* data, int64_t bytes, int64_t offset) {
+#ifdef RWF_NOWAIT
+  iovec target{data, static_cast<size_t>(bytes)};
+  return ::preadv2(fd, &target, 1, static_cast<off_t>(offset), RWF_NOWAIT) == bytes;
+#else
+  return false;
+#endif
+}
+
 Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows) {
   const int64_t bytes = record_bytes();
   if (static_cast<int64_t>(next_slot_) + n > kMaxRecords)
@@ -461,16 +481,21 @@ Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* me
   return OkStatus();
 }
 
-Status DiskTier::Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row,
-                        int64_t floats) const {
+Status DiskTier::Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats,
+                        bool* not_cached) const {
   *slot = DiskIndex::kNone;
   const uint32_t fingerprint = DiskIndex::Fingerprint(hash);
   uint64_t pos = index.Home(fingerprint);
   thread_local std::vector<char> record;  // header and the floats asked for: one read
   record.resize(kHeaderWords * 8 + floats * sizeof(float));
   for (uint32_t candidate; (candidate = index.NextCandidate(fingerprint, &pos)) != DiskIndex::kNone;) {
-    TF_RETURN_IF_ERROR(
-        DiskReadAll(fd_, dir_, record.data(), record.size(), static_cast<int64_t>(candidate) * record_bytes()));
+    const int64_t offset = static_cast<int64_t>(candidate) * record_bytes();
+    if (not_cached == nullptr) {
+      TF_RETURN_IF_ERROR(DiskReadAll(fd_, dir_, record.data(), record.size(), offset));
+    } else if (!ReadIfCached(fd_, record.data(), record.size(), offset)) {
+      *not_cached = true;
+      return OkStatus();
+    }
     int64_t header[kHeaderWords];
     std::memcpy(header, record.data(), sizeof(header));
     if (header[0] != key) continue;  // another key with the same fingerprint
@@ -479,6 +504,51 @@ Status DiskTier::Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* met
     *slot = candidate;
     return OkStatus();
   }
+  return OkStatus();
+}
+
+namespace {
+// Threads that only wait on disk reads (no CPU work): a read that misses the page cache waits
+// for the device, ~0.1 ms on a virtual disk, and a step's thousands of such reads issued one
+// after another added up to most of its wall time. Created on the first read that misses;
+// never destroyed (ops may run until the process exits).
+thread::ThreadPool* DiskReadPool() {
+  static thread::ThreadPool* pool = new thread::ThreadPool(Env::Default(), "ttf_disk_read", 32);
+  return pool;
+}
+}  // namespace
+
+Status DiskTier::LocateMany(int64_t n, const int64_t* keys, const uint64_t* hashes, uint32_t* slots,
+                            RowMeta* metas, float* rows, int64_t floats, int64_t* waited) const {
+  auto locate = [&](int64_t i, bool* not_cached) {
+    return Locate(keys[i], hashes[i], &slots[i], metas == nullptr ? nullptr : &metas[i], rows + i * floats, floats,
+                  not_cached);
+  };
+  // Records the page cache holds are read here (~3 us each); the others, which wait for the
+  // disk, are read together on the pool's threads.
+  thread_local std::vector<int64_t> waiting_scratch;
+  std::vector<int64_t>& waiting = waiting_scratch;  // this thread's: the pool's threads read it
+  waiting.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    bool not_cached = false;
+    TF_RETURN_IF_ERROR(locate(i, &not_cached));
+    if (not_cached) waiting.push_back(i);
+  }
+  const int64_t m = static_cast<int64_t>(waiting.size());
+  *waited = m;
+  auto read_waiting = [&waiting, &locate](int64_t begin, int64_t end) -> Status {
+    for (int64_t j = begin; j < end; ++j) TF_RETURN_IF_ERROR(locate(waiting[j], nullptr));
+    return OkStatus();
+  };
+  const int64_t tasks = std::min<int64_t>(m, DiskReadPool()->NumThreads());
+  if (tasks <= 1) return read_waiting(0, m);
+  std::vector<Status> done(tasks);
+  BlockingCounter counter(tasks - 1);
+  auto run = [&](int64_t t) { done[t] = read_waiting(m * t / tasks, m * (t + 1) / tasks); };
+  for (int64_t t = 1; t < tasks; ++t) DiskReadPool()->Schedule([&, t]() { run(t), counter.DecrementCount(); });
+  run(0);
+  counter.Wait();
+  for (const Status& status : done) TF_RETURN_IF_ERROR(status);
   return OkStatus();
 }
 
@@ -859,10 +929,14 @@ namespace {
 // Rebuilds `ks` densely when at most half of its allocated rows are live: rows move to
 // fresh, contiguous ids, the index shrinks to fit, and the old chunks are freed. Returns
 // whether it did.
-bool CompactStore(KeyedStore* ks) {
+// Moves the live rows into a store and index of their size when at least half the store's
+// rows are free, or its index is 4x what they need, or (max_allocated > 0) it holds more
+// than max_allocated rows.
+bool CompactStore(KeyedStore* ks, int64_t max_allocated = 0) {
   const int64_t live = ks->index.size(), allocated = ks->store.allocated_rows();
   const bool index_oversized = ks->index.capacity() > 4 * KeyIndex::CapacityFor(live);
-  if (!index_oversized && (allocated <= RowStore::kChunkRows || live * 2 > allocated)) return false;
+  const bool over = max_allocated > 0 && allocated > max_allocated + RowStore::kChunkRows;
+  if (!index_oversized && !over && (allocated <= RowStore::kChunkRows || live * 2 > allocated)) return false;
   const int64_t stride = ks->store.stride();
   KeyedStore dense(stride);
   dense.index = KeyIndex(KeyIndex::CapacityFor(live));
@@ -881,7 +955,12 @@ bool CompactStore(KeyedStore* ks) {
 }  // namespace
 
 bool EmbeddingTable::CompactIfSparse(TableShard* sh) {
-  const bool rows_moved = CompactStore(&sh->rows);
+  // A tiered shard's DRAM limit falls as its disk index grows (the index counts inside the
+  // budget): rows demoted below it leave free slots the budget no longer pays for, so the
+  // store is compacted once it holds more than 5/4 of the limit (at 100M keys and a 2 GiB
+  // budget, freed slots held ~0.8 GiB above the budget until half the store was free).
+  const int64_t limit = config_.tiered() ? DramRowLimit(*sh) : 0;
+  const bool rows_moved = CompactStore(&sh->rows, limit + limit / 4);
   CompactStore(&sh->candidates);
   return rows_moved;
 }
@@ -922,7 +1001,7 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
                             float* out) const {
   const TableShard& sh = *shards_[s];
   const bool tiered = config_.tiered();
-  int64_t disk_hits = 0;
+  int64_t disk_hits = 0, disk_waits = 0;
   // Training: whole disk records are read (one pread either way) and staged for the update.
   const int64_t stride = sh.rows.store.stride();
   const int64_t staged_record_bytes = sizeof(RowMeta) + stride * sizeof(float);
@@ -935,38 +1014,53 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   std::shared_lock<std::shared_mutex> lock(sh.mu);
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {
-      __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
-    } else if (tiered && i + 8 < n) {  // not in DRAM: its disk index probe comes
-      sh.disk.index.Prefetch(DiskIndex::Fingerprint(hashes[i + 8]));
+  // The keys without a DRAM row are read from disk first, all at once (LocateMany): a
+  // training lookup reads whole records (meta and stride floats: one pread either way) and
+  // stages them for the update; an inference lookup reads the value only.
+  thread_local std::vector<int64_t> disk_keys;
+  thread_local std::vector<uint64_t> disk_hashes;
+  thread_local std::vector<uint32_t> disk_slots;
+  thread_local std::vector<RowMeta> disk_metas;
+  thread_local std::vector<float> disk_rows;
+  const int64_t disk_floats = training ? stride : dim;
+  if (tiered) {
+    disk_keys.clear();
+    disk_hashes.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] != KeyIndex::kNone) continue;
+      disk_keys.push_back(keys[i]);
+      disk_hashes.push_back(hashes[i]);
     }
+    const int64_t m = static_cast<int64_t>(disk_keys.size());
+    disk_slots.resize(m);
+    disk_metas.resize(m);
+    disk_rows.resize(m * disk_floats);
+    TF_RETURN_IF_ERROR(sh.disk.LocateMany(m, disk_keys.data(), disk_hashes.data(), disk_slots.data(),
+                                          disk_metas.data(), disk_rows.data(), disk_floats, &disk_waits));
+  }
+  int64_t next_disk = 0;  // position in disk_keys of the next key without a DRAM row
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
     const uint32_t id = ids[i];
     float* dst = out + i * dim;
     if (id != KeyIndex::kNone) {
       CopyRow(dst, sh.rows.store.row(id), dim);
       continue;
     }
-    if (tiered) {  // read from disk without promoting: the apply promotes (TouchKeys)
-      uint32_t slot;
-      if (!training) {
-        TF_RETURN_IF_ERROR(sh.disk.Locate(keys[i], hashes[i], &slot, nullptr, dst, dim));
-        disk_hits += slot != DiskIndex::kNone;
-        if (slot != DiskIndex::kNone) continue;
-      } else {
-        const size_t at = to_stage.size();
-        to_stage.resize(at + staged_record_bytes);
-        RowMeta meta;
-        float* row = reinterpret_cast<float*>(to_stage.data() + at + sizeof(RowMeta));
-        TF_RETURN_IF_ERROR(sh.disk.Locate(keys[i], hashes[i], &slot, &meta, row, stride));
-        if (slot != DiskIndex::kNone) {
-          ++disk_hits;
-          std::memcpy(to_stage.data() + at, &meta, sizeof(meta));
-          std::memcpy(dst, row, dim * sizeof(float));
-          staged_keys.emplace_back(keys[i], slot);
-          continue;
+    if (tiered) {  // read from disk above, not promoted: the apply promotes (TouchKeys)
+      const int64_t j = next_disk++;
+      if (disk_slots[j] != DiskIndex::kNone) {
+        ++disk_hits;
+        const float* row = disk_rows.data() + j * disk_floats;
+        std::memcpy(dst, row, dim * sizeof(float));
+        if (training) {
+          const size_t at = to_stage.size();
+          to_stage.resize(at + staged_record_bytes);
+          std::memcpy(to_stage.data() + at, &disk_metas[j], sizeof(RowMeta));
+          std::memcpy(to_stage.data() + at + sizeof(RowMeta), row, stride * sizeof(float));
+          staged_keys.emplace_back(keys[i], disk_slots[j]);
         }
-        to_stage.resize(at);  // not on disk
+        continue;
       }
     }
     bool admitted_now = training;
@@ -992,6 +1086,7 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
     auto& mutable_sh = const_cast<TableShard&>(sh);  // counters (atomics) and the staging (its own lock)
     mutable_sh.dram_hits.fetch_add(dram_hits, std::memory_order_relaxed);
     mutable_sh.disk_hits.fetch_add(disk_hits, std::memory_order_relaxed);
+    mutable_sh.disk_waits.fetch_add(disk_waits, std::memory_order_relaxed);
     if (!staged_keys.empty()) {
       std::lock_guard<std::mutex> staging(mutable_sh.staged_mu);
       const int64_t generation = sh.disk.generation();
@@ -1115,6 +1210,7 @@ EmbeddingTable::TierStats EmbeddingTable::Tiers() const {
     t.disk_rows += sh->disk.index.size();
     t.dram_hits += sh->dram_hits.load(std::memory_order_relaxed);
     t.disk_hits += sh->disk_hits.load(std::memory_order_relaxed);
+    t.disk_waits += sh->disk_waits.load(std::memory_order_relaxed);
     t.demoted += sh->rows_demoted;
     t.promoted += sh->rows_promoted;
     t.dram_bytes += sh->rows.index.bytes() + sh->rows.store.bytes();

@@ -362,8 +362,16 @@ class DiskTier {
   // Finds the key's record: *slot is its record number, or kNone when the key is not on
   // disk. When found, `meta` (if non-null) gets its meta and `row` its first `floats` floats;
   // neither is written otherwise. Reads each candidate record of the index (one pread each:
-  // one in all but a 2^-32 chance) and returns the first read error.
-  Status Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats) const;
+  // one in all but a 2^-32 chance) and returns the first read error. With not_cached
+  // non-null, reads only from the page cache: *not_cached = true (and *slot kNone) when a
+  // read would wait for the disk.
+  Status Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats,
+                bool* not_cached = nullptr) const;
+  // Locate for n keys (slots[i], metas[i] if metas is non-null, rows + i * floats): reads the
+  // page cache holds on the calling thread, the others (*waited of them) spread over a pool
+  // of threads that wait on the disk together. Returns the first error.
+  Status LocateMany(int64_t n, const int64_t* keys, const uint64_t* hashes, uint32_t* slots, RowMeta* metas,
+                    float* rows, int64_t floats, int64_t* waited) const;
   // Drops a record found by Locate (promoted, or removed) from the index.
   void Drop(uint64_t hash, uint32_t slot) { index.Erase(DiskIndex::Fingerprint(hash), slot); }
   // Removes the key's row if it is on disk (*removed says whether it was); a read error is returned.
@@ -481,7 +489,7 @@ struct TableShard {
   DiskTier disk;                      // cold rows (tiered tables only)
   int64_t rows_demoted = 0, rows_promoted = 0;
   // Lookups of keys with a row, by tier (atomics: lookups hold the lock shared).
-  std::atomic<int64_t> dram_hits{0}, disk_hits{0};
+  std::atomic<int64_t> dram_hits{0}, disk_hits{0}, disk_waits{0};
   // Disk records read by training lookups, kept for the shard's next update, which promotes
   // them without a second read: key -> StagedRecord, the record ([RowMeta | row]) in
   // staged_bytes. Lookups add under staged_mu (they hold the shard lock shared); the update
@@ -621,6 +629,7 @@ class EmbeddingTable : public ResourceBase {
   struct TierStats {
     int64_t dram_rows = 0, disk_rows = 0, dram_hits = 0, disk_hits = 0, demoted = 0, promoted = 0;
     int64_t dram_bytes = 0, disk_index_bytes = 0, disk_file_bytes = 0, dram_row_limit = 0;
+    int64_t disk_waits = 0;  // lookups' disk reads that missed the page cache
   };
   TierStats Tiers() const;
   int64_t MemoryBytes() const;

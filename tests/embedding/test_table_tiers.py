@@ -51,8 +51,9 @@ def zipf_batches(seed, steps, batch=64, vocab=3000):
     return [np.minimum(rng.zipf(1.1, batch), vocab).astype(np.int64) * 7919 + 3 for _ in range(steps)]
 
 
-@pytest.mark.parametrize("optimizer,admission", [("adam", 0), ("adagrad", 2)])
-def test_tiered_table_trains_bit_for_bit_like_an_untiered_one(tmp_path, optimizer, admission):
+# batch 1024: a shard's lookup reads hundreds of disk rows, spread over the disk read threads.
+@pytest.mark.parametrize("optimizer,admission,batch", [("adam", 0, 64), ("adagrad", 2, 64), ("adam", 0, 1024)])
+def test_tiered_table_trains_bit_for_bit_like_an_untiered_one(tmp_path, optimizer, admission, batch):
     budget = 40 * tier_row_bytes(DIM, 2) * 2  # ~40 DRAM rows per shard: most rows live on disk
     tiered = EmbeddingTable(DIM, "normal", seed=3, num_shards=2, admission_min_count=admission,
                             dram_budget=budget, ssd_dir=str(tmp_path))
@@ -61,14 +62,14 @@ def test_tiered_table_trains_bit_for_bit_like_an_untiered_one(tmp_path, optimize
     seed_keys = np.arange(300, dtype=np.int64) * 31
     ops().ttf_table_find_or_insert(tiered.resource_handle, seed_keys, dim=DIM)
     ops().ttf_table_find_or_insert(plain.resource_handle, seed_keys, dim=DIM)
-    for step, keys in enumerate(zipf_batches(1, 60), start=1):
+    for step, keys in enumerate(zipf_batches(1, 60, batch=batch), start=1):
         np.testing.assert_array_equal(train_step(tiered, keys, step, optimizer),
                                       train_step(plain, keys, step, optimizer), err_msg=f"step {step}")
     assert_same_content(tiered, plain)
     stats = tiered.tier_stats()
     assert stats["disk_rows"] > stats["dram_rows"] > 0, stats
     assert stats["promoted"] > 0 and stats["disk_hits"] > 0, stats
-    assert stats["dram_rows"] <= stats["dram_row_limit"] + 64, stats  # the budget plus one batch
+    assert stats["dram_rows"] <= stats["dram_row_limit"] + batch, stats  # the budget plus one batch
     assert stats["dram_rows"] + stats["disk_rows"] == int(tiered.size()) == int(plain.size())
     # Inference reads disk rows too, and unseen keys get the default row.
     probe = np.concatenate([sorted_export(plain)[0][:50], [-5]])
@@ -163,8 +164,7 @@ def test_an_unreadable_disk_tier_fails_evict_instead_of_keeping_rows(tmp_path):
     for step, keys in enumerate(zipf_batches(2, 20, batch=16, vocab=200), start=1):
         train_step(table, keys, step)
     assert table.tier_stats()["disk_rows"] > 0
-    fds = [int(fd) for fd in os.listdir("/proc/self/fd")
-           if str(tmp_path) in (os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else "")]
+    fds = tier_file_descriptors(tmp_path)
     assert fds, "the tier's file was not found among this process's files"
     for fd in fds:
         os.ftruncate(fd, 0)
@@ -173,6 +173,61 @@ def test_an_unreadable_disk_tier_fails_evict_instead_of_keeping_rows(tmp_path):
     # A removal reads a disk key's record to confirm its key (the index holds fingerprints only).
     with pytest.raises(tf.errors.InternalError, match=f"ssd_dir '{tmp_path}' failed .*reading rows"):
         ops().ttf_table_remove(table.resource_handle, np.unique(zipf_batches(2, 20, batch=16, vocab=200)[0]))
+
+
+def filesystem_of(path):
+    """The type of the file system holding path (the longest mount point above it)."""
+    path, best = os.path.realpath(path), ("", "")
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            point, kind = line.split()[1:3]
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best[0]):
+                best = (point, kind)
+    return best[1]
+
+
+def tier_file_descriptors(tmp_path):
+    """This process's descriptors of tier files under tmp_path (unlinked: found through /proc)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if str(tmp_path) in os.readlink(f"/proc/self/fd/{fd}"):
+                found.append(int(fd))
+        except OSError:  # closed meanwhile (listdir's own descriptor)
+            pass
+    return found
+
+
+def test_disk_reads_that_miss_the_page_cache_read_the_same_rows(tmp_path):
+    """The tier file's pages are dropped from the page cache (fsync, then POSIX_FADV_DONTNEED
+    through /proc/self/fd), so the lookups' disk reads wait for the device and run on the
+    disk read threads: rows, training and inference reads equal an untiered table's."""
+    budget = 40 * tier_row_bytes(DIM, 2) * 2
+    tiered = EmbeddingTable(DIM, "normal", seed=3, num_shards=2, dram_budget=budget, ssd_dir=str(tmp_path))
+    plain = EmbeddingTable(DIM, "normal", seed=3, num_shards=2)
+    batches = zipf_batches(7, 40, batch=1024, vocab=20000)
+    for step, keys in enumerate(batches[:20], start=1):
+        train_step(tiered, keys, step)
+        train_step(plain, keys, step)
+    fds = tier_file_descriptors(tmp_path)
+    assert fds, "the tier's file was not found among this process's files"
+    for step, keys in enumerate(batches[20:], start=21):
+        for fd in fds:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        np.testing.assert_array_equal(train_step(tiered, keys, step), train_step(plain, keys, step))
+    for fd in fds:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    probe = sorted_export(plain)[0]
+    np.testing.assert_array_equal(
+        ops().ttf_table_find(tiered.resource_handle, probe, dim=DIM, training=False).numpy(),
+        ops().ttf_table_find(plain.resource_handle, probe, dim=DIM, training=False).numpy())
+    assert_same_content(tiered, plain)
+    stats = tiered.tier_stats()
+    if filesystem_of(tmp_path) in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is in memory ({filesystem_of(tmp_path)}): no read waits for a device")
+    assert stats["disk_waits"] > 100, stats  # the waiting path ran
 
 
 def test_checkpoints_cross_tiers_both_ways(tmp_path):

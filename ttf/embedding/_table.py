@@ -76,7 +76,7 @@ class RowInitializer:
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 TIER_STATS = ("dram_rows", "disk_rows", "dram_hits", "disk_hits", "demoted", "promoted", "dram_bytes",
-              "disk_index_bytes", "disk_file_bytes", "dram_row_limit")
+              "disk_index_bytes", "disk_file_bytes", "dram_row_limit", "disk_waits")
 
 
 def check_eviction(capacity, evict_policy, ttl_steps):
@@ -235,7 +235,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         """The DRAM + SSD tier as a dict of ints (TtfTableTierStats): dram_rows, disk_rows,
         dram_hits and disk_hits (lookups of keys with a row, by tier, since creation),
         demoted, promoted, dram_bytes, disk_index_bytes (RAM), disk_file_bytes,
-        dram_row_limit (0 untiered)."""
+        dram_row_limit (0 untiered), disk_waits (lookups' disk reads that missed the page
+        cache and waited for the device, since creation)."""
         with tf.device(self._resource_device):
             values = ops().ttf_table_tier_stats(self.resource_handle).numpy()
         return dict(zip(TIER_STATS, (int(v) for v in values)))
