@@ -254,8 +254,8 @@ def tier_child(args):
     rss_after_fill_mib = round(current_rss_bytes() / 2**20, 1)
     rng = np.random.default_rng(0)
     times, cpu_times = [], []
-    hits_at = lambda s: (s["dram_hits"], s["disk_hits"])  # noqa: E731
-    window_t, window_hits = time.perf_counter(), hits_at(table.tier_stats()) if tiered else (0, 0)
+    hits_at = lambda s: (s["dram_hits"], s["disk_hits"], s["disk_waits"])  # noqa: E731
+    window_t, window_hits = time.perf_counter(), hits_at(table.tier_stats()) if tiered else (0, 0, 0)
     for step in range(2, 2 + args.warm_steps + args.steps):
         if step == 2 + args.warm_steps and tiered:
             timed_hits = hits_at(table.tier_stats())
@@ -286,7 +286,9 @@ def tier_child(args):
         "cpu_ms_per_step": round(1000 * float(np.median(cpu_times)), 2), "peak_rss_mib": peak_rss_mib,
         "dram_rows": stats["dram_rows"], "disk_rows": stats["disk_rows"],
         "dram_hit_rate": round((stats["dram_hits"] - timed_hits[0]) / max(
-            1, stats["dram_hits"] + stats["disk_hits"] - sum(timed_hits)), 4) if tiered else None,  # timed steps
+            1, stats["dram_hits"] + stats["disk_hits"] - sum(timed_hits[:2])), 4) if tiered else None,  # timed steps
+        "disk_reads_from_device": round((stats["disk_waits"] - timed_hits[2]) / max(
+            1, stats["disk_hits"] - timed_hits[1]), 4) if tiered else None,  # the rest: page cache
         "rss_after_fill_mib": rss_after_fill_mib, "rss_at_end_mib": rss_parts_mib(),
         "ram_bytes_per_key": round((stats["dram_bytes"] + stats["disk_index_bytes"]) / max(rows, 1), 1),
         "disk_index_bytes_per_disk_key": round(stats["disk_index_bytes"] / max(1, stats["disk_rows"]), 1),
