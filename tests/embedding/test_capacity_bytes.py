@@ -160,7 +160,7 @@ def test_parse_capacity():
     assert parse(" 64k ") == (0, 64 << 10) and parse("1GiB") == (0, 1 << 30)
 
 
-def test_layer_config_and_keras_file_keep_the_byte_capacity(tmp_path):
+def test_layer_config_keras_file_and_saved_model_keep_the_byte_capacity(tmp_path):
     layer = ttf.DynamicEmbedding(4, capacity="4M", evict_policy="lfu", name="capped_bytes")
     clone = ttf.DynamicEmbedding.from_config(layer.get_config())
     table = clone.tables[0]
@@ -174,3 +174,9 @@ def test_layer_config_and_keras_file_keep_the_byte_capacity(tmp_path):
     emb2 = next(layer for layer in loaded.layers if isinstance(layer, ttf.DynamicEmbedding))
     assert (emb2.tables[0].capacity, emb2.tables[0].capacity_bytes) == ("1.5M", 3 << 19)
     assert int(emb2.tables[0].size()) == int(emb.tables[0].size()) > 0
+    # A SavedModel (ttf imported) revives the table with its byte capacity.
+    module = tf.Module()
+    module.table = EmbeddingTable(4, capacity="4M", evict_policy="lfu")
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    revived = tf.saved_model.load(str(tmp_path / "sm")).table
+    assert (revived.capacity, revived.capacity_bytes, revived.evict_policy) == ("4M", 4 << 20, "lfu")
