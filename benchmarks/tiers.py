@@ -314,7 +314,8 @@ def main(argv=None):
     after = rss[len(rss) // 10:] if rss else []  # past the first tenth after warm-up
     result = {
         "command": " ".join(["benchmarks/tiers.py"] + (argv if argv is not None else sys.argv[1:])),
-        "capacity": args.capacity, "capacity_bytes": args.capacity_bytes, "batch": args.batch, "steps": steps, "distinct_ids": steps * args.batch,
+        "capacity": args.capacity, "capacity_bytes": args.capacity_bytes, "batch": args.batch, "steps": steps,
+        "distinct_ids": steps * args.batch,
         "policy": args.policy, "dim": args.dim,
         "max_size": max(sizes), "size_bound": args.capacity + args.batch,
         "size_within_bound": max(sizes) <= args.capacity + args.batch,
@@ -327,7 +328,8 @@ def main(argv=None):
         "memory_mib_min_after_warmup": round(min(memory) / 2**20, 1) if memory else None,
         "memory_mib_max_after_warmup": round(max(memory) / 2**20, 1) if memory else None,
         "memory_spread_after_warmup": round(max(memory) / min(memory) - 1, 4) if memory else None,
-        # What the bound allows: the rows that fit plus one update's new ids, RowBytes each.
+        # The rows that fit plus one update's new ids, RowBytes each. Reported, not the exit code:
+        # a table of a few MiB also holds its lock shards' partly used chunks of 1024 rows.
         "memory_bound_mib": round((args.capacity + args.batch) * tier_row_bytes(args.dim, 2) / 2**20, 1),
         "memory_within_bound": max(memory) <= (args.capacity + args.batch) * tier_row_bytes(args.dim, 2)
         if memory else None,

@@ -53,8 +53,8 @@ bool TableConfig::operator==(const TableConfig& o) const {
   return dim == o.dim && init.kind == o.init.kind && init.a == o.init.a && init.b == o.init.b &&
          init.seed == o.init.seed && default_value == o.default_value &&
          admission_min_count == o.admission_min_count && max_candidates == o.max_candidates &&
-         num_shards == o.num_shards && capacity == o.capacity && capacity_bytes == o.capacity_bytes && evict_policy == o.evict_policy &&
-         ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir &&
+         num_shards == o.num_shards && capacity == o.capacity && capacity_bytes == o.capacity_bytes &&
+         evict_policy == o.evict_policy && ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir &&
          admission_sketch_bytes == o.admission_sketch_bytes;
 }
 

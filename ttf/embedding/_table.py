@@ -234,7 +234,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             init_b=self.initializer.b, seed=self.seed, default_value=self.default_value,
             admission_min_count=self.admission_min_count, num_shards=self.num_shards,
             capacity=self.capacity_rows, capacity_bytes=self.capacity_bytes, evict_policy=self.evict_policy,
-            ttl_steps=self.ttl_steps, dram_budget=self.dram_budget, ssd_dir=self.ssd_dir, admission_sketch_bytes=self.admission_sketch_bytes,
+            ttl_steps=self.ttl_steps, dram_budget=self.dram_budget, ssd_dir=self.ssd_dir,
+            admission_sketch_bytes=self.admission_sketch_bytes,
             shared_name=self._shared_name)
 
     def _destroy_resource(self):
