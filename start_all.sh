@@ -22,7 +22,8 @@ Model and path:
   --optimizer O        adam | adagrad | ftrl | sgd (default adam)
   --lr LR              learning rate (default: train.py's, 0.001)
   --table-capacity N   with --tiacc: rows each process's shard of each table keeps (LRU unless
-                       --evict-policy; 0 = unbounded, the default)
+                       --evict-policy; 0 = unbounded, the default); with a unit (512M, 2G) bytes
+                       of rows instead (value, optimizer slots, metadata, index; not with --dram-budget)
   --evict-policy P     with --tiacc: lru | lfu | ttl (ttl needs --ttl-steps S)
   --ttl-steps S        with --evict-policy ttl: steps without an update before an id is evicted
   --dram-budget SIZE   with --tiacc: DRAM + SSD tier, bytes of DRAM rows per process's table shard

@@ -1,7 +1,9 @@
 """Bounded-table benchmark (issue 18), two targets.
 
 Capacity (default): a capacity-capped ttf table trained on a stream of distinct ids keeps
-its size within capacity + one batch and its RSS flat after warm-up; and the per-id CPU time
+its size within capacity + one batch and its RSS flat after warm-up (a capacity with a unit,
+e.g. --capacity 256M, is bytes: the rows that fit at dim + Adam's slots, and memory_bytes is
+reported against it); and the per-id CPU time
 of its training lookup and Adam update against a plain NumPy floor (gather of the rows,
 scatter of value and both Adam slots) on the same ids.
 
@@ -24,6 +26,8 @@ Example (the issue's target; ~1 GiB RSS):
   .venv/bin/python benchmarks/tiers.py --capacity 1000000 --distinct 10000000
 Down-scaled (what a shared 2-core machine runs in a minute):
   .venv/bin/python benchmarks/tiers.py --capacity 200000 --distinct 2000000
+A capacity in bytes, 1,000 steps after warm-up (1,157,040 rows fit; warm-up ~44 steps):
+  .venv/bin/python benchmarks/tiers.py --capacity 256M --distinct 27795456
 
 Prints one JSON object (also written to --out). Timing figures are medians over steps.
 """
@@ -42,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ttf  # noqa: E402,F401  (sets up Keras 2 before TF is used)
 import tensorflow as tf  # noqa: E402
 from ttf._ops import ops  # noqa: E402
-from ttf.embedding import EmbeddingTable, parse_size, tier_row_bytes  # noqa: E402
+from ttf.embedding import EmbeddingTable, parse_capacity, parse_size, tier_row_bytes  # noqa: E402
 
 
 def rss_bytes():
@@ -52,7 +56,8 @@ def rss_bytes():
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--capacity", type=int, default=1_000_000, help="table capacity in rows (default 1,000,000)")
+    p.add_argument("--capacity", default="1000000",
+                   help="table capacity in rows, or with a unit (K, M, G of 1024) in bytes (default 1,000,000 rows)")
     p.add_argument("--distinct", type=int, default=10_000_000,
                    help="distinct ids in the stream; each step brings --batch new ones (default 10,000,000)")
     p.add_argument("--batch", type=int, default=26_624, help="ids per step (default 26,624 = 1024 x 26 fields)")
@@ -95,6 +100,15 @@ def parse_args(argv):
         for name in ("steps", "repeats", "keys", "dram_keys"):
             if getattr(args, name) <= 0:
                 p.error(f"--{name} must be > 0")
+    if args.capacity.isdigit():
+        args.capacity_bytes, args.capacity = 0, int(args.capacity)
+    else:
+        try:
+            _, args.capacity_bytes = parse_capacity(args.capacity)
+        except ValueError as err:
+            p.error(f"--capacity: {err}")
+        # The rows that fit once Adam's slots are in (what the table's limit is while training).
+        args.capacity = args.num_shards * (args.capacity_bytes // args.num_shards // tier_row_bytes(args.dim, 2))
     for name in ("capacity", "distinct", "batch", "dim", "num_shards"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -352,13 +366,14 @@ def main(argv=None):
         return tier_child(args)
     if args.dram_budget is not None:
         return tier_main(args, argv)
-    table = EmbeddingTable(args.dim, num_shards=args.num_shards, capacity=args.capacity, evict_policy=args.policy,
+    capacity = f"{args.capacity_bytes}B" if args.capacity_bytes else args.capacity
+    table = EmbeddingTable(args.dim, num_shards=args.num_shards, capacity=capacity, evict_policy=args.policy,
                            ttl_steps=args.ttl_steps)
     h = table.resource_handle
     rng = np.random.default_rng(0)
     steps = args.distinct // args.batch
     mix = np.uint64(0x9E3779B97F4A7C15)
-    sizes, rss, lookup_ns, apply_ns, floor_ns = [], [], [], [], []
+    sizes, rss, memory, lookup_ns, apply_ns, floor_ns = [], [], [], [], [], []
     store = np.zeros((args.capacity, 3 * args.dim), np.float32)  # the floor's contiguous rows
     warm_step = None
     for step in range(1, steps + 1):
@@ -378,13 +393,15 @@ def main(argv=None):
             warm_step = step
         if warm_step is not None:
             rss.append(rss_bytes())
+            memory.append(int(table.stats().memory_bytes))
             lookup_ns.append((t1 - t0) / args.batch)
             apply_ns.append((t2 - t1) / args.batch)
             floor_ns.append((t3 - t2) / args.batch)
     after = rss[len(rss) // 10:] if rss else []  # past the first tenth after warm-up
     result = {
         "command": " ".join(["benchmarks/tiers.py"] + (argv if argv is not None else sys.argv[1:])),
-        "capacity": args.capacity, "batch": args.batch, "steps": steps, "distinct_ids": steps * args.batch,
+        "capacity": args.capacity, "capacity_bytes": args.capacity_bytes, "batch": args.batch, "steps": steps,
+        "distinct_ids": steps * args.batch,
         "policy": args.policy, "dim": args.dim,
         "max_size": max(sizes), "size_bound": args.capacity + args.batch,
         "size_within_bound": max(sizes) <= args.capacity + args.batch,
@@ -393,6 +410,15 @@ def main(argv=None):
         "rss_mib_min_after_warmup": round(min(after) / 2**20, 1) if after else None,
         "rss_mib_max_after_warmup": round(max(after) / 2**20, 1) if after else None,
         "rss_spread_after_warmup": round(max(after) / min(after) - 1, 4) if after else None,
+        "steps_after_warmup": len(rss),
+        "memory_mib_min_after_warmup": round(min(memory) / 2**20, 1) if memory else None,
+        "memory_mib_max_after_warmup": round(max(memory) / 2**20, 1) if memory else None,
+        "memory_spread_after_warmup": round(max(memory) / min(memory) - 1, 4) if memory else None,
+        # The rows that fit plus one update's new ids, RowBytes each. Reported, not the exit code:
+        # a table of a few MiB also holds its lock shards' partly used chunks of 1024 rows.
+        "memory_bound_mib": round((args.capacity + args.batch) * tier_row_bytes(args.dim, 2) / 2**20, 1),
+        "memory_within_bound": max(memory) <= (args.capacity + args.batch) * tier_row_bytes(args.dim, 2)
+        if memory else None,
         "lookup_ns_per_id_median": round(float(np.median(lookup_ns)), 1) if lookup_ns else None,
         "apply_ns_per_id_median": round(float(np.median(apply_ns)), 1) if apply_ns else None,
         "numpy_gather_adam_scatter_ns_per_id_median": round(float(np.median(floor_ns)), 1) if floor_ns else None,

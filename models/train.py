@@ -110,10 +110,12 @@ def parse_args(argv):
     synthetic.add_argument("--synthetic-vocab", type=int, default=SYNTHETIC_VOCAB,
                            help=f"distinct values per field (default {SYNTHETIC_VOCAB:,})")
     tables = p.add_argument_group("bounded ttf tables (--tiacc)")
-    tables.add_argument("--table-capacity", type=int, default=0,
+    tables.add_argument("--table-capacity", default="0",
                         help="rows each process's shard of each ttf table keeps at most after an update, plus "
-                             "that update's new ids; rows beyond it are evicted by --evict-policy. 0: unbounded "
-                             "(default 0). Example: --table-capacity 1000000 --evict-policy lfu")
+                             "that update's new ids; rows beyond it are evicted by --evict-policy. A value with a "
+                             "unit (K, M, G, T of 1024) is bytes of rows instead (value, optimizer slots, metadata "
+                             "and index entry; not with --dram-budget). 0: unbounded (default 0). Examples: "
+                             "--table-capacity 1000000 --evict-policy lfu, --table-capacity 512M")
     tables.add_argument("--evict-policy", choices=["lru", "lfu", "ttl"], default="lru",
                         help="lru: least recently updated ids go first; lfu: fewest updates first; ttl: every id "
                              "not updated in --ttl-steps steps (LRU above a --table-capacity) (default lru)")
@@ -191,8 +193,7 @@ def parse_args(argv):
         p.error(f"--lr must be a finite number > 0, got {args.lr}")
     if args.max_non_finite_steps < 0:
         p.error(f"--max-non-finite-steps must be >= 0, got {args.max_non_finite_steps}")
-    if args.table_capacity < 0:
-        p.error(f"--table-capacity must be >= 0 (0: unbounded), got {args.table_capacity}")
+    check_table_capacity(p, args)
     if (args.evict_policy == "ttl") != (args.ttl_steps > 0):
         p.error("--evict-policy ttl needs --ttl-steps S > 0, and --ttl-steps needs --evict-policy ttl")
     if (args.table_capacity or args.evict_policy == "ttl") and not args.tiacc:
@@ -211,6 +212,28 @@ def parse_args(argv):
     return args
 
 
+def check_table_capacity(p, args):
+    """--table-capacity: a bare integer is rows (an int), a value with a unit bytes (kept as the
+    size string, which ttf.DynamicEmbedding reads as bytes); one-line errors at start-up."""
+    text = args.table_capacity.strip()
+    if text.isdigit():
+        args.table_capacity = int(text)
+        return
+    try:
+        _, size = ttf.embedding.parse_capacity(text)
+    except ValueError:
+        p.error(f"--table-capacity must be rows (an integer >= 0, 0: unbounded) or bytes with a unit K, M, G or T "
+                f"(e.g. 512M, 2G), got {args.table_capacity!r}")
+    args.table_capacity = text if size else 0
+    # Each of a table's 16 lock shards (DynamicEmbedding's default) must hold one row with the
+    # optimizer's slots, or the first update fails (TtfEmbeddingTable's check).
+    slots = {"adam": 2, "ftrl": 2, "adagrad": 1, "sgd": 0}[args.optimizer]
+    row_bytes = ttf.embedding.tier_row_bytes(args.embedding_dim + 1, slots)
+    if size and size < 16 * row_bytes:
+        p.error(f"--table-capacity {text} ({size} bytes) is below one row for each of a table's 16 lock shards "
+                f"({row_bytes} bytes a row with {args.optimizer}'s slots): give at least {16 * row_bytes}")
+
+
 def check_tier_flags(p, args, schema):
     """--dram-budget / --ssd-dir: parsed to bytes and checked at start-up (one-line errors)."""
     try:
@@ -223,6 +246,9 @@ def check_tier_flags(p, args, schema):
         p.error("--dram-budget and --ssd-dir tier ttf tables: add --tiacc")
     if not (args.dram_budget and args.ssd_dir):
         p.error("--dram-budget and --ssd-dir go together: give both for a DRAM + SSD tier, or neither")
+    if isinstance(args.table_capacity, str):
+        p.error(f"--table-capacity {args.table_capacity} (bytes) with --dram-budget: a tiered table's RAM is already "
+                "bounded by --dram-budget; give --table-capacity in rows to bound both tiers")
     try:
         os.makedirs(args.ssd_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.ssd_dir).close()

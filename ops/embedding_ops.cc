@@ -42,6 +42,7 @@ REGISTER_OP("TtfEmbeddingTable")
     .Attr("admission_sketch_bytes: int >= 0 = 0")
     .Attr("num_shards: int >= 1 = 16")
     .Attr("capacity: int >= 0 = 0")
+    .Attr("capacity_bytes: int >= 0 = 0")
     .Attr("evict_policy: {'lru', 'lfu', 'ttl'} = 'lru'")
     .Attr("ttl_steps: int >= 0 = 0")
     .Attr("dram_budget: int >= 0 = 0")
@@ -69,7 +70,13 @@ capacity > 0 bounds the rows: after each update the table holds at most capacity
 (each lock shard its share, capacity / num_shards rounded up) plus that update's new keys;
 when over, it evicts down to 15/16 of the capacity by evict_policy: 'lru' (least recently
 updated first), 'lfu' (fewest updates first), ties by the other, then by key. Rows updated
-by the current update are never evicted. evict_policy 'ttl' (with ttl_steps > 0, and only
+by the current update are never evicted. capacity_bytes > 0 is the same bound in bytes
+(instead of capacity, never with dram_budget): each shard keeps at most
+(capacity_bytes / num_shards) / row_bytes rows, row_bytes = 4 * dim * (1 + optimizer slots)
++ 40 (value and slots, metadata, index entry: the bytes dram_budget counts a row), at the
+current row width (an optimizer's first update adds its slots, and the limit falls with
+it); it must hold one row per shard at creation and when slots are added (InvalidArgument
+otherwise). evict_policy 'ttl' (with ttl_steps > 0, and only
 then) also evicts every row and candidate not updated in the last ttl_steps steps (swept
 every ttl_steps/16 steps per shard). Evictions are counted (TtfTableStats.rows_evicted)
 and recorded as deleted keys for delta checkpoints.

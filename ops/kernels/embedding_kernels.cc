@@ -34,6 +34,7 @@ class EmbeddingTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards));
     std::string evict_policy;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &config_.capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity_bytes", &config_.capacity_bytes));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_policy", &evict_policy));
     OP_REQUIRES_OK(ctx, ParseEvictPolicy(evict_policy, &config_.evict_policy));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &config_.ttl_steps));

@@ -57,8 +57,8 @@ bool TableConfig::operator==(const TableConfig& o) const {
   return dim == o.dim && init.kind == o.init.kind && init.a == o.init.a && init.b == o.init.b &&
          init.seed == o.init.seed && default_value == o.default_value &&
          admission_min_count == o.admission_min_count && max_candidates == o.max_candidates &&
-         num_shards == o.num_shards && capacity == o.capacity && evict_policy == o.evict_policy &&
-         ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir &&
+         num_shards == o.num_shards && capacity == o.capacity && capacity_bytes == o.capacity_bytes &&
+         evict_policy == o.evict_policy && ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir &&
          admission_sketch_bytes == o.admission_sketch_bytes;
 }
 
@@ -68,7 +68,8 @@ std::string TableConfig::DebugString() const {
   return strings::StrCat("dim=", dim, ", initializer=", kKinds[static_cast<int>(init.kind)], ", init_a=", init.a,
                          ", init_b=", init.b, ", seed=", init.seed, ", default_value=", default_value,
                          ", admission_min_count=", admission_min_count, ", max_candidates=", max_candidates,
-                         ", num_shards=", num_shards, ", capacity=", capacity, ", evict_policy=",
+                         ", num_shards=", num_shards, ", capacity=", capacity,
+                         ", capacity_bytes=", capacity_bytes, ", evict_policy=",
                          kPolicies[static_cast<int>(evict_policy)], ", ttl_steps=", ttl_steps,
                          ", dram_budget=", dram_budget, ", ssd_dir='", ssd_dir,
                          "', admission_sketch_bytes=", admission_sketch_bytes);
@@ -92,6 +93,16 @@ Status ValidateConfig(const TableConfig& c) {
     return errors::InvalidArgument("admission_sketch_bytes (", c.admission_sketch_bytes, ") must give each of the ",
                                    c.num_shards, " shards at least 512 bytes");
   if (c.capacity < 0) return errors::InvalidArgument("capacity must be >= 0 (0: unbounded), got ", c.capacity);
+  if (c.capacity_bytes < 0)
+    return errors::InvalidArgument("capacity_bytes must be >= 0 (0: no byte capacity), got ", c.capacity_bytes);
+  if (c.capacity > 0 && c.capacity_bytes > 0)
+    return errors::InvalidArgument("capacity (", c.capacity, " rows) and capacity_bytes (", c.capacity_bytes,
+                                   ") both set: give the capacity in rows or in bytes, not both");
+  if (c.capacity_bytes > 0 && c.dram_budget > 0)
+    return errors::InvalidArgument("capacity_bytes (", c.capacity_bytes, ") with dram_budget (", c.dram_budget,
+                                   "): a tiered table's RAM is already bounded by dram_budget; use capacity (rows) "
+                                   "to bound both tiers");
+  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(c, c.dim));
   if (c.ttl_steps < 0) return errors::InvalidArgument("ttl_steps must be >= 0, got ", c.ttl_steps);
   if (c.dram_budget < 0) return errors::InvalidArgument("dram_budget must be >= 0 bytes (0: no SSD tier), got ", c.dram_budget);
   if (c.tiered() == c.ssd_dir.empty())
@@ -111,6 +122,15 @@ Status ValidateConfig(const TableConfig& c) {
     return errors::InvalidArgument("uniform initializer needs minval (init_a) < maxval (init_b), got ", c.init.a,
                                    " and ", c.init.b);
   return OkStatus();
+}
+
+Status CheckCapacityBytesHoldARow(const TableConfig& c, int64_t stride) {
+  if (c.capacity_bytes == 0 || c.capacity_bytes / c.num_shards >= RowBytes(stride)) return OkStatus();
+  return errors::InvalidArgument("capacity_bytes (", c.capacity_bytes, ") gives each of the ", c.num_shards,
+                                 " shards ", c.capacity_bytes / c.num_shards, " bytes, below one row of ",
+                                 RowBytes(stride), " bytes (", stride / c.dim - 1,
+                                 " optimizer slot(s) at dim ", c.dim, "): raise it to at least ",
+                                 RowBytes(stride) * c.num_shards, " or use fewer num_shards");
 }
 
 bool SlotsOfOptimizer(const std::string& optimizer, int64_t* num_slots) {
@@ -672,11 +692,16 @@ Status EmbeddingTable::OpenTier() {
 }
 
 int64_t EmbeddingTable::DramRowLimit(const TableShard& sh) const {
-  // Per row: value and slots, metadata, and an index entry (12 bytes at a load of ~1/2). The
-  // disk tier's key index is RAM too and counts inside the budget: DRAM holds what is left.
-  const int64_t row_bytes = sh.rows.store.stride() * static_cast<int64_t>(sizeof(float)) + sizeof(RowMeta) + 24;
+  // Per row: RowBytes. The disk tier's key index is RAM too and counts inside the budget:
+  // DRAM holds what is left.
   const int64_t left = config_.dram_budget / num_shards() - sh.disk.index.bytes();
-  return std::max<int64_t>(1, left / row_bytes);
+  return std::max<int64_t>(1, left / RowBytes(sh.rows.store.stride()));
+}
+
+int64_t EmbeddingTable::CapacityRowLimit(const TableShard& sh) const {
+  // Bytes: at the current width, which grows when an optimizer adds its slots (Adam: 3x dim).
+  if (config_.capacity_bytes > 0) return config_.capacity_bytes / num_shards() / RowBytes(sh.rows.store.stride());
+  return (config_.capacity + num_shards() - 1) / num_shards();
 }
 
 Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep, bool* renumbered) {
@@ -862,7 +887,7 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     ids[i] = id;
   }
   Status evicted = OkStatus();
-  if (config_.capacity > 0 || config_.evict_policy == EvictPolicy::kTtl) evicted = EnforceCapacity(&sh, now);
+  if (config_.capped() || config_.evict_policy == EvictPolicy::kTtl) evicted = EnforceCapacity(&sh, now);
   if (tiered) {
     sh.staged.clear();
     sh.staged_bytes.clear();
@@ -893,8 +918,8 @@ Status EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
     doomed.clear();
     sh->next_ttl_sweep = now + std::max<int64_t>(1, config_.ttl_steps / 16);
   }
-  if (config_.capacity == 0) return OkStatus();
-  const int64_t shard_capacity = (config_.capacity + num_shards() - 1) / num_shards();
+  if (!config_.capped()) return OkStatus();
+  const int64_t shard_capacity = CapacityRowLimit(*sh);
   const int64_t size = sh->rows.index.size() + sh->disk.index.size();  // both tiers count
   if (size <= shard_capacity) return OkStatus();
   // Over the capacity: evict down to 15/16 of it at once, so the scan below is paid once per
@@ -1145,6 +1170,7 @@ Status EmbeddingTable::EnsureSlots(const std::string& optimizer, const std::vect
                                    "'. Train a table with one optimizer (or start from a fresh table).");
   }
   const int64_t new_stride = config_.dim * (1 + static_cast<int64_t>(slot_init.size()));
+  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(config_, new_stride));
   // A one-time re-layout when the first optimizer step meets rows made by lookups alone
   // (disk tiers first: their rewrite can fail, and then nothing changed but those before).
   for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->disk.Rewrite(new_stride, slot_init, config_.dim));
@@ -1507,6 +1533,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
   const int64_t slots = static_cast<int64_t>(src.slot_init.size());
   const int64_t stride = config_.dim * (1 + slots);
   // Validate everything before the table changes: an import either happens whole or not at all.
+  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(config_, stride));
   // A NaN/Inf value or slot would poison every step that reads its row: refuse it.
   int64_t non_finite = 0, first_bad = -1;
   for (int64_t i = 0; i < src.num_rows; ++i) {

@@ -158,6 +158,9 @@ struct TableConfig {
   // update's own new keys; rows beyond it go by `evict_policy` (ttl: also every row not
   // updated for ttl_steps steps).
   int64_t capacity = 0;
+  // Bounded size in bytes instead (0: none; not with `capacity`, not tiered): each shard keeps
+  // at most capacity_bytes / num_shards bytes of rows, RowBytes each at the current width.
+  int64_t capacity_bytes = 0;
   EvictPolicy evict_policy = EvictPolicy::kLru;
   int64_t ttl_steps = 0;
   // DRAM + SSD tier (both set, or neither): rows beyond `dram_budget` bytes of DRAM rows
@@ -165,11 +168,16 @@ struct TableConfig {
   int64_t dram_budget = 0;
   std::string ssd_dir;
   bool tiered() const { return dram_budget > 0; }
+  // A capacity (rows or bytes) bounds the rows after each update.
+  bool capped() const { return capacity > 0 || capacity_bytes > 0; }
   bool operator==(const TableConfig& o) const;
   std::string DebugString() const;
 };
 // Checks every field of a config for a table's creation (InvalidArgument naming the attr).
 Status ValidateConfig(const TableConfig& config);
+// InvalidArgument unless a capacity_bytes config gives each shard room for one row of
+// `stride` floats (the row width grows when an optimizer adds its slots).
+Status CheckCapacityBytesHoldARow(const TableConfig& config, int64_t stride);
 
 // The slot count each optimizer's apply op keeps per row ("" = rows without slots).
 // Returns false for a name no apply op uses.
@@ -179,6 +187,12 @@ struct RowMeta {
   int64_t count;      // training updates (or explicit inserts) that touched the key
   int64_t last_seen;  // step of its latest update (table step for an explicit insert)
 };
+
+// The RAM bytes a row counts against dram_budget and capacity_bytes: value and optimizer
+// slots (`stride` floats), metadata, and its index entry (12 bytes at a load of ~1/2).
+inline int64_t RowBytes(int64_t stride) {
+  return stride * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(RowMeta)) + 24;
+}
 
 // key -> uint32 id, open addressing with linear probing (cache friendly; deletion by backward
 // shift, so no tombstones accumulate under eviction churn). Keys may be any int64: emptiness
@@ -698,6 +712,9 @@ class EmbeddingTable : public ResourceBase {
   // The most DRAM rows a shard of a tiered table keeps: its share of the budget, less its
   // disk tier's key index, over the bytes of a DRAM row (lock held).
   int64_t DramRowLimit(const TableShard& sh) const;
+  // The most rows a shard of a capped table keeps (both tiers): its share of capacity, rounded
+  // up, or of capacity_bytes over RowBytes at the current row width (lock held).
+  int64_t CapacityRowLimit(const TableShard& sh) const;
   // Tiered, lock held exclusively: moves least recently updated rows to disk until the shard
   // holds at most DramRowLimit - `reserve` DRAM rows, never one whose key is in `keep`.
   // Sets *renumbered when the rows left moved to new ids (the store was compacted).

@@ -139,15 +139,21 @@ class Case:
         cfg.update(evict_policy=policy, ttl_steps=int(pick(rng, [1, 2, 50])) if policy == "ttl" else 0)
         if cfg["admission_min_count"] > 0 and rng.random() < 0.4:  # admission counted in a count-min sketch
             cfg.update(admission_sketch_bytes=int(pick(rng, [cfg["num_shards"] * 512, 1 << 16, 1 << 20])))
-        if rng.random() < 0.3:  # a DRAM + SSD tier (with the capacity and policy drawn above)
+        if rng.random() < 0.25:  # a capacity in bytes instead of rows: room for 1 to 50 Adam rows a shard
+            row_bytes = 4 * 3 * cfg["dim"] + 40
+            cfg.update(capacity=0, capacity_bytes=cfg["num_shards"] * row_bytes * int(pick(rng, [1, 3, 50])))
+        elif rng.random() < 0.3:  # a DRAM + SSD tier (with the capacity and policy drawn above)
             cfg.update(dram_budget=int(pick(rng, [1, 100, 4096, 1 << 20])), ssd_dir=SSD_DIR)
         cfg.update(attrs)
         if not valid:
             key = pick(rng, ["dim", "num_shards", "init_a", "init_b", "default_value", "max_candidates",
                              "admission_min_count", "seed", "capacity", "ttl_steps", "dram_budget", "ssd_dir",
-                             "admission_sketch_bytes"])
+                             "admission_sketch_bytes", "capacity_bytes"])
             if key == "ssd_dir":
                 cfg.update(dram_budget=4096, ssd_dir=pick(rng, ["/nonexistent/ttf", "/proc", ""]))
+            elif key == "capacity_bytes":  # below a row a shard, with a row capacity, or with a tier
+                cfg.update(pick(rng, [dict(capacity_bytes=1), dict(capacity_bytes=1 << 20, capacity=7),
+                                      dict(capacity_bytes=1 << 20, dram_budget=1 << 20, ssd_dir=SSD_DIR)]))
             else:
                 cfg[key] = pick(rng, [0, -1, 2**62, 2**31, 4097, 5000, float("nan"), float("inf"), -(2**63)])
         return ops().ttf_embedding_table(**cfg), cfg

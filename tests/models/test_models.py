@@ -243,3 +243,34 @@ def test_start_all_help_and_bad_flag():
     assert proc.returncode == 2 and "unknown option '--bogus'" in proc.stderr
     proc = subprocess.run([script, "--role", "ps"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--role needs --ps-hosts" in proc.stderr
+
+
+def test_train_cli_table_capacity_is_rows_or_bytes(capsys):
+    """--table-capacity: a bare integer is rows, a value with a unit bytes (handed to the tables
+    as the size string); a bad value, too small a size, or bytes with --dram-budget is a
+    one-line usage error (exit 2)."""
+    from models import train
+
+    def options(*flags):
+        return train.parse_args(["--tiacc", *flags]).table_options
+
+    assert options("--table-capacity", "1000000")["capacity"] == 1_000_000
+    assert options("--table-capacity", "256M")["capacity"] == "256M"
+    assert options("--table-capacity", "1.5G", "--evict-policy", "lfu")["capacity"] == "1.5G"
+    assert options()["capacity"] == 0
+    for flags, message in [
+        (["--table-capacity", "12Q"], "--table-capacity must be rows (an integer >= 0, 0: unbounded) or bytes with a "
+                                      "unit K, M, G or T (e.g. 512M, 2G), got '12Q'"),
+        (["--table-capacity", "-5"], "--table-capacity must be rows"),
+        (["--table-capacity", "1K"], "--table-capacity 1K (1024 bytes) is below one row for each of a table's 16 "
+                                     "lock shards (244 bytes a row with adam's slots): give at least 3904"),
+        (["--table-capacity", "64M", "--dram-budget", "64M", "--ssd-dir", "/tmp"],
+         "--table-capacity 64M (bytes) with --dram-budget"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            train.parse_args(["--tiacc", *flags])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and message in err and "Traceback" not in err, err
+    with pytest.raises(SystemExit):
+        train.parse_args(["--table-capacity", "64M"])  # without --tiacc
+    assert "--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc" in capsys.readouterr().err

@@ -54,7 +54,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       num_shards: lock shards inside each table (parallelism within one process).
       capacity: rows each table shard (one process's: the layer's table, each parameter
         server's or Horovod rank's shard) holds at most after each update, plus that
-        update's new ids; 0: unbounded. Rows beyond it are evicted by evict_policy.
+        update's new ids; 0: unbounded. Rows beyond it are evicted by evict_policy. A size
+        with a unit ("512M", "2G", "1.5G") is bytes of rows instead (value, optimizer slots,
+        metadata and index entry: ttf.embedding.tier_row_bytes each; not with dram_budget).
       evict_policy: "lru" (least recently updated first), "lfu" (fewest updates first) or
         "ttl" (every id not updated in the last ttl_steps steps; LRU above a capacity).
       ttl_steps: steps without an update after which evict_policy="ttl" evicts an id.

@@ -79,10 +79,24 @@ TIER_STATS = ("dram_rows", "disk_rows", "dram_hits", "disk_hits", "demoted", "pr
               "disk_index_bytes", "disk_file_bytes", "dram_row_limit", "disk_waits")
 
 
+def parse_capacity(capacity):
+    """(rows, bytes) of a table capacity: an int is rows (0: unbounded), a size with a unit
+    ("512M", "2G", "1.5G"; units of 1024, as parse_size) is bytes. ValueError naming
+    capacity and the fix otherwise."""
+    if isinstance(capacity, (int, np.integer)) and capacity >= 0:
+        return int(capacity), 0
+    if isinstance(capacity, str) and capacity.strip()[-1:].isalpha():  # a unit: bytes
+        try:
+            return 0, parse_size(capacity)
+        except ValueError as err:
+            raise ValueError(f"capacity {capacity!r}: {err}") from None
+    raise ValueError(f"capacity must be an int >= 0 (rows; 0: unbounded) or a size with a unit such as '512M' or "
+                     f"'2G' (bytes), got {capacity!r}")
+
+
 def check_eviction(capacity, evict_policy, ttl_steps):
     """ValueError naming the argument unless (capacity, evict_policy, ttl_steps) is valid."""
-    if not isinstance(capacity, (int, np.integer)) or capacity < 0:
-        raise ValueError(f"capacity must be an int >= 0 (0: unbounded), got {capacity!r}")
+    parse_capacity(capacity)
     if evict_policy not in EVICT_POLICIES:
         raise ValueError(f"evict_policy must be one of {EVICT_POLICIES}, got {evict_policy!r}")
     if not isinstance(ttl_steps, (int, np.integer)) or ttl_steps < 0:
@@ -111,8 +125,8 @@ def parse_size(text):
 
 
 def tier_row_bytes(dim, num_slots):
-    """DRAM bytes a tiered table counts per row against its dram_budget: value and slots,
-    metadata (16) and an index entry (24), as TtfEmbeddingTable does."""
+    """RAM bytes a table counts per row against its dram_budget or a capacity in bytes: value
+    and slots, metadata (16) and an index entry (24), as TtfEmbeddingTable does."""
     return 4 * dim * (1 + num_slots) + 40
 
 
@@ -150,7 +164,12 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         candidates, at most 4M of them (oldest dropped).
       num_shards: lock shards inside the table (parallelism of lookups and updates).
       capacity: at most this many rows after each update (0: unbounded), plus that update's
-        own new keys; when over, the table evicts down to 15/16 of it by evict_policy.
+        own new keys; when over, the table evicts down to 15/16 of it by evict_policy. A size
+        with a unit ("512M", "2G", "1.5G"; units of 1024) is bytes instead: at most
+        capacity / tier_row_bytes(dim, optimizer slots) rows (each lock shard its share), at
+        the row width of the moment (an optimizer's first update adds its slots: Adam's
+        rows are 3x as wide). Not with dram_budget (it bounds a tiered table's RAM already:
+        bound both tiers with a capacity in rows).
       evict_policy: "lru" (least recently updated rows first), "lfu" (fewest updates
         first), or "ttl": every row not updated in the last ttl_steps steps goes (and LRU
         above a capacity, if one is set).
@@ -178,6 +197,14 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
         check_eviction(capacity, evict_policy, ttl_steps)
         check_tier(dram_budget, ssd_dir)
+        self.capacity_rows, self.capacity_bytes = parse_capacity(capacity)
+        if self.capacity_bytes and dram_budget:
+            raise ValueError(f"capacity {capacity!r} (bytes) with dram_budget ({dram_budget}): a tiered table's RAM is "
+                             "already bounded by dram_budget; give capacity in rows (an int) to bound both tiers")
+        if self.capacity_bytes and self.capacity_bytes // num_shards < tier_row_bytes(dim, 0):
+            raise ValueError(f"capacity {capacity!r} gives each of the {num_shards} lock shards "
+                             f"{self.capacity_bytes // num_shards} bytes, below one row ({tier_row_bytes(dim, 0)} "
+                             f"bytes at dim {dim}, more with optimizer slots): raise it or lower num_shards")
         if not isinstance(admission_sketch_bytes, (int, np.integer)) or admission_sketch_bytes < 0:
             raise ValueError(f"admission_sketch_bytes must be an int >= 0, got {admission_sketch_bytes!r}")
         if admission_sketch_bytes and not admission_min_count:
@@ -186,7 +213,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         self.admission_sketch_bytes = int(admission_sketch_bytes)
         self.dram_budget = int(dram_budget)
         self.ssd_dir = ssd_dir
-        self.capacity = int(capacity)
+        self.capacity = capacity.strip() if isinstance(capacity, str) else int(capacity)  # as given: rows or a size
         self.evict_policy = evict_policy
         self.ttl_steps = int(ttl_steps)
         self.dim = dim
@@ -206,8 +233,9 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             dim=self.dim, initializer=self.initializer.kind, init_a=self.initializer.a,
             init_b=self.initializer.b, seed=self.seed, default_value=self.default_value,
             admission_min_count=self.admission_min_count, num_shards=self.num_shards,
-            capacity=self.capacity, evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
-            dram_budget=self.dram_budget, ssd_dir=self.ssd_dir, admission_sketch_bytes=self.admission_sketch_bytes,
+            capacity=self.capacity_rows, capacity_bytes=self.capacity_bytes, evict_policy=self.evict_policy,
+            ttl_steps=self.ttl_steps, dram_budget=self.dram_budget, ssd_dir=self.ssd_dir,
+            admission_sketch_bytes=self.admission_sketch_bytes,
             shared_name=self._shared_name)
 
     def _destroy_resource(self):
