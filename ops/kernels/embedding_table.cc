@@ -951,12 +951,10 @@ Status EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
 }
 
 namespace {
-// Rebuilds `ks` densely when at most half of its allocated rows are live: rows move to
+// Rebuilds `ks` densely when at most half of its allocated rows are live, or its index is 4x
+// what they need, or (max_allocated > 0) it holds more than max_allocated rows: rows move to
 // fresh, contiguous ids, the index shrinks to fit, and the old chunks are freed. Returns
 // whether it did.
-// Moves the live rows into a store and index of their size when at least half the store's
-// rows are free, or its index is 4x what they need, or (max_allocated > 0) it holds more
-// than max_allocated rows.
 bool CompactStore(KeyedStore* ks, int64_t max_allocated = 0) {
   const int64_t live = ks->index.size(), allocated = ks->store.allocated_rows();
   const bool index_oversized = ks->index.capacity() > 4 * KeyIndex::CapacityFor(live);
