@@ -1,4 +1,5 @@
 #include "embedding_table.h"
+#include "disk_reads.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -15,10 +16,8 @@
 #endif
 
 #include "tensorflow/core/lib/strings/strcat.h"
-#include "tensorflow/core/platform/blocking_counter.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/logging.h"
-#include "tensorflow/core/platform/threadpool.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -471,18 +470,6 @@ Status DiskReadAll(int fd, const std::string& dir, char* data, int64_t bytes, in
   return OkStatus();
 }
 
-// Reads `bytes` at `offset` only if the page cache holds them all (RWF_NOWAIT): false when the
-// read would wait for the disk, or fails, or the kernel cannot tell (a blocking read then
-// gives the answer or the error).
-bool ReadIfCached(int fd, char* data, int64_t bytes, int64_t offset) {
-#ifdef RWF_NOWAIT
-  iovec target{data, static_cast<size_t>(bytes)};
-  return ::preadv2(fd, &target, 1, static_cast<off_t>(offset), RWF_NOWAIT) == bytes;
-#else
-  return false;
-#endif
-}
-
 Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* metas, const float* const* rows) {
   const int64_t bytes = record_bytes();
   if (static_cast<int64_t>(next_slot_) + n > kMaxRecords)
@@ -501,74 +488,66 @@ Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* me
   return OkStatus();
 }
 
-Status DiskTier::Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats,
-                        bool* not_cached) const {
+Status DiskTier::Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row,
+                        int64_t floats) const {
   *slot = DiskIndex::kNone;
   const uint32_t fingerprint = DiskIndex::Fingerprint(hash);
   uint64_t pos = index.Home(fingerprint);
   thread_local std::vector<char> record;  // header and the floats asked for: one read
   record.resize(kHeaderWords * 8 + floats * sizeof(float));
   for (uint32_t candidate; (candidate = index.NextCandidate(fingerprint, &pos)) != DiskIndex::kNone;) {
-    const int64_t offset = static_cast<int64_t>(candidate) * record_bytes();
-    if (not_cached == nullptr) {
-      TF_RETURN_IF_ERROR(DiskReadAll(fd_, dir_, record.data(), record.size(), offset));
-    } else if (!ReadIfCached(fd_, record.data(), record.size(), offset)) {
-      *not_cached = true;
-      return OkStatus();
+    TF_RETURN_IF_ERROR(
+        DiskReadAll(fd_, dir_, record.data(), record.size(), static_cast<int64_t>(candidate) * record_bytes()));
+    if (Take(key, record.data(), meta, row, floats)) {
+      *slot = candidate;
+      break;
     }
-    int64_t header[kHeaderWords];
-    std::memcpy(header, record.data(), sizeof(header));
-    if (header[0] != key) continue;  // another key with the same fingerprint
-    if (meta != nullptr) *meta = RowMeta{header[1], header[2]};
-    if (floats > 0) std::memcpy(row, record.data() + sizeof(header), floats * sizeof(float));
-    *slot = candidate;
-    return OkStatus();
   }
   return OkStatus();
 }
 
-namespace {
-// Threads that only wait on disk reads (no CPU work): a read that misses the page cache waits
-// for the device, ~0.1 ms on a virtual disk, and a step's thousands of such reads issued one
-// after another added up to most of its wall time. Created on the first read that misses;
-// never destroyed (ops may run until the process exits).
-thread::ThreadPool* DiskReadPool() {
-  static thread::ThreadPool* pool = new thread::ThreadPool(Env::Default(), "ttf_disk_read", 32);
-  return pool;
+bool DiskTier::Take(int64_t key, const char* record, RowMeta* meta, float* row, int64_t floats) {
+  int64_t header[kHeaderWords];
+  std::memcpy(header, record, sizeof(header));
+  if (header[0] != key) return false;  // another key with the same fingerprint
+  if (meta != nullptr) *meta = RowMeta{header[1], header[2]};
+  if (floats > 0) std::memcpy(row, record + sizeof(header), floats * sizeof(float));
+  return true;
 }
-}  // namespace
 
 Status DiskTier::LocateMany(int64_t n, const int64_t* keys, const uint64_t* hashes, uint32_t* slots,
                             RowMeta* metas, float* rows, int64_t floats, int64_t* waited) const {
-  auto locate = [&](int64_t i, bool* not_cached) {
-    return Locate(keys[i], hashes[i], &slots[i], metas == nullptr ? nullptr : &metas[i], rows + i * floats, floats,
-                  not_cached);
-  };
-  // Records the page cache holds are read here (~3 us each); the others, which wait for the
-  // disk, are read together on the pool's threads.
-  thread_local std::vector<int64_t> waiting_scratch;
-  std::vector<int64_t>& waiting = waiting_scratch;  // this thread's: the pool's threads read it
-  waiting.clear();
+  // Each key's first candidate record is read, all in one ReadMany; a key whose record holds
+  // another key (a fingerprint shared with it: a 2^-32 chance) is then looked up alone.
+  const int64_t bytes = kHeaderWords * 8 + floats * sizeof(float);
+  thread_local std::vector<char> records;
+  thread_local std::vector<DiskRead> reads;
+  thread_local std::vector<int64_t> read_keys;  // the key of each read
+  thread_local std::vector<uint32_t> read_slots;
+  records.resize(n * bytes);
+  reads.clear(), read_keys.clear(), read_slots.clear();
   for (int64_t i = 0; i < n; ++i) {
-    bool not_cached = false;
-    TF_RETURN_IF_ERROR(locate(i, &not_cached));
-    if (not_cached) waiting.push_back(i);
+    if (i + 8 < n) index.Prefetch(DiskIndex::Fingerprint(hashes[i + 8]));
+    slots[i] = DiskIndex::kNone;
+    const uint32_t fingerprint = DiskIndex::Fingerprint(hashes[i]);
+    uint64_t pos = index.Home(fingerprint);
+    const uint32_t candidate = index.NextCandidate(fingerprint, &pos);
+    if (candidate == DiskIndex::kNone) continue;  // not on disk
+    reads.push_back(DiskRead{records.data() + reads.size() * bytes, bytes,
+                             static_cast<int64_t>(candidate) * record_bytes()});
+    read_keys.push_back(i);
+    read_slots.push_back(candidate);
   }
-  const int64_t m = static_cast<int64_t>(waiting.size());
-  *waited = m;
-  auto read_waiting = [&waiting, &locate](int64_t begin, int64_t end) -> Status {
-    for (int64_t j = begin; j < end; ++j) TF_RETURN_IF_ERROR(locate(waiting[j], nullptr));
-    return OkStatus();
-  };
-  const int64_t tasks = std::min<int64_t>(m, DiskReadPool()->NumThreads());
-  if (tasks <= 1) return read_waiting(0, m);
-  std::vector<Status> done(tasks);
-  BlockingCounter counter(tasks - 1);
-  auto run = [&](int64_t t) { done[t] = read_waiting(m * t / tasks, m * (t + 1) / tasks); };
-  for (int64_t t = 1; t < tasks; ++t) DiskReadPool()->Schedule([&, t]() { run(t), counter.DecrementCount(); });
-  run(0);
-  counter.Wait();
-  for (const Status& status : done) TF_RETURN_IF_ERROR(status);
+  TF_RETURN_IF_ERROR(ReadMany(fd_, dir_, static_cast<int64_t>(reads.size()), reads.data(), waited));
+  for (size_t j = 0; j < reads.size(); ++j) {
+    const int64_t i = read_keys[j];
+    RowMeta* meta = metas == nullptr ? nullptr : &metas[i];
+    if (Take(keys[i], reads[j].data, meta, rows + i * floats, floats)) {
+      slots[i] = read_slots[j];
+    } else {
+      TF_RETURN_IF_ERROR(Locate(keys[i], hashes[i], &slots[i], meta, rows + i * floats, floats));
+    }
+  }
   return OkStatus();
 }
 

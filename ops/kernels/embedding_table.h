@@ -376,14 +376,11 @@ class DiskTier {
   // Finds the key's record: *slot is its record number, or kNone when the key is not on
   // disk. When found, `meta` (if non-null) gets its meta and `row` its first `floats` floats;
   // neither is written otherwise. Reads each candidate record of the index (one pread each:
-  // one in all but a 2^-32 chance) and returns the first read error. With not_cached
-  // non-null, reads only from the page cache: *not_cached = true (and *slot kNone) when a
-  // read would wait for the disk.
-  Status Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats,
-                bool* not_cached = nullptr) const;
-  // Locate for n keys (slots[i], metas[i] if metas is non-null, rows + i * floats): reads the
-  // page cache holds on the calling thread, the others (*waited of them) spread over a pool
-  // of threads that wait on the disk together. Returns the first error.
+  // one in all but a 2^-32 chance) and returns the first read error.
+  Status Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats) const;
+  // Locate for n keys (slots[i], metas[i] if metas is non-null, rows + i * floats), their
+  // records read together (ReadMany: *waited of them waited for the device). Returns the
+  // first error.
   Status LocateMany(int64_t n, const int64_t* keys, const uint64_t* hashes, uint32_t* slots, RowMeta* metas,
                     float* rows, int64_t floats, int64_t* waited) const;
   // Drops a record found by Locate (promoted, or removed) from the index.
@@ -407,6 +404,8 @@ class DiskTier {
   DiskIndex index;  // key (fingerprint) -> slot
 
  private:
+  // Whether `record` (header, then floats) is the key's: then copies its meta and floats out.
+  static bool Take(int64_t key, const char* record, RowMeta* meta, float* row, int64_t floats);
   std::string dir_;
   int fd_ = -1;
   int64_t stride_ = 0;

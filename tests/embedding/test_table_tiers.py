@@ -2,6 +2,7 @@
 as an all-DRAM one, checkpoints cross tiers both ways, a full disk fails cleanly, and bad
 arguments are refused. The reference is the same table without a tier: its rows, slots and
 counts are what the tier must reproduce (tolerance 0: every float compared by its bits)."""
+import ctypes
 import os
 import re
 import subprocess
@@ -198,10 +199,33 @@ def tier_file_descriptors(tmp_path):
     return found
 
 
+def io_uring_allowed():
+    """Whether this process may create an io_uring (io_uring_setup, system call 425 on every
+    architecture; seccomp in a container or kernel.io_uring_disabled may refuse it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+    fd = libc.syscall(425, 4, params)
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+def io_uring_descriptors():
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found += "io_uring" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return found
+
+
 def test_disk_reads_that_miss_the_page_cache_read_the_same_rows(tmp_path):
     """The tier file's pages are dropped from the page cache (fsync, then POSIX_FADV_DONTNEED
-    through /proc/self/fd), so the lookups' disk reads wait for the device and run on the
-    disk read threads: rows, training and inference reads equal an untiered table's."""
+    through /proc/self/fd), so the lookups' disk reads wait for the device (through io_uring
+    where the kernel allows it, else on the disk read threads): rows, training and inference
+    reads equal an untiered table's."""
     budget = 40 * tier_row_bytes(DIM, 2) * 2
     tiered = EmbeddingTable(DIM, "normal", seed=3, num_shards=2, dram_budget=budget, ssd_dir=str(tmp_path))
     plain = EmbeddingTable(DIM, "normal", seed=3, num_shards=2)
@@ -228,6 +252,19 @@ def test_disk_reads_that_miss_the_page_cache_read_the_same_rows(tmp_path):
     if filesystem_of(tmp_path) in ("tmpfs", "ramfs"):
         pytest.skip(f"{tmp_path} is in memory ({filesystem_of(tmp_path)}): no read waits for a device")
     assert stats["disk_waits"] > 100, stats  # the waiting path ran
+    if os.environ.get("TTF_SSD_IO_URING") == "0":
+        assert io_uring_descriptors() == 0, "TTF_SSD_IO_URING=0 still made an io_uring"
+    elif io_uring_allowed():
+        assert io_uring_descriptors() > 0, "the kernel allows io_uring but the tier's reads did not use one"
+
+
+def test_disk_reads_on_threads_when_io_uring_is_off():
+    """TTF_SSD_IO_URING=0 (and a kernel or container without io_uring) reads on the thread
+    pool: the test above, in a process with it set."""
+    test = f"{__file__}::test_disk_reads_that_miss_the_page_cache_read_the_same_rows"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          env={**os.environ, "TTF_SSD_IO_URING": "0"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def test_checkpoints_cross_tiers_both_ways(tmp_path):
