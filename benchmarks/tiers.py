@@ -62,7 +62,7 @@ def parse_args(argv):
                    help="distinct ids in the stream; each step brings --batch new ones (default 10,000,000)")
     p.add_argument("--batch", type=int, default=26_624, help="ids per step (default 26,624 = 1024 x 26 fields)")
     p.add_argument("--dim", type=int, default=16, help="row width (default 16)")
-    p.add_argument("--policy", choices=["lru", "lfu", "ttl"], default="lru", help="eviction policy (default lru)")
+    p.add_argument("--policy", choices=["lru", "lfu", "ttl"], default="lru", help="eviction policy; with --dram-budget, the order rows move to disk in (default lru)")
     p.add_argument("--ttl-steps", type=int, default=0, help="for --policy ttl")
     p.add_argument("--num-shards", type=int, default=16, help="lock shards of the table (default 16)")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
@@ -159,7 +159,7 @@ def peak_extra_mib(run):
 def tier_layer(args, tiered):
     """A DynamicEmbedding of one table (so tf.train.Checkpoint saves it in ttf's format)."""
     os.makedirs(args.ssd_dir, exist_ok=True)
-    layer = ttf.DynamicEmbedding(args.dim, seed=1, num_shards=args.num_shards, name="emb",
+    layer = ttf.DynamicEmbedding(args.dim, seed=1, num_shards=args.num_shards, name="emb", evict_policy=args.policy,
                                  dram_budget=args.dram_budget if tiered else 0, ssd_dir=args.ssd_dir if tiered else "")
     layer(tf.constant([[0]], tf.int64))  # built: its table exists
     return layer
@@ -188,7 +188,7 @@ def deepfm(args, tiered):
     os.makedirs(args.ssd_dir, exist_ok=True)
     spec = ctr.ModelSpec(model="fm", embedding_dim=args.dim)
     options = dict(num_shards=args.num_shards, dram_budget=args.dram_budget if tiered else 0,
-                   ssd_dir=args.ssd_dir if tiered else "")
+                   ssd_dir=args.ssd_dir if tiered else "", evict_policy=args.policy)
     model = ctr.build(spec, "ttf", seed=1, table_options=options)
     optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
     rows, fields = args.batch // spec.num_fields, spec.num_fields

@@ -118,7 +118,8 @@ def parse_args(argv):
                              "--table-capacity 1000000 --evict-policy lfu, --table-capacity 512M")
     tables.add_argument("--evict-policy", choices=["lru", "lfu", "ttl"], default="lru",
                         help="lru: least recently updated ids go first; lfu: fewest updates first; ttl: every id "
-                             "not updated in --ttl-steps steps (LRU above a --table-capacity) (default lru)")
+                             "not updated in --ttl-steps steps (LRU above a --table-capacity); with --dram-budget, also the "
+                             "order rows move to disk in (default lru)")
     tables.add_argument("--ttl-steps", type=int, default=0,
                         help="steps without an update after which --evict-policy ttl evicts an id (needs ttl)")
     tables.add_argument("--dram-budget", default="0",

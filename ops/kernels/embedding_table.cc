@@ -709,14 +709,17 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
   // Down to 7/8 of the limit at once, so the scan below (~25 ns a DRAM row) is paid once per
   // limit/8 demotions: at 15/16 it was 7% of a tiered step's CPU time (profiled, 64 MiB budget).
   const int64_t target = limit - limit / 8;
+  // The table's evict_policy orders the demotion too: lfu demotes the fewest updates first
+  // (then least recent), lru and ttl the least recent first (then fewest updates).
   struct Victim {
-    int64_t last_seen, count, key;  // LRU order: smallest first
+    int64_t first, second, key;  // smallest first
     bool operator<(const Victim& o) const {
-      if (last_seen != o.last_seen) return last_seen < o.last_seen;
-      if (count != o.count) return count < o.count;
+      if (first != o.first) return first < o.first;
+      if (second != o.second) return second < o.second;
       return key < o.key;
     }
   };
+  const bool lfu = config_.evict_policy == EvictPolicy::kLfu;
   // The rows of `keep` are marked by row id: a probe per kept key, where a search of `keep`
   // per DRAM row made this scan a tenth of a tiered step (profiled).
   std::vector<bool> kept(sh->rows.store.allocated_rows(), false);
@@ -729,7 +732,7 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
   sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
     if (kept[id]) return;
     const RowMeta& m = sh->rows.store.meta(id);
-    victims.push_back(Victim{m.last_seen, m.count, key});
+    victims.push_back(lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key});
   });
   const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
   if (drop == 0) return OkStatus();

@@ -96,6 +96,32 @@ def test_compaction_keeps_every_row(tmp_path):
     assert stats["disk_file_bytes"] >= stats["disk_rows"] * record_bytes, stats
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_evict_policy_orders_the_demotion(tmp_path, policy):
+    """Thirty keys updated ten times long ago, then 150 keys updated once each, ten an update:
+    DRAM (~60 rows) cannot hold both. lfu keeps the frequent keys in DRAM (the once-updated ones go to disk);
+    lru demotes them, the least recently updated. Read from DRAM or disk: the tier's counters."""
+    tiered = EmbeddingTable(DIM, num_shards=1, evict_policy=policy, dram_budget=90 * tier_row_bytes(DIM, 2),
+                            ssd_dir=str(tmp_path))
+    plain = EmbeddingTable(DIM, num_shards=1)
+    frequent = np.arange(30, dtype=np.int64) * 11 + 5
+    step = 0
+    for step in range(1, 11):
+        train_step(tiered, frequent, step)
+        train_step(plain, frequent, step)
+    for batch in np.array_split(np.arange(1000, 1150, dtype=np.int64), 15):
+        step += 1
+        train_step(tiered, batch, step)
+        train_step(plain, batch, step)
+    assert_same_content(tiered, plain)  # the order changes where rows live, never their content
+    before = tiered.tier_stats()
+    ops().ttf_table_find(tiered.resource_handle, frequent, dim=DIM, training=False)
+    after = tiered.tier_stats()
+    from_dram = after["dram_hits"] - before["dram_hits"]
+    assert from_dram + after["disk_hits"] - before["disk_hits"] == len(frequent)
+    assert from_dram == (len(frequent) if policy == "lfu" else 0), (policy, before, after)
+
+
 def test_remove_and_evict_reach_disk_rows(tmp_path):
     tiered = EmbeddingTable(DIM, num_shards=1, dram_budget=10 * tier_row_bytes(DIM, 2), ssd_dir=str(tmp_path))
     plain = EmbeddingTable(DIM, num_shards=1)

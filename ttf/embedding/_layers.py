@@ -58,7 +58,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         with a unit ("512M", "2G", "1.5G") is bytes of rows instead (value, optimizer slots,
         metadata and index entry: ttf.embedding.tier_row_bytes each; not with dram_budget).
       evict_policy: "lru" (least recently updated first), "lfu" (fewest updates first) or
-        "ttl" (every id not updated in the last ttl_steps steps; LRU above a capacity).
+        "ttl" (every id not updated in the last ttl_steps steps; LRU above a capacity). With
+        dram_budget, also the order rows move to disk in (lfu: fewest updates first; else
+        least recently updated first).
       ttl_steps: steps without an update after which evict_policy="ttl" evicts an id.
       dram_budget, ssd_dir: a DRAM + SSD tier for each table shard: at most dram_budget
         bytes of DRAM rows, the rest in a file under ssd_dir (see ttf.embedding.EmbeddingTable

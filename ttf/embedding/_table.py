@@ -172,7 +172,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         bound both tiers with a capacity in rows).
       evict_policy: "lru" (least recently updated rows first), "lfu" (fewest updates
         first), or "ttl": every row not updated in the last ttl_steps steps goes (and LRU
-        above a capacity, if one is set).
+        above a capacity, if one is set). With dram_budget, also the order rows move to
+        disk in: lfu the fewest updates first, lru and ttl the least recently updated.
       ttl_steps: for evict_policy="ttl" (and only then), > 0.
       dram_budget: bytes of DRAM rows (see tier_row_bytes) this table keeps; with ssd_dir,
         the rows beyond it live in a file under ssd_dir (0: all rows in DRAM). Lookups
