@@ -85,7 +85,7 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   const int64_t dim = table->dim();
   rows->resize(grouped->size() * dim);
   std::vector<Status> shard_status(table->num_shards());  // a tiered table's disk reads can fail
-  ForEachShard(ctx, *grouped, table->num_shards(), [&](int s) {
+  ForEachShard(ctx, *grouped, *table, [&](int s) {
     const int64_t off = grouped->offsets[s], n = grouped->offsets[s + 1] - off;
     float* out = rows->data() + off * dim;
     shard_status[s] = table->Find(s, &grouped->keys[off], &grouped->hashes[off], n, training, out);
@@ -271,7 +271,7 @@ class TableLookupOp : public TableOpKernel {
       GroupKeys(keys.flat<int64_t>().data(), keys.NumElements(), *table, &grouped);
       rows.resize(grouped.size() * dim_);
       std::vector<Status> shard_status(table->num_shards());
-      ForEachShard(ctx, grouped, table->num_shards(), [&](int s) {
+      ForEachShard(ctx, grouped, *table, [&](int s) {
         const int64_t off = grouped.offsets[s], n = grouped.offsets[s + 1] - off;
         shard_status[s] = table->FindOrInsert(s, &grouped.keys[off], &grouped.hashes[off], n, rows.data() + off * dim_);
       });

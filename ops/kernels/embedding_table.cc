@@ -484,7 +484,10 @@ Status DiskTier::Append(int64_t n, const int64_t* keys, const RowMeta* const* me
   }
   TF_RETURN_IF_ERROR(WriteAll(fd_, dir_, buffer_.data(), n * bytes, static_cast<off_t>(next_slot_) * bytes));
   index.Reserve(n);  // grows under the lock: a demotion already pays a write
-  for (int64_t i = 0; i < n; ++i) index.Insert(DiskIndex::Fingerprint(HashKey(keys[i])), next_slot_++);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 8 < n) index.Prefetch(DiskIndex::Fingerprint(HashKey(keys[i + 8])));  // a miss in a large index
+    index.Insert(DiskIndex::Fingerprint(HashKey(keys[i])), next_slot_++);
+  }
   return OkStatus();
 }
 
@@ -713,6 +716,7 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
   // (then least recent), lru and ttl the least recent first (then fewest updates).
   struct Victim {
     int64_t first, second, key;  // smallest first
+    uint32_t id;                 // its DRAM row (no probe to find it again)
     bool operator<(const Victim& o) const {
       if (first != o.first) return first < o.first;
       if (second != o.second) return second < o.second;
@@ -732,7 +736,7 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
   sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
     if (kept[id]) return;
     const RowMeta& m = sh->rows.store.meta(id);
-    victims.push_back(lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key});
+    victims.push_back(lfu ? Victim{m.count, m.last_seen, key, id} : Victim{m.last_seen, m.count, key, id});
   });
   const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
   if (drop == 0) return OkStatus();
@@ -747,10 +751,9 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
     const size_t end = std::min(drop, begin + kBatch);
     keys.clear(), metas.clear(), rows.clear();
     for (size_t i = begin; i < end; ++i) {
-      const uint32_t id = sh->rows.index.Find(victims[i].key, HashKey(victims[i].key));
       keys.push_back(victims[i].key);
-      metas.push_back(&sh->rows.store.meta(id));
-      rows.push_back(sh->rows.store.row(id));
+      metas.push_back(&sh->rows.store.meta(victims[i].id));
+      rows.push_back(sh->rows.store.row(victims[i].id));
     }
     TF_RETURN_IF_ERROR(sh->disk.Append(keys.size(), keys.data(), metas.data(), rows.data()));
     for (int64_t key : keys) sh->rows.Remove(key, HashKey(key));

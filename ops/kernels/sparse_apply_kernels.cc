@@ -195,7 +195,7 @@ class TableApplyOp : public TableOpKernel {
     std::atomic<int64_t> updated{0};
     std::atomic<bool> relaid{false};
     std::vector<Status> shard_status(table->num_shards());
-    ForEachShard(ctx, grouped, table->num_shards(), [&](int s) {
+    ForEachShard(ctx, grouped, *table, [&](int s) {
       TableShard& sh = table->shard(s);
       std::unique_lock<std::shared_mutex> lock(sh.mu);
       if (sh.rows.store.stride() != stride) {  // a concurrent import changed the slot layout

@@ -130,14 +130,21 @@ void RunInBlocks(OpKernelContext* ctx, int64_t total, int64_t min_per_block, con
 }
 
 // Keys per block of ForEachShard: a probe and a row copy or update each, ~0.5 ms a block.
+// A tiered table's keys cost more (about half of a step's distinct keys read, promote and
+// later demote a disk record: ~4 us each at 100M keys), so its blocks are smaller: a step's
+// ~13k distinct keys ran as one block on one thread while the all-DRAM table's dense layers
+// used both cores.
 constexpr int64_t kMinKeysPerBlock = 8192;
+constexpr int64_t kMinKeysPerBlockTiered = 1024;
 
-// Runs fn(shard) for every table shard holding keys of `grouped`, in blocks of whole shards
-// of about equal key counts (RunInBlocks, kMinKeysPerBlock keys at least): a shard runs in
-// the block where its first key falls.
+// Runs fn(shard) for every shard of `table` holding keys of `grouped`, in blocks of whole
+// shards of about equal key counts (RunInBlocks, kMinKeysPerBlock keys at least, or
+// kMinKeysPerBlockTiered): a shard runs in the block where its first key falls.
 template <typename Fn>
-void ForEachShard(OpKernelContext* ctx, const GroupedKeys& grouped, int num_shards, Fn fn) {
-  RunInBlocks(ctx, grouped.size(), kMinKeysPerBlock, [&](int64_t begin, int64_t end) {
+void ForEachShard(OpKernelContext* ctx, const GroupedKeys& grouped, const EmbeddingTable& table, Fn fn) {
+  const int num_shards = table.num_shards();
+  const int64_t min_per_block = table.config().tiered() ? kMinKeysPerBlockTiered : kMinKeysPerBlock;
+  RunInBlocks(ctx, grouped.size(), min_per_block, [&](int64_t begin, int64_t end) {
     for (int s = 0; s < num_shards; ++s) {
       const int64_t first = grouped.offsets[s];
       if (first >= begin && first < end && grouped.offsets[s + 1] > first) fn(s);

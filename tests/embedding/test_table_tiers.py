@@ -52,9 +52,12 @@ def zipf_batches(seed, steps, batch=64, vocab=3000):
     return [np.minimum(rng.zipf(1.1, batch), vocab).astype(np.int64) * 7919 + 3 for _ in range(steps)]
 
 
-# batch 1024: a shard's lookup reads hundreds of disk rows, spread over the disk read threads.
-@pytest.mark.parametrize("optimizer,admission,batch", [("adam", 0, 64), ("adagrad", 2, 64), ("adam", 0, 1024)])
-def test_tiered_table_trains_bit_for_bit_like_an_untiered_one(tmp_path, optimizer, admission, batch):
+# batch 1024: a shard's lookup reads hundreds of disk rows together; batch 8192 over 50,000 ids:
+# over 2,048 distinct keys a call, so the lookup and the apply run their shards in two blocks
+# on two threads (kMinKeysPerBlockTiered).
+@pytest.mark.parametrize("optimizer,admission,batch,vocab", [
+    ("adam", 0, 64, 3000), ("adagrad", 2, 64, 3000), ("adam", 0, 1024, 3000), ("adam", 0, 8192, 50000)])
+def test_tiered_table_trains_bit_for_bit_like_an_untiered_one(tmp_path, optimizer, admission, batch, vocab):
     budget = 40 * tier_row_bytes(DIM, 2) * 2  # ~40 DRAM rows per shard: most rows live on disk
     tiered = EmbeddingTable(DIM, "normal", seed=3, num_shards=2, admission_min_count=admission,
                             dram_budget=budget, ssd_dir=str(tmp_path))
@@ -63,7 +66,7 @@ def test_tiered_table_trains_bit_for_bit_like_an_untiered_one(tmp_path, optimize
     seed_keys = np.arange(300, dtype=np.int64) * 31
     ops().ttf_table_find_or_insert(tiered.resource_handle, seed_keys, dim=DIM)
     ops().ttf_table_find_or_insert(plain.resource_handle, seed_keys, dim=DIM)
-    for step, keys in enumerate(zipf_batches(1, 60, batch=batch), start=1):
+    for step, keys in enumerate(zipf_batches(1, 60, batch=batch, vocab=vocab), start=1):
         np.testing.assert_array_equal(train_step(tiered, keys, step, optimizer),
                                       train_step(plain, keys, step, optimizer), err_msg=f"step {step}")
     assert_same_content(tiered, plain)
