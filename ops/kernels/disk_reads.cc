@@ -1,6 +1,7 @@
 #include "disk_reads.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -89,7 +90,7 @@ class ReadRing {
     }();
     if (!enabled) return nullptr;
     thread_local std::unique_ptr<ReadRing> ring = Create();
-    return ring.get();
+    return ring != nullptr && !ring->broken_ ? ring.get() : nullptr;
   }
 
   ~ReadRing() {
@@ -123,8 +124,11 @@ class ReadRing {
       unsigned to_submit = wave, done = 0;
       while (done < wave) {
         const int r = Enter(to_submit, wave - done);
-        if (r < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY)
-          return errors::Internal("io_uring_enter for the SSD tier's reads failed: ", std::strerror(errno));
+        if (r < 0 && errno != EINTR && errno != EAGAIN && errno != EBUSY) {
+          broken_ = true;  // never entered again: this thread reads on the pool from now on
+          return errors::Internal("io_uring_enter for the SSD tier's reads failed (", std::strerror(errno),
+                                  "); set TTF_SSD_IO_URING=0 to read on a thread pool instead");
+        }
         if (r > 0) to_submit -= std::min<unsigned>(to_submit, static_cast<unsigned>(r));
         unsigned head = *cq_head_;
         const unsigned cq_tail = __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE);
@@ -142,12 +146,12 @@ class ReadRing {
   static std::unique_ptr<ReadRing> Create() {
     std::unique_ptr<ReadRing> ring(new ReadRing);
     const char* why = ring->Setup();
+    const int err = errno;
     if (why == nullptr) return ring;
-    static bool logged = false;  // once: every thread that reads would say the same
-    if (!logged) {
-      logged = true;
+    static std::atomic<bool> logged{false};  // once: every thread that reads would say the same
+    if (!logged.exchange(true)) {
       LOG(INFO) << "ttf: the SSD tier reads on a thread pool, not io_uring (" << why << ": "
-                << std::strerror(errno) << ")";
+                << std::strerror(err) << ")";
     }
     return nullptr;
   }
@@ -204,6 +208,7 @@ class ReadRing {
   }
 
   int fd_ = -1;
+  bool broken_ = false;  // an io_uring_enter failed: the ring's state is unknown
   unsigned sq_entries_ = 0;
   size_t sq_bytes_ = 0, cq_bytes_ = 0, sqes_bytes_ = 0;
   void* sq_ptr_ = MAP_FAILED;
@@ -243,14 +248,6 @@ Status ReadManyOnRing(ReadRing* ring, int fd, const std::string& dir, int64_t n,
 #endif  // TTF_HAVE_IO_URING
 
 }  // namespace
-
-bool DiskReadsUseIoUring() {
-#ifdef TTF_HAVE_IO_URING
-  return ReadRing::ThisThread() != nullptr;
-#else
-  return false;
-#endif
-}
 
 Status ReadMany(int fd, const std::string& dir, int64_t n, const DiskRead* reads, int64_t* waited) {
   *waited = 0;

@@ -25,9 +25,6 @@ struct DiskRead {
 // pool of threads that only wait. Returns the first read error.
 Status ReadMany(int fd, const std::string& dir, int64_t n, const DiskRead* reads, int64_t* waited);
 
-// Whether ReadMany uses io_uring on this thread (for tests and the benchmark's record).
-bool DiskReadsUseIoUring();
-
 }  // namespace ttf
 }  // namespace tensorflow
 
