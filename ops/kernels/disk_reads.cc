@@ -100,15 +100,16 @@ class ReadRing {
     if (fd_ >= 0) ::close(fd_);
   }
 
-  // Reads reads[idx[j]] for j < m, each with `rw_flags`; res[j] gets each result (bytes read
-  // or -errno). Waves of at most kEntries. An error of the ring itself is returned.
+  // Reads reads[idx[j]] (reads[j] if idx is null) for j < m, each with `rw_flags`; res[j]
+  // gets each result (bytes read or -errno). Waves of at most kEntries. An error of the ring
+  // itself is returned.
   Status Run(int file, const DiskRead* reads, const int64_t* idx, int64_t m, int rw_flags, int* res) {
     for (int64_t first = 0; first < m; first += sq_entries_) {
       const unsigned wave = static_cast<unsigned>(std::min<int64_t>(sq_entries_, m - first));
       unsigned tail = *sq_tail_;  // only this thread writes it
       for (unsigned k = 0; k < wave; ++k, ++tail) {
         const unsigned at = tail & sq_mask_;
-        const DiskRead& r = reads[idx[first + k]];
+        const DiskRead& r = reads[idx == nullptr ? first + k : idx[first + k]];
         io_uring_sqe* sqe = &sqes_[at];
         std::memset(sqe, 0, sizeof(*sqe));
         sqe->opcode = IORING_OP_READ;
@@ -225,12 +226,10 @@ class ReadRing {
 // or returns the error.
 Status ReadManyOnRing(ReadRing* ring, int fd, const std::string& dir, int64_t n, const DiskRead* reads,
                       int64_t* waited) {
-  thread_local std::vector<int64_t> all, waiting;
+  thread_local std::vector<int64_t> waiting;
   thread_local std::vector<int> res;
-  all.resize(n);
-  for (int64_t i = 0; i < n; ++i) all[i] = i;
   res.assign(n, 0);
-  TF_RETURN_IF_ERROR(ring->Run(fd, reads, all.data(), n, RWF_NOWAIT, res.data()));
+  TF_RETURN_IF_ERROR(ring->Run(fd, reads, nullptr, n, RWF_NOWAIT, res.data()));
   waiting.clear();
   for (int64_t i = 0; i < n; ++i)
     if (res[i] != reads[i].bytes) waiting.push_back(i);

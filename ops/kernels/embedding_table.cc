@@ -705,6 +705,23 @@ Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector
   }
 }
 
+namespace {
+// A row in the order the table's evict_policy removes rows, smallest first: lfu the fewest
+// updates, then the least recent; lru and ttl the least recent, then the fewest updates; then
+// the key. The capacity's eviction and the tier's demotion both sort by it.
+struct Victim {
+  int64_t first, second, key;
+  static Victim Of(bool lfu, const RowMeta& m, int64_t key) {
+    return lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key};
+  }
+  bool operator<(const Victim& o) const {
+    if (first != o.first) return first < o.first;
+    if (second != o.second) return second < o.second;
+    return key < o.key;
+  }
+};
+}  // namespace
+
 Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep,
                                   bool* renumbered) {
   const int64_t size = sh->rows.index.size();
@@ -712,16 +729,10 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
   // Down to 7/8 of the limit at once, so the scan below (~25 ns a DRAM row) is paid once per
   // limit/8 demotions: at 15/16 it was 7% of a tiered step's CPU time (profiled, 64 MiB budget).
   const int64_t target = limit - limit / 8;
-  // The table's evict_policy orders the demotion too: lfu demotes the fewest updates first
-  // (then least recent), lru and ttl the least recent first (then fewest updates).
-  struct Victim {
-    int64_t first, second, key;  // smallest first
-    uint32_t id;                 // its DRAM row (no probe to find it again)
-    bool operator<(const Victim& o) const {
-      if (first != o.first) return first < o.first;
-      if (second != o.second) return second < o.second;
-      return key < o.key;
-    }
+  // The table's evict_policy orders the demotion too (Victim); each keeps its DRAM row id, so
+  // no probe finds it again.
+  struct DramVictim : Victim {
+    uint32_t id;
   };
   const bool lfu = config_.evict_policy == EvictPolicy::kLfu;
   // The rows of `keep` are marked by row id: a probe per kept key, where a search of `keep`
@@ -731,12 +742,12 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
     const uint32_t id = sh->rows.index.Find(key, HashKey(key));
     if (id != KeyIndex::kNone) kept[id] = true;
   }
-  std::vector<Victim> victims;
+  std::vector<DramVictim> victims;
   victims.reserve(size);
   sh->rows.index.ForEach([&](int64_t key, uint32_t id) {
     if (kept[id]) return;
     const RowMeta& m = sh->rows.store.meta(id);
-    victims.push_back(lfu ? Victim{m.count, m.last_seen, key, id} : Victim{m.last_seen, m.count, key, id});
+    victims.push_back(DramVictim{Victim::Of(lfu, m, key), id});
   });
   const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
   if (drop == 0) return OkStatus();
@@ -910,20 +921,12 @@ Status EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
   // Over the capacity: evict down to 15/16 of it at once, so the scan below is paid once per
   // capacity/16 new rows, not at every update. Rows updated at `now` (this update's keys) stay.
   const int64_t target = shard_capacity - shard_capacity / 16;
-  struct Victim {
-    int64_t first, second, key;  // policy order: smallest first
-    bool operator<(const Victim& o) const {
-      if (first != o.first) return first < o.first;
-      if (second != o.second) return second < o.second;
-      return key < o.key;
-    }
-  };
   const bool lfu = config_.evict_policy == EvictPolicy::kLfu;
   std::vector<Victim> victims;
   victims.reserve(size);
   auto consider = [&](int64_t key, const RowMeta& m) {
     if (m.last_seen >= now) return;
-    victims.push_back(lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key});
+    victims.push_back(Victim::Of(lfu, m, key));
   };
   sh->rows.index.ForEach([&](int64_t key, uint32_t id) { consider(key, sh->rows.store.meta(id)); });
   TF_RETURN_IF_ERROR(sh->disk.ForEachLive([&](int64_t key, const RowMeta& m, const float*) { consider(key, m); }));

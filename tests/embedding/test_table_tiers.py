@@ -194,7 +194,7 @@ def test_an_unreadable_disk_tier_fails_evict_instead_of_keeping_rows(tmp_path):
     for step, keys in enumerate(zipf_batches(2, 20, batch=16, vocab=200), start=1):
         train_step(table, keys, step)
     assert table.tier_stats()["disk_rows"] > 0
-    fds = tier_file_descriptors(tmp_path)
+    fds = descriptors_naming(str(tmp_path))
     assert fds, "the tier's file was not found among this process's files"
     for fd in fds:
         os.ftruncate(fd, 0)
@@ -216,12 +216,13 @@ def filesystem_of(path):
     return best[1]
 
 
-def tier_file_descriptors(tmp_path):
-    """This process's descriptors of tier files under tmp_path (unlinked: found through /proc)."""
+def descriptors_naming(text):
+    """This process's descriptors whose /proc/self/fd link contains text (a tier file under
+    tmp_path, unlinked; "io_uring" for a ring)."""
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if str(tmp_path) in os.readlink(f"/proc/self/fd/{fd}"):
+            if text in os.readlink(f"/proc/self/fd/{fd}"):
                 found.append(int(fd))
         except OSError:  # closed meanwhile (listdir's own descriptor)
             pass
@@ -240,16 +241,6 @@ def io_uring_allowed():
     return True
 
 
-def io_uring_descriptors():
-    found = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            found += "io_uring" in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return found
-
-
 def test_disk_reads_that_miss_the_page_cache_read_the_same_rows(tmp_path):
     """The tier file's pages are dropped from the page cache (fsync, then POSIX_FADV_DONTNEED
     through /proc/self/fd), so the lookups' disk reads wait for the device (through io_uring
@@ -262,7 +253,7 @@ def test_disk_reads_that_miss_the_page_cache_read_the_same_rows(tmp_path):
     for step, keys in enumerate(batches[:20], start=1):
         train_step(tiered, keys, step)
         train_step(plain, keys, step)
-    fds = tier_file_descriptors(tmp_path)
+    fds = descriptors_naming(str(tmp_path))
     assert fds, "the tier's file was not found among this process's files"
     for step, keys in enumerate(batches[20:], start=21):
         for fd in fds:
@@ -282,9 +273,9 @@ def test_disk_reads_that_miss_the_page_cache_read_the_same_rows(tmp_path):
         pytest.skip(f"{tmp_path} is in memory ({filesystem_of(tmp_path)}): no read waits for a device")
     assert stats["disk_waits"] > 100, stats  # the waiting path ran
     if os.environ.get("TTF_SSD_IO_URING") == "0":
-        assert io_uring_descriptors() == 0, "TTF_SSD_IO_URING=0 still made an io_uring"
+        assert len(descriptors_naming("io_uring")) == 0, "TTF_SSD_IO_URING=0 still made an io_uring"
     elif io_uring_allowed():
-        assert io_uring_descriptors() > 0, "the kernel allows io_uring but the tier's reads did not use one"
+        assert len(descriptors_naming("io_uring")) > 0, "the kernel allows io_uring but the tier's reads did not use one"
 
 
 def test_disk_reads_on_threads_when_io_uring_is_off():
