@@ -30,10 +30,10 @@ namespace {
 // Reads `bytes` at `offset` only if the page cache holds them all (RWF_NOWAIT): false when the
 // read would wait for the disk, or fails, or the kernel cannot tell (a blocking read then
 // gives the answer or the error).
-bool ReadIfCached(const DiskRead& r) {
+bool ReadIfCached(int fd, const DiskRead& r) {
 #ifdef RWF_NOWAIT
   iovec target{r.data, static_cast<size_t>(r.bytes)};
-  return ::preadv2(r.fd, &target, 1, static_cast<off_t>(r.offset), RWF_NOWAIT) == r.bytes;
+  return ::preadv2(fd, &target, 1, static_cast<off_t>(r.offset), RWF_NOWAIT) == r.bytes;
 #else
   return false;
 #endif
@@ -48,18 +48,18 @@ thread::ThreadPool* DiskReadPool() {
   return pool;
 }
 
-Status ReadManyOnThreads(const std::string& dir, int64_t n, const DiskRead* reads, int64_t* waited) {
+Status ReadManyOnThreads(int fd, const std::string& dir, int64_t n, const DiskRead* reads, int64_t* waited) {
   thread_local std::vector<int64_t> waiting_scratch;
   std::vector<int64_t>& waiting = waiting_scratch;  // this thread's: the pool's threads read it
   waiting.clear();
   for (int64_t i = 0; i < n; ++i)
-    if (!ReadIfCached(reads[i])) waiting.push_back(i);
+    if (!ReadIfCached(fd, reads[i])) waiting.push_back(i);
   const int64_t m = static_cast<int64_t>(waiting.size());
   *waited = m;
   auto read_waiting = [&](int64_t begin, int64_t end) -> Status {
     for (int64_t j = begin; j < end; ++j) {
       const DiskRead& r = reads[waiting[j]];
-      TF_RETURN_IF_ERROR(DiskReadAll(r.fd, dir, r.data, r.bytes, r.offset));
+      TF_RETURN_IF_ERROR(DiskReadAll(fd, dir, r.data, r.bytes, r.offset));
     }
     return OkStatus();
   };
@@ -103,7 +103,7 @@ class ReadRing {
   // Reads reads[idx[j]] (reads[j] if idx is null) for j < m, each with `rw_flags`; res[j]
   // gets each result (bytes read or -errno). Waves of at most kEntries. An error of the ring
   // itself is returned.
-  Status Run(const DiskRead* reads, const int64_t* idx, int64_t m, int rw_flags, int* res) {
+  Status Run(int file, const DiskRead* reads, const int64_t* idx, int64_t m, int rw_flags, int* res) {
     for (int64_t first = 0; first < m; first += sq_entries_) {
       const unsigned wave = static_cast<unsigned>(std::min<int64_t>(sq_entries_, m - first));
       unsigned tail = *sq_tail_;  // only this thread writes it
@@ -113,7 +113,7 @@ class ReadRing {
         io_uring_sqe* sqe = &sqes_[at];
         std::memset(sqe, 0, sizeof(*sqe));
         sqe->opcode = IORING_OP_READ;
-        sqe->fd = r.fd;
+        sqe->fd = file;
         sqe->off = static_cast<uint64_t>(r.offset);
         sqe->addr = reinterpret_cast<uint64_t>(r.data);
         sqe->len = static_cast<uint32_t>(r.bytes);
@@ -224,12 +224,12 @@ class ReadRing {
 // EAGAIN at once), then the ones that failed without it, reaching the device together. A read
 // that neither wave completes (a short read, an error) is read again with pread, which retries
 // or returns the error.
-Status ReadManyOnRing(ReadRing* ring, const std::string& dir, int64_t n, const DiskRead* reads,
+Status ReadManyOnRing(ReadRing* ring, int fd, const std::string& dir, int64_t n, const DiskRead* reads,
                       int64_t* waited) {
   thread_local std::vector<int64_t> waiting;
   thread_local std::vector<int> res;
   res.assign(n, 0);
-  TF_RETURN_IF_ERROR(ring->Run(reads, nullptr, n, RWF_NOWAIT, res.data()));
+  TF_RETURN_IF_ERROR(ring->Run(fd, reads, nullptr, n, RWF_NOWAIT, res.data()));
   waiting.clear();
   for (int64_t i = 0; i < n; ++i)
     if (res[i] != reads[i].bytes) waiting.push_back(i);
@@ -237,10 +237,10 @@ Status ReadManyOnRing(ReadRing* ring, const std::string& dir, int64_t n, const D
   *waited = m;
   if (m == 0) return OkStatus();
   res.assign(m, 0);
-  TF_RETURN_IF_ERROR(ring->Run(reads, waiting.data(), m, 0, res.data()));
+  TF_RETURN_IF_ERROR(ring->Run(fd, reads, waiting.data(), m, 0, res.data()));
   for (int64_t j = 0; j < m; ++j) {
     const DiskRead& r = reads[waiting[j]];
-    if (res[j] != r.bytes) TF_RETURN_IF_ERROR(DiskReadAll(r.fd, dir, r.data, r.bytes, r.offset));
+    if (res[j] != r.bytes) TF_RETURN_IF_ERROR(DiskReadAll(fd, dir, r.data, r.bytes, r.offset));
   }
   return OkStatus();
 }
@@ -248,13 +248,13 @@ Status ReadManyOnRing(ReadRing* ring, const std::string& dir, int64_t n, const D
 
 }  // namespace
 
-Status ReadMany(const std::string& dir, int64_t n, const DiskRead* reads, int64_t* waited) {
+Status ReadMany(int fd, const std::string& dir, int64_t n, const DiskRead* reads, int64_t* waited) {
   *waited = 0;
   if (n == 0) return OkStatus();
 #ifdef TTF_HAVE_IO_URING
-  if (ReadRing* ring = ReadRing::ThisThread()) return ReadManyOnRing(ring, dir, n, reads, waited);
+  if (ReadRing* ring = ReadRing::ThisThread()) return ReadManyOnRing(ring, fd, dir, n, reads, waited);
 #endif
-  return ReadManyOnThreads(dir, n, reads, waited);
+  return ReadManyOnThreads(fd, dir, n, reads, waited);
 }
 
 }  // namespace ttf

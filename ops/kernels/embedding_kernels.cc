@@ -84,13 +84,13 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   GroupKeys(keys.flat<int64_t>().data(), keys.NumElements(), *table, grouped);
   const int64_t dim = table->dim();
   rows->resize(grouped->size() * dim);
-  std::vector<Status> block_status(table->num_shards());  // a tiered table's disk reads can fail
-  ForEachShardBlock(ctx, *grouped, *table, [&](const int* shards, int count) {
-    if (count == 0) return;
-    block_status[shards[0]] = table->Find(shards, count, grouped->offsets.data(), grouped->keys.data(),
-                                          grouped->hashes.data(), training, rows->data());
+  std::vector<Status> shard_status(table->num_shards());  // a tiered table's disk reads can fail
+  ForEachShard(ctx, *grouped, *table, [&](int s) {
+    const int64_t off = grouped->offsets[s], n = grouped->offsets[s + 1] - off;
+    float* out = rows->data() + off * dim;
+    shard_status[s] = table->Find(s, &grouped->keys[off], &grouped->hashes[off], n, training, out);
   });
-  for (const Status& status : block_status) TF_RETURN_IF_ERROR(status);
+  for (const Status& status : shard_status) TF_RETURN_IF_ERROR(status);
   return OkStatus();
 }
 

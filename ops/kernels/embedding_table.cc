@@ -518,20 +518,39 @@ bool DiskTier::Take(int64_t key, const char* record, RowMeta* meta, float* row, 
   return true;
 }
 
-bool DiskTier::FirstRead(uint64_t hash, int64_t floats, char* data, uint32_t* candidate, DiskRead* read) const {
-  const uint32_t fingerprint = DiskIndex::Fingerprint(hash);
-  uint64_t pos = index.Home(fingerprint);
-  *candidate = index.NextCandidate(fingerprint, &pos);
-  if (*candidate == DiskIndex::kNone) return false;
-  *read = DiskRead{fd_, data, kHeaderWords * 8 + floats * static_cast<int64_t>(sizeof(float)),
-                   static_cast<int64_t>(*candidate) * record_bytes()};
-  return true;
-}
-
-Status DiskTier::TakeRead(int64_t key, uint64_t hash, uint32_t candidate, const char* record, uint32_t* slot,
-                          RowMeta* meta, float* row, int64_t floats) const {
-  if (!Take(key, record, meta, row, floats)) return Locate(key, hash, slot, meta, row, floats);
-  *slot = candidate;
+Status DiskTier::LocateMany(int64_t n, const int64_t* keys, const uint64_t* hashes, uint32_t* slots,
+                            RowMeta* metas, float* rows, int64_t floats, int64_t* waited) const {
+  // Each key's first candidate record is read, all in one ReadMany; a key whose record holds
+  // another key (a fingerprint shared with it: a 2^-32 chance) is then looked up alone.
+  const int64_t bytes = kHeaderWords * 8 + floats * sizeof(float);
+  thread_local std::vector<char> records;
+  thread_local std::vector<DiskRead> reads;
+  thread_local std::vector<int64_t> read_keys;  // the key of each read
+  thread_local std::vector<uint32_t> read_slots;
+  records.resize(n * bytes);
+  reads.clear(), read_keys.clear(), read_slots.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 8 < n) index.Prefetch(DiskIndex::Fingerprint(hashes[i + 8]));
+    slots[i] = DiskIndex::kNone;
+    const uint32_t fingerprint = DiskIndex::Fingerprint(hashes[i]);
+    uint64_t pos = index.Home(fingerprint);
+    const uint32_t candidate = index.NextCandidate(fingerprint, &pos);
+    if (candidate == DiskIndex::kNone) continue;  // not on disk
+    reads.push_back(DiskRead{records.data() + reads.size() * bytes, bytes,
+                             static_cast<int64_t>(candidate) * record_bytes()});
+    read_keys.push_back(i);
+    read_slots.push_back(candidate);
+  }
+  TF_RETURN_IF_ERROR(ReadMany(fd_, dir_, static_cast<int64_t>(reads.size()), reads.data(), waited));
+  for (size_t j = 0; j < reads.size(); ++j) {
+    const int64_t i = read_keys[j];
+    RowMeta* meta = metas == nullptr ? nullptr : &metas[i];
+    if (Take(keys[i], reads[j].data, meta, rows + i * floats, floats)) {
+      slots[i] = read_slots[j];
+    } else {
+      TF_RETURN_IF_ERROR(Locate(keys[i], hashes[i], &slots[i], meta, rows + i * floats, floats));
+    }
+  }
   return OkStatus();
 }
 
@@ -989,144 +1008,104 @@ std::vector<uint32_t>& ScratchIds(int64_t n) {
   return ids;
 }
 
-Status EmbeddingTable::Find(const int* shards, int count, const int64_t* offsets, const int64_t* keys,
-                            const uint64_t* hashes, bool training, float* out) const {
-  if (count == 0) return OkStatus();
+Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training,
+                            float* out) const {
+  const TableShard& sh = *shards_[s];
   const bool tiered = config_.tiered();
-  const int64_t dim = config_.dim;
-  const int64_t min_count = config_.admission_min_count;
-  const int64_t base = offsets[shards[0]];  // the shards' keys lie together from here
-  std::vector<uint32_t>& ids = ScratchIds(offsets[shards[count - 1] + 1] - base);  // ids[i - base]
-  // Every shard's lock is held (shared) until its rows are copied out: the disk reads of all
-  // the shards go to the kernel together, one wait for the device where a wait a shard (8 a
-  // thread in a DeepFM step at 100M keys) left the cores idle. Taken in ascending order;
-  // nothing holds a shard's lock exclusively while waiting for another's.
-  std::vector<std::shared_lock<std::shared_mutex>> locks;
-  locks.reserve(count);
-  for (int j = 0; j < count; ++j) {
-    const int s = shards[j];
-    locks.emplace_back(shards_[s]->mu);
-    ProbeAll(shards_[s]->rows, keys + offsets[s], hashes + offsets[s], offsets[s + 1] - offsets[s],
-             ids.data() + offsets[s] - base);
-  }
-  // Tiered: the keys without a DRAM row (positions in keys) and their records. A training
-  // lookup reads whole records (meta and stride floats: one read either way) and stages them
-  // for the update; an inference lookup reads the value only.
-  thread_local std::vector<int64_t> disk_pos;
-  thread_local std::vector<uint32_t> disk_slots;  // kNone: not on disk either
-  thread_local std::vector<RowMeta> disk_metas;
-  thread_local std::vector<float> disk_rows;
-  thread_local std::vector<char> records;
-  thread_local std::vector<DiskRead> reads;
-  thread_local std::vector<int64_t> read_of;  // the disk key (index in disk_pos) of each read
-  thread_local std::vector<uint32_t> read_candidates;
-  const int64_t stride = shards_[shards[0]]->rows.store.stride();
-  const int64_t disk_floats = training ? stride : dim;
-  int64_t disk_waits = 0;
-  if (tiered) {
-    disk_pos.clear();
-    for (int64_t i = base; i < offsets[shards[count - 1] + 1]; ++i)
-      if (ids[i - base] == KeyIndex::kNone) disk_pos.push_back(i);
-    const int64_t m = static_cast<int64_t>(disk_pos.size());
-    const int64_t record_bytes = DiskTier::kHeaderWords * 8 + disk_floats * static_cast<int64_t>(sizeof(float));
-    disk_slots.assign(m, DiskIndex::kNone);
-    disk_metas.resize(m);
-    disk_rows.resize(m * disk_floats);
-    records.resize(m * record_bytes);
-    reads.clear(), read_of.clear(), read_candidates.clear();
-    int j = 0;  // the shard of disk_pos[k]: positions ascend, and so do the shards' ranges
-    for (int64_t k = 0; k < m; ++k) {
-      while (disk_pos[k] >= offsets[shards[j] + 1]) ++j;
-      const DiskTier& disk = shards_[shards[j]]->disk;
-      if (k + 8 < m) disk.index.Prefetch(DiskIndex::Fingerprint(hashes[disk_pos[k + 8]]));  // a miss in a large index
-      DiskRead read;
-      uint32_t candidate;
-      if (!disk.FirstRead(hashes[disk_pos[k]], disk_floats, records.data() + reads.size() * record_bytes, &candidate,
-                          &read))
-        continue;  // not on disk
-      reads.push_back(read);
-      read_of.push_back(k);
-      read_candidates.push_back(candidate);
-    }
-    TF_RETURN_IF_ERROR(ReadMany(config_.ssd_dir, static_cast<int64_t>(reads.size()), reads.data(), &disk_waits));
-    j = 0;
-    for (size_t r = 0; r < reads.size(); ++r) {
-      const int64_t k = read_of[r], i = disk_pos[k];
-      while (i >= offsets[shards[j] + 1]) ++j;
-      RowMeta* meta = training ? &disk_metas[k] : nullptr;
-      TF_RETURN_IF_ERROR(shards_[shards[j]]->disk.TakeRead(keys[i], hashes[i], read_candidates[r], reads[r].data,
-                                                           &disk_slots[k], meta, disk_rows.data() + k * disk_floats,
-                                                           disk_floats));
-    }
-  }
-  // Training: the records read are staged for the update (the shard's staging, its own lock).
+  int64_t disk_hits = 0, disk_waits = 0;
+  // Training: whole disk records are read (one pread either way) and staged for the update.
+  const int64_t stride = sh.rows.store.stride();
   const int64_t staged_record_bytes = sizeof(RowMeta) + stride * sizeof(float);
   thread_local std::vector<char> to_stage;
   thread_local std::vector<std::pair<int64_t, uint32_t>> staged_keys;  // (key, slot)
-  int64_t next_disk = 0;  // index in disk_pos of the next key without a DRAM row
-  for (int j = 0; j < count; ++j) {
-    const int s = shards[j];
-    const TableShard& sh = *shards_[s];
-    int64_t dram_hits = 0, disk_hits = 0;
-    to_stage.clear();
-    staged_keys.clear();
-    const int64_t end = offsets[s + 1];
-    for (int64_t i = offsets[s]; i < end; ++i) {
-      if (i + 8 < end && ids[i + 8 - base] != KeyIndex::kNone)
-        __builtin_prefetch(sh.rows.store.row(ids[i + 8 - base]));
-      const uint32_t id = ids[i - base];
-      float* dst = out + i * dim;
-      if (id != KeyIndex::kNone) {
-        ++dram_hits;
-        CopyRow(dst, sh.rows.store.row(id), dim);
+  to_stage.clear();
+  staged_keys.clear();
+  const int64_t dim = config_.dim;
+  const int64_t min_count = config_.admission_min_count;
+  std::shared_lock<std::shared_mutex> lock(sh.mu);
+  std::vector<uint32_t>& ids = ScratchIds(n);
+  ProbeAll(sh.rows, keys, hashes, n, ids.data());
+  // The keys without a DRAM row are read from disk first, all at once (LocateMany): a
+  // training lookup reads whole records (meta and stride floats: one pread either way) and
+  // stages them for the update; an inference lookup reads the value only.
+  thread_local std::vector<int64_t> disk_keys;
+  thread_local std::vector<uint64_t> disk_hashes;
+  thread_local std::vector<uint32_t> disk_slots;
+  thread_local std::vector<RowMeta> disk_metas;
+  thread_local std::vector<float> disk_rows;
+  const int64_t disk_floats = training ? stride : dim;
+  if (tiered) {
+    disk_keys.clear();
+    disk_hashes.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] != KeyIndex::kNone) continue;
+      disk_keys.push_back(keys[i]);
+      disk_hashes.push_back(hashes[i]);
+    }
+    const int64_t m = static_cast<int64_t>(disk_keys.size());
+    disk_slots.resize(m);
+    disk_metas.resize(m);
+    disk_rows.resize(m * disk_floats);
+    TF_RETURN_IF_ERROR(sh.disk.LocateMany(m, disk_keys.data(), disk_hashes.data(), disk_slots.data(),
+                                          disk_metas.data(), disk_rows.data(), disk_floats, &disk_waits));
+  }
+  int64_t next_disk = 0;  // position in disk_keys of the next key without a DRAM row
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
+    const uint32_t id = ids[i];
+    float* dst = out + i * dim;
+    if (id != KeyIndex::kNone) {
+      CopyRow(dst, sh.rows.store.row(id), dim);
+      continue;
+    }
+    if (tiered) {  // read from disk above, not promoted: the apply promotes (TouchKeys)
+      const int64_t j = next_disk++;
+      if (disk_slots[j] != DiskIndex::kNone) {
+        ++disk_hits;
+        const float* row = disk_rows.data() + j * disk_floats;
+        std::memcpy(dst, row, dim * sizeof(float));
+        if (training) {
+          const size_t at = to_stage.size();
+          to_stage.resize(at + staged_record_bytes);
+          std::memcpy(to_stage.data() + at, &disk_metas[j], sizeof(RowMeta));
+          std::memcpy(to_stage.data() + at + sizeof(RowMeta), row, stride * sizeof(float));
+          staged_keys.emplace_back(keys[i], disk_slots[j]);
+        }
         continue;
       }
-      if (tiered) {  // read from disk above, not promoted: the apply promotes (TouchKeys)
-        const int64_t k = next_disk++;
-        if (disk_slots[k] != DiskIndex::kNone) {
-          ++disk_hits;
-          const float* row = disk_rows.data() + k * disk_floats;
-          std::memcpy(dst, row, dim * sizeof(float));
-          if (training) {
-            const size_t at = to_stage.size();
-            to_stage.resize(at + staged_record_bytes);
-            std::memcpy(to_stage.data() + at, &disk_metas[k], sizeof(RowMeta));
-            std::memcpy(to_stage.data() + at + sizeof(RowMeta), row, stride * sizeof(float));
-            staged_keys.emplace_back(keys[i], disk_slots[k]);
-          }
-          continue;
-        }
-      }
-      bool admitted_now = training;
-      if (training && min_count > 0) {  // admitted by this step's update if this sighting reaches min_count
-        int64_t seen = 0;
-        if (sh.sketch.enabled()) {
-          seen = sh.sketch.Estimate(hashes[i]);
-        } else {
-          const uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
-          seen = cid == KeyIndex::kNone ? 0 : sh.candidates.store.meta(cid).count;
-        }
-        admitted_now = seen + 1 >= min_count;
-      }
-      if (admitted_now) {
-        config_.init.Fill(keys[i], dst, dim);
-      } else {
-        FillDefault(dst);
-      }
     }
-    if (!tiered) continue;
+    bool admitted_now = training;
+    if (training && min_count > 0) {  // admitted by this step's update if this sighting reaches min_count
+      int64_t seen = 0;
+      if (sh.sketch.enabled()) {
+        seen = sh.sketch.Estimate(hashes[i]);
+      } else {
+        const uint32_t cid = sh.candidates.index.Find(keys[i], hashes[i]);
+        seen = cid == KeyIndex::kNone ? 0 : sh.candidates.store.meta(cid).count;
+      }
+      admitted_now = seen + 1 >= min_count;
+    }
+    if (admitted_now) {
+      config_.init.Fill(keys[i], dst, dim);
+    } else {
+      FillDefault(dst);
+    }
+  }
+  if (tiered) {
+    int64_t dram_hits = 0;
+    for (int64_t i = 0; i < n; ++i) dram_hits += ids[i] != KeyIndex::kNone;
     auto& mutable_sh = const_cast<TableShard&>(sh);  // counters (atomics) and the staging (its own lock)
     mutable_sh.dram_hits.fetch_add(dram_hits, std::memory_order_relaxed);
     mutable_sh.disk_hits.fetch_add(disk_hits, std::memory_order_relaxed);
-    if (j == 0) mutable_sh.disk_waits.fetch_add(disk_waits, std::memory_order_relaxed);  // the block's: summed by Tiers()
+    mutable_sh.disk_waits.fetch_add(disk_waits, std::memory_order_relaxed);
     if (!staged_keys.empty()) {
       std::lock_guard<std::mutex> staging(mutable_sh.staged_mu);
       const int64_t generation = sh.disk.generation();
-      for (size_t q = 0; q < staged_keys.size() && mutable_sh.staged.size() < TableShard::kMaxStaged; ++q) {
+      for (size_t j = 0; j < staged_keys.size() && mutable_sh.staged.size() < TableShard::kMaxStaged; ++j) {
         const size_t offset = mutable_sh.staged_bytes.size();
-        mutable_sh.staged_bytes.insert(mutable_sh.staged_bytes.end(), to_stage.data() + q * staged_record_bytes,
-                                       to_stage.data() + (q + 1) * staged_record_bytes);
-        mutable_sh.staged[staged_keys[q].first] = {generation, staged_keys[q].second, offset};
+        mutable_sh.staged_bytes.insert(mutable_sh.staged_bytes.end(), to_stage.data() + j * staged_record_bytes,
+                                       to_stage.data() + (j + 1) * staged_record_bytes);
+        mutable_sh.staged[staged_keys[j].first] = {generation, staged_keys[j].second, offset};
       }
     }
   }

@@ -46,7 +46,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "disk_reads.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/lib/core/status.h"
 
@@ -379,13 +378,11 @@ class DiskTier {
   // neither is written otherwise. Reads each candidate record of the index (one pread each:
   // one in all but a 2^-32 chance) and returns the first read error.
   Status Locate(int64_t key, uint64_t hash, uint32_t* slot, RowMeta* meta, float* row, int64_t floats) const;
-  // Locate in two halves, for reading many keys' records in one ReadMany: FirstRead names
-  // the key's first candidate record (its slot, or false when the key is not on disk) as
-  // *read, its header and `floats` floats into `data`; once read, TakeRead is Locate's answer
-  // (the record is the key's in all but a 2^-32 chance, else the other candidates are read).
-  bool FirstRead(uint64_t hash, int64_t floats, char* data, uint32_t* candidate, DiskRead* read) const;
-  Status TakeRead(int64_t key, uint64_t hash, uint32_t candidate, const char* record, uint32_t* slot,
-                  RowMeta* meta, float* row, int64_t floats) const;
+  // Locate for n keys (slots[i], metas[i] if metas is non-null, rows + i * floats), their
+  // records read together (ReadMany: *waited of them waited for the device). Returns the
+  // first error.
+  Status LocateMany(int64_t n, const int64_t* keys, const uint64_t* hashes, uint32_t* slots, RowMeta* metas,
+                    float* rows, int64_t floats, int64_t* waited) const;
   // Drops a record found by Locate (promoted, or removed) from the index.
   void Drop(uint64_t hash, uint32_t slot) { index.Erase(DiskIndex::Fingerprint(hash), slot); }
   // Removes the key's row if it is on disk (*removed says whether it was); a read error is returned.
@@ -606,18 +603,14 @@ class EmbeddingTable : public ResourceBase {
   int64_t step() const { return step_.load(std::memory_order_relaxed); }
   void AdvanceStep(int64_t step);
 
-  // Lookup of distinct keys, read-only (shared locks): copies each key's value into `out`
-  // (rows of dim). The keys of shards shards[0..count) (ascending) are keys[offsets[s] ..
-  // offsets[s + 1]) with their hashes, and their rows go to out + offsets[s] * dim. A missing
-  // key reads the row it would get if this step's update inserted it: with `training`, the
-  // initializer's row when the key would be admitted at this sighting (always without
-  // admission), else the default row; without `training` (inference), always the default row.
-  // Nothing is inserted or counted: a step that never reaches its update (a skipped,
-  // non-finite step) leaves the table as it was. A key whose row is on the disk tier reads it
-  // from there (promotion happens at apply): the records of all the shards in one ReadMany,
-  // so a block of shards waits for the device once.
-  Status Find(const int* shards, int count, const int64_t* offsets, const int64_t* keys, const uint64_t* hashes,
-              bool training, float* out) const;
+  // Lookup of distinct keys (all in shard `s`), read-only (shared lock): copies each key's
+  // value into `out` (rows of dim). A missing key reads the row it would get if this step's
+  // update inserted it: with `training`, the initializer's row when the key would be admitted
+  // at this sighting (always without admission), else the default row; without `training`
+  // (inference), always the default row. Nothing is inserted or counted: a step that never
+  // reaches its update (a skipped, non-finite step) leaves the table as it was.
+  // A key whose row is on the disk tier reads it from there (promotion happens at apply).
+  Status Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
   // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
   // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a
   // row gets count + 1 and last_seen = now; a missing key gets a row (initializer, then the

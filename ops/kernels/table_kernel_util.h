@@ -137,28 +137,18 @@ void RunInBlocks(OpKernelContext* ctx, int64_t total, int64_t min_per_block, con
 constexpr int64_t kMinKeysPerBlock = 8192;
 constexpr int64_t kMinKeysPerBlockTiered = 1024;
 
-// Runs fn(shards, count) on blocks of whole shards of `table` holding keys of `grouped`
-// (ascending shard numbers), of about equal key counts (RunInBlocks, kMinKeysPerBlock keys at
-// least, or kMinKeysPerBlockTiered): a shard runs in the block where its first key falls.
+// Runs fn(shard) for every shard of `table` holding keys of `grouped`, in blocks of whole
+// shards of about equal key counts (RunInBlocks, kMinKeysPerBlock keys at least, or
+// kMinKeysPerBlockTiered): a shard runs in the block where its first key falls.
 template <typename Fn>
-void ForEachShardBlock(OpKernelContext* ctx, const GroupedKeys& grouped, const EmbeddingTable& table, Fn fn) {
+void ForEachShard(OpKernelContext* ctx, const GroupedKeys& grouped, const EmbeddingTable& table, Fn fn) {
   const int num_shards = table.num_shards();
   const int64_t min_per_block = table.config().tiered() ? kMinKeysPerBlockTiered : kMinKeysPerBlock;
   RunInBlocks(ctx, grouped.size(), min_per_block, [&](int64_t begin, int64_t end) {
-    std::vector<int> shards;
     for (int s = 0; s < num_shards; ++s) {
       const int64_t first = grouped.offsets[s];
-      if (first >= begin && first < end && grouped.offsets[s + 1] > first) shards.push_back(s);
+      if (first >= begin && first < end && grouped.offsets[s + 1] > first) fn(s);
     }
-    fn(shards.data(), static_cast<int>(shards.size()));
-  });
-}
-
-// ForEachShardBlock, one shard at a time: fn(shard).
-template <typename Fn>
-void ForEachShard(OpKernelContext* ctx, const GroupedKeys& grouped, const EmbeddingTable& table, Fn fn) {
-  ForEachShardBlock(ctx, grouped, table, [&](const int* shards, int count) {
-    for (int j = 0; j < count; ++j) fn(shards[j]);
   });
 }
 
