@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import ttf
 from ttf._ops import ops
 from ttf.embedding import EmbeddingTable, parse_size, tier_row_bytes
 
@@ -326,8 +327,13 @@ def test_bad_tier_arguments(tmp_path):
         EmbeddingTable(DIM, dram_budget=1 << 20)
     with pytest.raises(ValueError, match="go together"):
         EmbeddingTable(DIM, ssd_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="dram_budget must be an int >= 0"):
+    with pytest.raises(ValueError, match="dram_budget must be bytes >= 0, an int or a size"):
         EmbeddingTable(DIM, dram_budget=-1, ssd_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="dram_budget 'lots': size must be a number"):
+        EmbeddingTable(DIM, dram_budget="lots", ssd_dir=str(tmp_path))
+    # A size with a unit, as capacity takes: bytes, kept as an int in the layer's config.
+    layer = ttf.DynamicEmbedding(DIM, dram_budget="1M", ssd_dir=str(tmp_path))
+    assert layer.tables[0].dram_budget == 1 << 20 and layer.get_config()["dram_budget"] == 1 << 20
     with pytest.raises(tf.errors.InvalidArgumentError, match="ssd_dir '.*missing' cannot be written"):
         EmbeddingTable(DIM, dram_budget=1 << 20, ssd_dir=str(tmp_path / "missing"))
     with pytest.raises(tf.errors.InvalidArgumentError, match="dram_budget .* and ssd_dir .* go together"):

@@ -130,13 +130,27 @@ def tier_row_bytes(dim, num_slots):
     return 4 * dim * (1 + num_slots) + 40
 
 
+def parse_dram_budget(dram_budget):
+    """Bytes of a dram_budget: an int, or a size with a unit ("2G", "512M"; parse_size).
+    ValueError naming dram_budget and the fix otherwise."""
+    if isinstance(dram_budget, str):
+        try:
+            return parse_size(dram_budget)
+        except ValueError as err:
+            raise ValueError(f"dram_budget {dram_budget!r}: {err}") from None
+    if isinstance(dram_budget, (int, np.integer)) and not isinstance(dram_budget, bool) and dram_budget >= 0:
+        return int(dram_budget)
+    raise ValueError(f"dram_budget must be bytes >= 0, an int or a size such as '2G' or '512M' (0: no SSD tier), "
+                     f"got {dram_budget!r}")
+
+
 def check_tier(dram_budget, ssd_dir):
-    """ValueError naming the argument unless (dram_budget, ssd_dir) is valid."""
-    if not isinstance(dram_budget, (int, np.integer)) or dram_budget < 0:
-        raise ValueError(f"dram_budget must be an int >= 0 bytes (0: no SSD tier), got {dram_budget!r}")
-    if not isinstance(ssd_dir, str) or (dram_budget > 0) != bool(ssd_dir):
-        raise ValueError(f"dram_budget ({dram_budget}) and ssd_dir ({ssd_dir!r}) go together: set both for a "
+    """dram_budget in bytes; ValueError naming the argument unless (dram_budget, ssd_dir) is valid."""
+    budget = parse_dram_budget(dram_budget)
+    if not isinstance(ssd_dir, str) or (budget > 0) != bool(ssd_dir):
+        raise ValueError(f"dram_budget ({dram_budget!r}) and ssd_dir ({ssd_dir!r}) go together: set both for a "
                          "DRAM + SSD tier, or neither")
+    return budget
 
 
 @registration.register_serializable(package="ttf", name="EmbeddingTable")
@@ -175,7 +189,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         above a capacity, if one is set). With dram_budget, also the order rows move to
         disk in: lfu the fewest updates first, lru and ttl the least recently updated.
       ttl_steps: for evict_policy="ttl" (and only then), > 0.
-      dram_budget: bytes of DRAM rows (see tier_row_bytes) this table keeps; with ssd_dir,
+      dram_budget: bytes of DRAM rows (see tier_row_bytes) this table keeps, an int or a
+        size such as "2G" or "512M" (units of 1024); with ssd_dir,
         the rows beyond it live in a file under ssd_dir (0: all rows in DRAM). Lookups
         read disk rows in place, updates bring them back to DRAM, so training is exactly
         that of an all-DRAM table (docs/tiers.md). The disk tier's key index counts inside
@@ -197,7 +212,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         if not 1 <= num_shards <= 4096:
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
         check_eviction(capacity, evict_policy, ttl_steps)
-        check_tier(dram_budget, ssd_dir)
+        dram_budget = check_tier(dram_budget, ssd_dir)
         self.capacity_rows, self.capacity_bytes = parse_capacity(capacity)
         if self.capacity_bytes and dram_budget:
             raise ValueError(f"capacity {capacity!r} (bytes) with dram_budget ({dram_budget}): a tiered table's RAM is "
@@ -212,7 +227,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             raise ValueError(f"admission_sketch_bytes ({admission_sketch_bytes}) counts admission sightings: set "
                              "admission_min_count > 0 too, or leave it 0")
         self.admission_sketch_bytes = int(admission_sketch_bytes)
-        self.dram_budget = int(dram_budget)
+        self.dram_budget = dram_budget
         self.ssd_dir = ssd_dir
         self.capacity = capacity.strip() if isinstance(capacity, str) else int(capacity)  # as given: rows or a size
         self.evict_policy = evict_policy
