@@ -1098,7 +1098,7 @@ class Trainer:
                 low = self.use_bf16(float("nan") if skip else loss)  # a skipped step holds float32
             now = time.perf_counter()
             log(f"[train] step {self.step()}: loss {losses[-1]:.4f}, {chunk / (now - last_log):.1f} global steps/s"
-                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else ""))
+                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else "") + self.table_progress())
             self.write_summary(self.step(), losses[-1], chunk / (now - last_log))
             last_log = now
             self._maybe_checkpoint(self.step(), every_chunk=True)

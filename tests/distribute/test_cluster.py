@@ -2,6 +2,7 @@
 training, checkpoint and resume, a worker killed mid-training, a parameter server killed."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -45,12 +46,16 @@ def finish(proc, timeout=300):
 
 
 def test_cluster_trains_checkpoints_and_resumes(tmp_path):
+    """With the PS's table on a DRAM + SSD tier (2 MiB of DRAM rows): the progress lines show
+    its tiers, and the checkpoint holds the rows of both."""
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.json"
-    out = finish(start("--steps", "60", "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics)))
+    tier = ("--dram-budget", "2M", "--ssd-dir", str(tmp_path / "ssd"))
+    out = finish(start("--steps", "60", "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics), *tier))
     assert "[train] done: 60 steps" in out, out[-3000:]
+    assert re.search(r"\[train\] step \d+: .* global steps/s, rows \d+ DRAM \+ [1-9]\d* disk, DRAM hit rate", out), out[-3000:]
     first = json.loads(metrics.read_text())
     assert first["cluster"] == {"ps": 1, "workers": 2} and first["global_steps_per_sec"] > 0
-    out = finish(start("--steps", "100", "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics)))
+    out = finish(start("--steps", "100", "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics), *tier))
     assert "at step 60" in out and "[train] done: 100 steps" in out, out[-3000:]
     assert json.loads(metrics.read_text())["table_size"] >= first["table_size"]
 

@@ -1,0 +1,98 @@
+"""Peak RSS of every process of a job (issue 18: memory stays within what the user set, in
+each process, and no process holds another's rows): runs COMMAND, follows its process tree
+through /proc every --every seconds, and prints one JSON object: each Python process's role
+(from its command line: "ps 0", "worker 1", "chief" for models/train.py, "rank" under
+Horovod), its peak RSS (VmHWM, MiB, at the last sample before it exited) and the command's
+exit code. The command's own output goes to stderr.
+
+    .venv/bin/python benchmarks/job_rss.py -- ./start_all.sh --tiacc --fm --ps 2 \\
+        --dram-budget 64M --ssd-dir /tmp/ttf-ssd --synthetic-rows 2000000 --steps 2000
+
+Exit code: the command's.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def children_of(root):
+    """PIDs of every live descendant of `root` (and root), from /proc/*/stat."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        parent[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+    tree, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, ppid in parent.items():
+            if ppid == pid and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return tree
+
+
+def role_of(argv):
+    """What a process of a ttf job is, from its argv; None for a process that is not Python."""
+    if not argv or "python" not in os.path.basename(argv[0]):
+        return None
+    if "--job" in argv and "--index" in argv:
+        return f"{argv[argv.index('--job') + 1]} {argv[argv.index('--index') + 1]}"
+    if any(a.endswith("models/train.py") for a in argv):
+        if "--prepare-data" in argv:
+            return "prepare data"
+        return "rank" if "--horovod" in argv else "chief"
+    return " ".join(os.path.basename(a) for a in argv[:3])
+
+
+def sample(pid):
+    """(argv, VmHWM bytes) of a live process, or None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        with open(f"/proc/{pid}/status") as f:
+            hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        return argv, hwm
+    except (OSError, StopIteration):
+        return None
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--every", type=float, default=0.5, help="seconds between samples (default 0.5)")
+    p.add_argument("--out", default=None, help="also write the JSON object to this file")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("give the command after --")
+    job = subprocess.Popen(command, stdout=sys.stderr)
+    seen = {}  # pid -> (role, peak bytes)
+    while True:
+        for pid in children_of(job.pid):
+            got = sample(pid)
+            if got is not None and role_of(got[0]) is not None:
+                seen[pid] = (role_of(got[0]), max(got[1], seen.get(pid, ("", 0))[1]))
+        if job.poll() is not None:
+            break
+        time.sleep(args.every)
+    result = {"command": command, "exit_code": job.returncode,
+              "processes": sorted(({"role": role, "pid": pid, "peak_rss_mib": round(peak / 2**20, 1)}
+                                   for pid, (role, peak) in seen.items()), key=lambda r: (r["role"], r["pid"]))}
+    print(json.dumps(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return job.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
