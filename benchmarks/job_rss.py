@@ -46,11 +46,15 @@ def role_of(argv):
         return None
     if "--job" in argv and "--index" in argv:
         return f"{argv[argv.index('--job') + 1]} {argv[argv.index('--index') + 1]}"
-    if any(a.endswith("models/train.py") for a in argv):
+    rest = argv[1:]  # the script (or -m module / -c) after the interpreter's own options
+    while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+        rest = rest[1:]
+    script = rest[1] if rest[:1] == ["-m"] and len(rest) > 1 else (rest[0] if rest else "")
+    if script.endswith("models/train.py"):
         if "--prepare-data" in argv:
             return "prepare data"
         return "rank" if "--horovod" in argv else "chief"
-    return " ".join(os.path.basename(a) for a in argv[:3])
+    return f"python {os.path.basename(script)}"  # horovodrun, its helpers, the op build
 
 
 def sample(pid):

@@ -581,17 +581,22 @@ def log(message):
         print(message, flush=True)
 
 
-def tier_progress(stats):
+def tier_progress(stats, dram_budget):
     """', rows D DRAM + S disk, DRAM hit rate H% (since start), W% of disk reads from the
-    device, B bytes of RAM a key' over the tier stats of some tables (TtfTableTierStats)."""
+    device, B bytes of RAM a key' over the tier stats of some tables (TtfTableTierStats) whose
+    budgets add up to dram_budget; and a warning when their disk index takes over half of it
+    (the library logs it too, but this CLI hides TensorFlow's C++ log lines)."""
     total = {name: sum(s[name] for s in stats) for name in stats[0]}
     rows = total["dram_rows"] + total["disk_rows"]
     lookups = total["dram_hits"] + total["disk_hits"]
     hit_rate = 100.0 * total["dram_hits"] / lookups if lookups else 100.0
     waited = 100.0 * total["disk_waits"] / total["disk_hits"] if total["disk_hits"] else 0.0
     ram_per_key = (total["dram_bytes"] + total["disk_index_bytes"]) / max(rows, 1)
+    crowded = total["disk_index_bytes"] > dram_budget // 2
     return (f", rows {total['dram_rows']} DRAM + {total['disk_rows']} disk, DRAM hit rate {hit_rate:.1f}% since start, "
-            f"{waited:.0f}% of disk reads from the device (the rest page cache), {ram_per_key:.0f} bytes of RAM a key")
+            f"{waited:.0f}% of disk reads from the device (the rest page cache), {ram_per_key:.0f} bytes of RAM a key"
+            + (f"; the disk index takes {total['disk_index_bytes']} of the {dram_budget} bytes of --dram-budget, "
+               "leaving few rows in DRAM: raise --dram-budget" if crowded else ""))
 
 
 class HorovodRanks:
@@ -864,17 +869,19 @@ class Trainer:
         return int(counter.skipped_steps.numpy()) if counter else 0
 
     def table_progress(self):
-        """', table rows R (E evicted)' for bounded ttf tables, the tiers for tiered ones (this
-        process's shards), else ''."""
+        """', table rows R (E evicted)' for bounded ttf tables, the tiers for tiered ones, else
+        '': of every parameter server's shard in a PS job (numbers only travel), of this rank's
+        on Horovod (said so: each rank holds its own)."""
         options = getattr(self.args, "table_options", None)
         if not options or not (options["capacity"] or options["evict_policy"] == "ttl" or options["dram_budget"]):
             return ""
         tables = [t for layer in ttf.embedding.tables_in(self.model) for t in layer.tables]
+        shard = " (this rank's table shards)" if self.horovod else ""
         if options["dram_budget"]:
-            return tier_progress([t.tier_stats() for t in tables])
+            return tier_progress([t.tier_stats() for t in tables], sum(t.dram_budget for t in tables)) + shard
         rows = sum(int(t.size()) for t in tables)
         evicted = sum(int(t.stats().rows_evicted) for t in tables)
-        return f", table rows {rows} ({evicted} evicted)"
+        return f", table rows {rows} ({evicted} evicted){shard}"
 
     def table_summary(self):
         """ttf path: (ids stored, order-independent checksum, float64 sum of every stored value

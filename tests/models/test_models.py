@@ -274,3 +274,25 @@ def test_train_cli_table_capacity_is_rows_or_bytes(capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--table-capacity", "64M"])  # without --tiacc
     assert "--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc" in capsys.readouterr().err
+
+
+def test_train_progress_says_when_the_disk_index_crowds_out_dram(tmp_path):
+    """train.py hides TensorFlow's C++ log lines, the library's warning among them: its progress
+    line says itself when a tiered table's disk index takes over half of --dram-budget."""
+    from models import train
+    from ttf._ops import ops
+
+    def progress(budget, keys):
+        table = ttf.embedding.EmbeddingTable(4, num_shards=1, dram_budget=budget, ssd_dir=str(tmp_path))
+        ids = np.arange(keys, dtype=np.int64) * 7919
+        for start in range(0, keys, 1024):  # as Adam rows, 1,024 at a time: the rest go to disk
+            chunk = ids[start:start + 1024]
+            ops().ttf_table_apply_adam(table.resource_handle, chunk, np.zeros((len(chunk), 4), np.float32),
+                                       0.0, 0.9, 0.999, 1e-7, 1)
+        return train.tier_progress([table.tier_stats()], table.dram_budget)
+
+    crowded = progress("64K", 8192)  # ~8,000 disk keys: an index of ~90 KiB
+    assert re.search(r"rows \d+ DRAM \+ [1-9]\d* disk, .*; the disk index takes \d{5} of the 65536 bytes of "
+                     r"--dram-budget, leaving few rows in DRAM: raise --dram-budget$", crowded), crowded
+    roomy = progress("4M", 8192)
+    assert "rows 8192 DRAM + 0 disk" in roomy and "raise --dram-budget" not in roomy, roomy
