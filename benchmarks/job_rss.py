@@ -5,8 +5,9 @@ through /proc every --every seconds, and prints one JSON object: each Python pro
 Horovod), its peak RSS (VmHWM, MiB, at the last sample before it exited) and the command's
 exit code. The command's own output goes to stderr.
 
-    .venv/bin/python benchmarks/job_rss.py -- ./start_all.sh --tiacc --fm --ps 2 \\
-        --dram-budget 64M --ssd-dir /tmp/ttf-ssd --synthetic-rows 2000000 --steps 2000
+    .venv/bin/python benchmarks/job_rss.py -- ./start_all.sh --tiacc --fm --ps 2 --dram-budget 32M \\
+        --ssd-dir /tmp/ttf-ssd --synthetic-rows 1000000 --steps 1500 -- --synthetic-vocab 1000000
+    TTF_TF=2.16 .venv/bin/python benchmarks/job_rss.py -- ./start_all.sh --hvd --tiacc --fm ...  # Horovod ranks
 
 Exit code: the command's.
 """
