@@ -63,8 +63,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         least recently updated first).
       ttl_steps: steps without an update after which evict_policy="ttl" evicts an id.
       dram_budget, ssd_dir: a DRAM + SSD tier for each table shard: at most dram_budget
-        bytes of DRAM rows (an int or a size such as "2G"), the rest in a file under ssd_dir (see ttf.embedding.EmbeddingTable
-        and docs/tiers.md); training is exactly that of an all-DRAM table.
+        bytes of DRAM rows (an int or a size such as "2G"), the rest in a file under ssd_dir
+        (see ttf.embedding.EmbeddingTable and docs/tiers.md); training is exactly that of an
+        all-DRAM table.
 
     Input: int64 (or int32) ids of shape [B], [B, F], ..., or a RaggedTensor [B, None]
     (needs a combiner). Output: float32 [..., dim] ([B, dim] for ragged ids).
