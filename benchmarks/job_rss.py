@@ -18,27 +18,7 @@ import subprocess
 import sys
 import time
 
-
-def children_of(root):
-    """PIDs of every live descendant of `root` (and root), from /proc/*/stat."""
-    parent = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited meanwhile
-        parent[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
-    tree, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, ppid in parent.items():
-            if ppid == pid and child not in tree:
-                tree.add(child)
-                frontier.append(child)
-    return tree
+from procs import command_of, descendants  # benchmarks/, the script's folder
 
 
 def role_of(argv):
@@ -58,14 +38,11 @@ def role_of(argv):
     return f"python {os.path.basename(script)}"  # horovodrun, its helpers, the op build
 
 
-def sample(pid):
-    """(argv, VmHWM bytes) of a live process, or None."""
+def peak_rss_bytes(pid):
+    """VmHWM of a live process, or None."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
         with open(f"/proc/{pid}/status") as f:
-            hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-        return argv, hwm
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
     except (OSError, StopIteration):
         return None
 
@@ -82,10 +59,10 @@ def main(argv=None):
     job = subprocess.Popen(command, stdout=sys.stderr)
     seen = {}  # pid -> (role, peak bytes)
     while True:
-        for pid in children_of(job.pid):
-            got = sample(pid)
-            if got is not None and role_of(got[0]) is not None:
-                seen[pid] = (role_of(got[0]), max(got[1], seen.get(pid, ("", 0))[1]))
+        for pid in [job.pid, *descendants(job.pid)]:
+            role, peak = role_of(command_of(pid)), peak_rss_bytes(pid)
+            if role is not None and peak is not None:
+                seen[pid] = (role, max(peak, seen.get(pid, ("", 0))[1]))
         if job.poll() is not None:
             break
         time.sleep(args.every)

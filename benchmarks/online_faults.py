@@ -51,6 +51,8 @@ import threading
 import time
 import zlib
 
+from procs import command_of, descendants  # benchmarks/, the script's folder
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -246,31 +248,6 @@ class Job:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-
-def command_of(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode() for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def descendants(pid):
-    """Every process below `pid`, from /proc."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [p for p, parent in parents.items() if parent in frontier]
-        found += frontier
-    return found
 
 
 def restart_worker(pid):
