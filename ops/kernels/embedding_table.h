@@ -211,12 +211,13 @@ class KeyIndex {
       if (slot.key == key) return slot.id;
     }
   }
+  // No emptiness check: GCC 12 deletes an `if` whose body holds only prefetches (this one
+  // compiled to nothing until issue 18's fix), and a prefetch of any address (null with no
+  // slots: mask_ is 0) never faults.
   void Prefetch(uint64_t hash) const {
-    if (capacity_ != 0) {  // a 12-byte slot may straddle two cache lines
-      const char* slot = reinterpret_cast<const char*>(&slots_[hash & mask_]);
-      __builtin_prefetch(slot);
-      __builtin_prefetch(slot + sizeof(Slot) - 1);
-    }
+    const char* slot = reinterpret_cast<const char*>(slots_.get() + (hash & mask_));
+    __builtin_prefetch(slot);
+    __builtin_prefetch(slot + sizeof(Slot) - 1);  // a 12-byte slot may straddle two cache lines
   }
   // The key must be absent and HasRoom(1) true.
   void Insert(int64_t key, uint64_t hash, uint32_t id);
@@ -331,8 +332,8 @@ class DiskIndex {
       if (static_cast<uint32_t>(entry >> 32) == fingerprint) return static_cast<uint32_t>(entry);
     }
   }
-  void Prefetch(uint32_t fingerprint) const {
-    if (!entries_.empty()) __builtin_prefetch(&entries_[Home(fingerprint)]);
+  void Prefetch(uint32_t fingerprint) const {  // unconditional: see KeyIndex::Prefetch
+    __builtin_prefetch(entries_.data() + Home(fingerprint));
   }
   // Whether record `slot` is live and filed under this fingerprint (exact: a slot is unique).
   bool Holds(uint32_t fingerprint, uint32_t slot) const;
