@@ -211,9 +211,9 @@ class KeyIndex {
       if (slot.key == key) return slot.id;
     }
   }
-  // No emptiness check: GCC 12 deletes an `if` whose body holds only prefetches (this one
-  // compiled to nothing until issue 18's fix), and a prefetch of any address (null with no
-  // slots: mask_ is 0) never faults.
+  // No emptiness check: with `if (capacity_ != 0)` around the prefetches, GCC 12 compiled this
+  // member to nothing (as it does any inline member whose `if` guards only prefetches), so no
+  // probe was ever prefetched. A prefetch never faults (no slots: null, mask_ 0).
   void Prefetch(uint64_t hash) const {
     const char* slot = reinterpret_cast<const char*>(slots_.get() + (hash & mask_));
     __builtin_prefetch(slot);
