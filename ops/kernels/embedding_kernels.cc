@@ -131,12 +131,23 @@ class EmbeddingLookupOp : public TableOpKernel {
     const Tensor& ids = ctx->input(1);
     OP_REQUIRES(ctx, ids.dims() >= 1,
                 errors::InvalidArgument("ids must have rank >= 1, got shape ", ids.shape().DebugString()));
-    GroupedKeys grouped;
-    std::vector<float>& rows = ScratchRows();
-    OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, ids, training_, &grouped, &rows));
     TensorShape out_shape = ids.shape();
     out_shape.AddDim(dim_);
     Tensor* embeddings = nullptr;
+    // An inference lookup whose unique keys and inverse index nothing reads (a layer called at
+    // inference inside a graph: only the embeddings are used) probes each id straight into its
+    // output: the de-dup and the copy back cost more than the repeated ids' probes, which hit
+    // the cache (docs/lookup_speed.md). A tiered table keeps the per-shard path (its disk reads).
+    if (!training_ && !table->config().tiered() && !ctx->output_required(1) && !ctx->output_required(2)) {
+      OP_REQUIRES(ctx, ids.NumElements() <= kMaxKeysPerCall,
+                  errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", ids.NumElements()));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &embeddings));
+      table->FindEach(ids.flat<int64_t>().data(), ids.NumElements(), embeddings->flat<float>().data());
+      return;
+    }
+    GroupedKeys grouped;
+    std::vector<float>& rows = ScratchRows();
+    OP_REQUIRES_OK(ctx, LookupDistinct(ctx, table, ids, training_, &grouped, &rows));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &embeddings));
     ScatterRows(ctx, rows, grouped.inverse, dim_, embeddings->flat<float>().data());
     OutputUniqueAndInverse(ctx, grouped, 1);
