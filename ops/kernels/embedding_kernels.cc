@@ -94,6 +94,21 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   return OkStatus();
 }
 
+// Whether an inference lookup probes each id straight into its output (FindEach) instead of
+// de-duplicating first: the de-dup and the copy back cost more than the repeated ids' probes,
+// which hit the cache (docs/lookup_speed.md). A tiered table keeps the per-shard path, which
+// batches its disk reads; a training lookup needs the distinct keys for its gradient.
+bool ProbesEachId(bool training, const EmbeddingTable& table) { return !training && !table.config().tiered(); }
+
+Status LookupEach(OpKernelContext* ctx, EmbeddingTable* table, const Tensor& ids, const TensorShape& out_shape,
+                  Tensor** out) {
+  if (ids.NumElements() > kMaxKeysPerCall)
+    return errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", ids.NumElements());
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, out_shape, out));
+  table->FindEach(ids.flat<int64_t>().data(), ids.NumElements(), (*out)->flat<float>().data());
+  return OkStatus();
+}
+
 // out[p] = rows[inverse[p]] for every position p (in blocks on the CPU pool when there are many).
 void ScatterRows(OpKernelContext* ctx, const std::vector<float>& rows, const std::vector<int32_t>& inverse,
                  int64_t dim, float* out) {
@@ -134,15 +149,9 @@ class EmbeddingLookupOp : public TableOpKernel {
     TensorShape out_shape = ids.shape();
     out_shape.AddDim(dim_);
     Tensor* embeddings = nullptr;
-    // An inference lookup whose unique keys and inverse index nothing reads (a layer called at
-    // inference inside a graph: only the embeddings are used) probes each id straight into its
-    // output: the de-dup and the copy back cost more than the repeated ids' probes, which hit
-    // the cache (docs/lookup_speed.md). A tiered table keeps the per-shard path (its disk reads).
-    if (!training_ && !table->config().tiered() && !ctx->output_required(1) && !ctx->output_required(2)) {
-      OP_REQUIRES(ctx, ids.NumElements() <= kMaxKeysPerCall,
-                  errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", ids.NumElements()));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &embeddings));
-      table->FindEach(ids.flat<int64_t>().data(), ids.NumElements(), embeddings->flat<float>().data());
+    // Only the embeddings read (a layer called at inference inside a graph): no de-dup.
+    if (ProbesEachId(training_, *table) && !ctx->output_required(1) && !ctx->output_required(2)) {
+      OP_REQUIRES_OK(ctx, LookupEach(ctx, table, ids, out_shape, &embeddings));
       return;
     }
     GroupedKeys grouped;
@@ -274,6 +283,11 @@ class TableLookupOp : public TableOpKernel {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES(ctx, keys.dims() == 1,
                 errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
+    if (!kInsert && ProbesEachId(training_, *table)) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, LookupEach(ctx, table, keys, TensorShape({keys.NumElements(), dim_}), &out));
+      return;
+    }
     GroupedKeys grouped;
     std::vector<float>& rows = ScratchRows();
     if (kInsert) {

@@ -1,13 +1,15 @@
 """The lookup and apply hot paths (issue 18 item 5) against plain NumPy references: the
 de-dup (its prefetching loop at batch sizes around the prefetch distance, duplicates, empty
 batches), present and absent keys, the index under insert/remove churn, and the vectorized
-Adam update at a dim that is and one that is not a multiple of the vector width."""
+Adam update at a dim that is and one that is not a multiple of the vector width, and the
+inference lookup that probes each id with no de-dup (EmbeddingTable::FindEach)."""
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import ttf  # noqa: F401  (sets up Keras 2 before TF is used)
 from ttf._ops import ops
-from ttf.embedding import EmbeddingTable
+from ttf.embedding import EmbeddingTable, tier_row_bytes
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -51,6 +53,50 @@ def test_dedup_order_and_inverse_match_reference(n):
     expected = np.array([rows.get(k, np.full(8, 0.25, np.float32)) for k in ids]).reshape(n, 8)
     np.testing.assert_array_equal(emb.numpy(), expected)  # exact: copies only
     np.testing.assert_array_equal(table.lookup(ids, training=False).numpy(), expected)
+
+
+@pytest.mark.parametrize("dim", [5, 16])
+@pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 255, 256, 257, 3000])
+def test_inference_lookup_without_dedup_matches_reference(n, dim):
+    # An inference lookup in a graph that reads only the embeddings (a layer at inference) and
+    # TtfTableFind at inference probe each id straight into its output (FindEach: blocks of 256
+    # ids, index slots prefetched 32 ids ahead): sizes around both, 2-D ids, duplicates, absent
+    # keys (the default row), 3 lock shards (not a power of two), a dim with and one without
+    # a fixed-size row copy. Reading the unique keys too takes the de-dup path: same rows.
+    rng = np.random.default_rng(n + dim)
+    pool = rng.integers(-(1 << 62), 1 << 62, size=600)
+    ids = pool[rng.integers(0, 600, size=(n, 2))].astype(np.int64)
+    table = EmbeddingTable(dim, "normal", seed=6, default_value=-0.5, num_shards=3)
+    h = table.resource_handle
+    ops().ttf_table_find_or_insert(h, pool[::3].astype(np.int64), dim=dim)
+    ex = {k: v.numpy() for k, v in table.export().items()}
+    rows = dict(zip(ex["keys"], ex["values"]))
+    expected = np.array([rows.get(k, np.full(dim, -0.5, np.float32)) for k in ids.ravel()]).reshape(n, 2, dim)
+    each = tf.function(lambda x: ops().ttf_embedding_lookup(h, x, dim=dim, training=False)[0])
+    with_keys = tf.function(lambda x: ops().ttf_embedding_lookup(h, x, dim=dim, training=False)[:2])
+    np.testing.assert_array_equal(each(ids).numpy(), expected)  # exact: copies only
+    emb, unique_keys = with_keys(ids)
+    np.testing.assert_array_equal(emb.numpy(), expected)
+    assert sorted(unique_keys.numpy().tolist()) == sorted(set(ids.ravel().tolist()))
+    np.testing.assert_array_equal(table.lookup(ids.ravel(), training=False).numpy(), expected.reshape(-1, dim))
+
+
+def test_tiered_inference_lookup_in_a_graph_reads_disk_rows(tmp_path):
+    # A tiered table keeps the de-dup path even when only the embeddings are read: its rows on
+    # disk must come back, not the default row a DRAM-only probe would give.
+    table = EmbeddingTable(4, num_shards=2, default_value=-1.0, dram_budget=40 * tier_row_bytes(4, 2),
+                           ssd_dir=str(tmp_path))
+    h = table.resource_handle
+    keys = np.arange(1, 2001, dtype=np.int64) * 7
+    grads = np.tile(np.arange(1, 2001, dtype=np.float32)[:, None], (1, 4))
+    for step, at in enumerate(range(0, 2000, 100), start=1):  # rows not in an update go to disk
+        ops().ttf_table_apply_adam(h, keys[at:at + 100], grads[at:at + 100], 0.1, 0.9, 0.999, 1e-7, step)
+    assert table.tier_stats()["disk_rows"] > 1500
+    eager = ops().ttf_embedding_lookup(h, keys, dim=4, training=False)[0].numpy()
+    assert (eager != -1.0).all()
+    each = tf.function(lambda x: ops().ttf_embedding_lookup(h, x, dim=4, training=False)[0])
+    np.testing.assert_array_equal(each(keys).numpy(), eager)
+    np.testing.assert_array_equal(table.lookup(keys, training=False).numpy(), eager)
 
 
 def test_index_churn_keeps_every_key_reachable():
