@@ -1004,15 +1004,8 @@ int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hash
 
 void EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) const {
   const int64_t dim = config_.dim;
-  const int num_shards = static_cast<int>(shards_.size());
-  std::vector<std::shared_lock<std::shared_mutex>> locks;  // in shard order, as every multi-shard lock
   std::vector<const KeyedStore*> stores;
-  locks.reserve(num_shards);
-  stores.reserve(num_shards);
-  for (const auto& sh : shards_) {
-    locks.emplace_back(sh->mu);
-    stores.push_back(&sh->rows);
-  }
+  for (const auto& sh : shards_) stores.push_back(&sh->rows);
   // Hash and shard every id first (one division each), then probe in blocks: the index slot
   // prefetched kAhead ids ahead, each found row prefetched at once and copied after its block,
   // so a cold id's two misses (slot, row) overlap with other ids' instead of adding up.
@@ -1026,24 +1019,32 @@ void EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) const 
     hashes[i] = HashKey(keys[i]);
     shard[i] = ShardOf(hashes[i]);
   }
-  constexpr int64_t kBlock = 256, kAhead = 32;
+  // Every shard lock is held shared for kLockedIds ids at a time (~0.1 ms), in shard order as
+  // every multi-shard lock is taken: an update waits for one such span, not a whole call.
+  constexpr int64_t kLockedIds = 4096, kBlock = 256, kAhead = 32;
   const float* rows[kBlock];
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t m = std::min(kBlock, n - begin);
-    for (int64_t q = 0; q < m; ++q) {
-      const int64_t i = begin + q;
-      if (i + kAhead < n) stores[shard[i + kAhead]]->index.Prefetch(hashes[i + kAhead]);
-      const KeyedStore& ks = *stores[shard[i]];
-      const uint32_t id = ks.index.Find(keys[i], hashes[i]);
-      rows[q] = id == KeyIndex::kNone ? nullptr : ks.store.row(id);
-      __builtin_prefetch(rows[q]);
-    }
-    for (int64_t q = 0; q < m; ++q) {
-      float* dst = out + (begin + q) * dim;
-      if (rows[q] != nullptr) {
-        CopyRow(dst, rows[q], dim);
-      } else {
-        FillDefault(dst);
+  for (int64_t locked = 0; locked < n; locked += kLockedIds) {
+    const int64_t locked_end = std::min(n, locked + kLockedIds);
+    std::vector<std::shared_lock<std::shared_mutex>> locks;
+    locks.reserve(shards_.size());
+    for (const auto& sh : shards_) locks.emplace_back(sh->mu);
+    for (int64_t begin = locked; begin < locked_end; begin += kBlock) {
+      const int64_t m = std::min(kBlock, locked_end - begin);
+      for (int64_t q = 0; q < m; ++q) {
+        const int64_t i = begin + q;
+        if (i + kAhead < locked_end) stores[shard[i + kAhead]]->index.Prefetch(hashes[i + kAhead]);
+        const KeyedStore& ks = *stores[shard[i]];
+        const uint32_t id = ks.index.Find(keys[i], hashes[i]);
+        rows[q] = id == KeyIndex::kNone ? nullptr : ks.store.row(id);
+        __builtin_prefetch(rows[q]);
+      }
+      for (int64_t q = 0; q < m; ++q) {
+        float* dst = out + (begin + q) * dim;
+        if (rows[q] != nullptr) {
+          CopyRow(dst, rows[q], dim);
+        } else {
+          FillDefault(dst);
+        }
       }
     }
   }

@@ -614,8 +614,8 @@ class EmbeddingTable : public ResourceBase {
   Status Find(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, bool training, float* out) const;
   // Inference lookup of n ids as they come, duplicates and all (no de-dup, no grouping by
   // shard): out[i] = the value of keys[i], or the default row for a missing key. Every shard
-  // lock is held shared for the call. Untiered tables only (a tiered table's disk reads are
-  // batched per shard by Find).
+  // lock is held shared, 4096 ids at a time. Untiered tables only (a tiered table's disk reads
+  // are batched per shard by Find).
   void FindEach(const int64_t* keys, int64_t n, float* out) const;
   // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
   // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a

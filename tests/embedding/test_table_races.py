@@ -1,6 +1,7 @@
 """Concurrent writers (lookups inserting keys, optimizer applies that change the slot
-layout, eviction, import with fewer slots) against export: every export is one consistent
-snapshot with one slot layout, and nothing crashes."""
+layout, eviction, import with fewer slots) against export and inference lookups: every export
+is one consistent snapshot with one slot layout, every looked-up row whole, and nothing
+crashes."""
 import itertools
 import threading
 import time
@@ -29,8 +30,8 @@ def check_export(out):
 
 
 def run_race(seconds, num_shards):
-    h = ops().ttf_embedding_table(dim=DIM, initializer="constant", init_a=1.0, num_shards=num_shards,
-                                  shared_name=f"race_{next(_names)}")
+    h = ops().ttf_embedding_table(dim=DIM, initializer="constant", init_a=1.0, default_value=-1.0,
+                                  num_shards=num_shards, shared_name=f"race_{next(_names)}")
     # Snapshots to import: no slots (the first apply after it re-lays every row), and Adagrad's one.
     plain_keys = np.arange(0, 3000, dtype=np.int64)
     no_slots = (plain_keys, np.ones((3000, DIM), np.float32), np.ones((3000, 2), np.int64),
@@ -64,6 +65,10 @@ def run_race(seconds, num_shards):
         except tf.errors.AbortedError:
             pass  # an import changed the layout under this update: reported, never silent
 
+    def infer(rng, step):  # FindEach: every shard lock shared, 4096 ids at a time
+        rows = ops().ttf_table_find(h, rng.integers(0, 20000, 10000), dim=DIM, training=False).numpy()
+        assert np.isin(rows, (-1.0, 1.0)).all() and (rows == rows[:, :1]).all(), "a torn or stale row"
+
     def evict(rng, step):
         ops().ttf_table_evict(h, 0, int(rng.integers(0, 3)))
 
@@ -74,7 +79,7 @@ def run_race(seconds, num_shards):
         exports.append(check_export(ops().ttf_table_export(h)))
 
     threads = [threading.Thread(target=worker, args=(fn,)) for fn in (lookup, apply, apply, evict, import_, export,
-                                                                        export)]
+                                                                        export, infer)]
     for t in threads:
         t.start()
     for t in threads:
