@@ -2,6 +2,7 @@
 // template does the shared work (validate, sum duplicate keys, group by shard, lock each
 // shard once); each optimizer is a small row-update functor whose formulas follow tf_keras'
 // optimizer of the same name, in float32 as Keras computes them.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -13,6 +14,17 @@
 namespace tensorflow {
 namespace ttf {
 namespace {
+
+// Whether all n floats are finite, in one branch-free pass the compiler vectorizes with
+// baseline SSE2 (a loop of std::isfinite with an early exit per element is scalar): adding 1
+// to the exponent field carries into the sign bit only when the exponent is all ones.
+bool AllFinite(const float* x, int64_t n) {
+  typedef uint32_t __attribute__((may_alias)) FloatBits;  // reads the floats' bits, legally
+  const FloatBits* bits = reinterpret_cast<const FloatBits*>(x);
+  uint32_t non_finite = 0;
+  for (int64_t i = 0; i < n; ++i) non_finite |= (bits[i] & 0x7f800000u) + 0x00800000u;
+  return (non_finite >> 31) == 0;
+}
 
 // Each functor: kName (the slot owner recorded in the table), kNumScalars (float inputs
 // after grads), SlotInit (initial slot values), Check (the hyperparameters' ranges, as
@@ -174,21 +186,31 @@ class TableApplyOp : public TableOpKernel {
 
     const int64_t n = keys.dim_size(0);
     const float* g = grads.flat<float>().data();
-    for (int64_t i = 0; i < n * dim; ++i) {
-      OP_REQUIRES(ctx, std::isfinite(g[i]),
-                  errors::InvalidArgument("grads holds a non-finite value (", g[i], ") in row ", i / dim, " (key ",
-                                          keys.flat<int64_t>()(i / dim), "); no row was updated"));
+    if (!AllFinite(g, n * dim)) {
+      const int64_t i = std::find_if(g, g + n * dim, [](float x) { return !std::isfinite(x); }) - g;
+      ctx->CtxFailure(errors::InvalidArgument("grads holds a non-finite value (", g[i], ") in row ", i / dim,
+                                              " (key ", keys.flat<int64_t>()(i / dim), "); no row was updated"));
+      return;
     }
     OP_REQUIRES_OK(ctx, table->EnsureSlots(U::kName, slot_init_));
 
     GroupedKeys grouped;
     GroupKeys(keys.flat<int64_t>().data(), n, *table, &grouped);
-    // Sum the gradients of duplicate keys (in grouped order) before any row moves.
-    std::vector<float> summed(grouped.size() * dim, 0.0f);
+    // Sum the gradients of duplicate keys (in grouped order) before any row moves: a key's
+    // first gradient is copied, the next ones added (no zero-fill of the whole buffer).
+    std::vector<float>& summed = ScratchRows();
+    summed.resize(grouped.size() * dim);
+    std::vector<char> seen(grouped.size(), 0);
     for (int64_t p = 0; p < n; ++p) {
-      float* dst = summed.data() + static_cast<int64_t>(grouped.inverse[p]) * dim;
+      const int32_t u = grouped.inverse[p];
+      float* dst = summed.data() + static_cast<int64_t>(u) * dim;
       const float* src = g + p * dim;
-      for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
+      if (seen[u]) {
+        for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
+      } else {
+        seen[u] = 1;
+        std::copy(src, src + dim, dst);
+      }
     }
     const U update(scalars, step);
     const int64_t stride = dim * (1 + static_cast<int64_t>(slot_init_.size()));

@@ -85,6 +85,28 @@ def test_apply_refuses_bad_hyperparameters_and_leaves_rows(opt, arg, value):
     np.testing.assert_array_equal(ops().ttf_table_find(h, [1, 2], dim=4).numpy(), np.full((2, 4), 0.5))
 
 
+@pytest.mark.parametrize("opt", sorted(GOOD))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_apply_refuses_non_finite_grads_and_leaves_rows(opt, bad):
+    # The check is one vectorized pass over the gradient's bits; the error names the first bad
+    # value, its row and its key. The largest finite float and a subnormal pass it.
+    h = new_table(4, initializer="constant", init_a=0.5)
+    keys = np.arange(10, 30, dtype=np.int64)
+    ops().ttf_table_find_or_insert(h, keys, dim=4)
+    grads = np.zeros((20, 4), np.float32)
+    grads[3, 1] = np.finfo(np.float32).max
+    grads[5, 0] = np.float32(1e-45)
+    grads[13, 2] = bad
+    grads[17, 3] = bad
+    shown = f"{bad:g}"
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"grads holds a non-finite value \({shown}\) in row 13 \(key 23\); no row was updated"):
+        _apply(opt, h, keys, grads, *GOOD[opt], 1)
+    np.testing.assert_array_equal(ops().ttf_table_find(h, keys, dim=4).numpy(), np.full((20, 4), 0.5))
+    grads[13, 2] = grads[17, 3] = 0.0
+    assert int(_apply(opt, h, keys, grads, *GOOD[opt], 1)) == 20  # max float and a subnormal: finite
+
+
 def test_zero_denominators_are_refused():
     h = new_table(4)
     with pytest.raises(tf.errors.InvalidArgumentError, match="epsilon must be finite and > 0 when initial_acc"):
