@@ -584,15 +584,15 @@ def log(message):
 def tier_progress(stats, dram_budget):
     """', rows D DRAM + S disk, DRAM hit rate H% (since start), W% of disk reads from the
     device, B bytes of RAM a key' over the tier stats of some tables (TtfTableTierStats) whose
-    budgets add up to dram_budget; and a warning when their disk index takes over half of it
-    (the library logs it too, but this CLI hides TensorFlow's C++ log lines)."""
+    budgets add up to dram_budget; and a warning while a lock shard's disk index takes over half
+    of its share of the budget (tier_stats' crowded_shards)."""
     total = {name: sum(s[name] for s in stats) for name in stats[0]}
     rows = total["dram_rows"] + total["disk_rows"]
     lookups = total["dram_hits"] + total["disk_hits"]
     hit_rate = 100.0 * total["dram_hits"] / lookups if lookups else 100.0
     waited = 100.0 * total["disk_waits"] / total["disk_hits"] if total["disk_hits"] else 0.0
     ram_per_key = (total["dram_bytes"] + total["disk_index_bytes"]) / max(rows, 1)
-    crowded = total["disk_index_bytes"] > dram_budget // 2
+    crowded = total["crowded_shards"] > 0
     return (f", rows {total['dram_rows']} DRAM + {total['disk_rows']} disk, DRAM hit rate {hit_rate:.1f}% since start, "
             f"{waited:.0f}% of disk reads from the device (the rest page cache), {ram_per_key:.0f} bytes of RAM a key"
             + (f"; the disk index takes {total['disk_index_bytes']} of the {dram_budget} bytes of --dram-budget, "

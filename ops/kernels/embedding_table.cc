@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -686,12 +687,21 @@ int64_t EmbeddingTable::CapacityRowLimit(const TableShard& sh) const {
   return (config_.capacity + num_shards() - 1) / num_shards();
 }
 
+bool EmbeddingTable::IndexCrowdsDram(const TableShard& sh) const {
+  return config_.tiered() && sh.disk.index.bytes() > config_.dram_budget / num_shards() / 2;
+}
+
 Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector<int64_t>& keep, bool* renumbered) {
-  const int64_t share = config_.dram_budget / num_shards();
-  if (sh->disk.index.bytes() > share / 2 && !index_warned_.exchange(true)) {
-    LOG(WARNING) << "ttf: the SSD tier's key index of a table shard takes " << sh->disk.index.bytes()
-                 << " bytes of its " << share << "-byte share of dram_budget, leaving DRAM "
-                 << DramRowLimit(*sh) << " rows: more rows are read from disk. Raise dram_budget (--dram-budget).";
+  if (IndexCrowdsDram(*sh) && !index_warned_.exchange(true)) {
+    // Straight to stderr, once a table: TensorFlow's C++ log follows TF_CPP_MIN_LOG_LEVEL, which
+    // many jobs (ttf's train.py among them) set to hide TensorFlow's own lines.
+    std::fprintf(stderr,
+                 "ttf warning: the SSD tier's key index of a table shard takes %lld bytes of its %lld-byte share "
+                 "of dram_budget, leaving DRAM %lld rows: more rows are read from disk. Raise dram_budget "
+                 "(--dram-budget). tier_stats()['crowded_shards'] counts such shards.\n",
+                 static_cast<long long>(sh->disk.index.bytes()),
+                 static_cast<long long>(config_.dram_budget / num_shards()),
+                 static_cast<long long>(DramRowLimit(*sh)));
   }
   // The disk index grows with what is demoted and counts inside the budget, so the limit can
   // fall while demoting: repeat until DRAM is within it (a pass or two: the index grows by
@@ -1277,6 +1287,7 @@ EmbeddingTable::TierStats EmbeddingTable::Tiers() const {
     t.disk_index_bytes += sh->disk.index.bytes();
     t.disk_file_bytes += sh->disk.file_bytes();
     if (config_.tiered()) t.dram_row_limit += DramRowLimit(*sh);
+    t.crowded_shards += IndexCrowdsDram(*sh);
   }
   return t;
 }

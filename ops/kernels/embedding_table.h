@@ -653,6 +653,7 @@ class EmbeddingTable : public ResourceBase {
     int64_t dram_rows = 0, disk_rows = 0, dram_hits = 0, disk_hits = 0, demoted = 0, promoted = 0;
     int64_t dram_bytes = 0, disk_index_bytes = 0, disk_file_bytes = 0, dram_row_limit = 0;
     int64_t disk_waits = 0;  // lookups' disk reads that missed the page cache
+    int64_t crowded_shards = 0;  // shards whose disk index takes over half their share of dram_budget
   };
   TierStats Tiers() const;
   int64_t MemoryBytes() const;
@@ -721,6 +722,8 @@ class EmbeddingTable : public ResourceBase {
   // The most DRAM rows a shard of a tiered table keeps: its share of the budget, less its
   // disk tier's key index, over the bytes of a DRAM row (lock held).
   int64_t DramRowLimit(const TableShard& sh) const;
+  // Whether the shard's disk index takes over half its share of dram_budget (warned once).
+  bool IndexCrowdsDram(const TableShard& sh) const;
   // The most rows a shard of a capped table keeps (both tiers): its share of capacity, rounded
   // up, or of capacity_bytes over RowBytes at the current row width (lock held).
   int64_t CapacityRowLimit(const TableShard& sh) const;

@@ -276,9 +276,10 @@ def test_train_cli_table_capacity_is_rows_or_bytes(capsys):
     assert "--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc" in capsys.readouterr().err
 
 
-def test_train_progress_says_when_the_disk_index_crowds_out_dram(tmp_path):
-    """train.py hides TensorFlow's C++ log lines, the library's warning among them: its progress
-    line says itself when a tiered table's disk index takes over half of --dram-budget."""
+def test_train_progress_says_when_the_disk_index_crowds_out_dram(tmp_path, capfd):
+    """A tiered table whose disk index takes over half a lock shard's share of the budget says so
+    once on stderr, whatever TF_CPP_MIN_LOG_LEVEL hides (train.py sets it to 3), counts the
+    shard in tier_stats' crowded_shards, and train.py's progress line says it too."""
     from models import train
     from ttf._ops import ops
 
@@ -289,10 +290,15 @@ def test_train_progress_says_when_the_disk_index_crowds_out_dram(tmp_path):
             chunk = ids[start:start + 1024]
             ops().ttf_table_apply_adam(table.resource_handle, chunk, np.zeros((len(chunk), 4), np.float32),
                                        0.0, 0.9, 0.999, 1e-7, 1)
-        return train.tier_progress([table.tier_stats()], table.dram_budget)
+        return train.tier_progress([table.tier_stats()], table.dram_budget), table.tier_stats()["crowded_shards"]
 
-    crowded = progress("64K", 8192)  # ~8,000 disk keys: an index of ~90 KiB
+    crowded, shards = progress("64K", 8192)  # ~8,000 disk keys: an index of ~90 KiB
+    assert shards == 1
     assert re.search(r"rows \d+ DRAM \+ [1-9]\d* disk, .*; the disk index takes \d{5} of the 65536 bytes of "
                      r"--dram-budget, leaving few rows in DRAM: raise --dram-budget$", crowded), crowded
-    roomy = progress("4M", 8192)
+    warned = capfd.readouterr().err
+    assert warned.count("ttf warning: the SSD tier's key index of a table shard takes") == 1, warned
+    roomy, shards = progress("4M", 8192)
+    assert shards == 0
     assert "rows 8192 DRAM + 0 disk" in roomy and "raise --dram-budget" not in roomy, roomy
+    assert "ttf warning" not in capfd.readouterr().err

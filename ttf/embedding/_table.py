@@ -76,7 +76,7 @@ class RowInitializer:
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 TIER_STATS = ("dram_rows", "disk_rows", "dram_hits", "disk_hits", "demoted", "promoted", "dram_bytes",
-              "disk_index_bytes", "disk_file_bytes", "dram_row_limit", "disk_waits")
+              "disk_index_bytes", "disk_file_bytes", "dram_row_limit", "disk_waits", "crowded_shards")
 
 
 def parse_capacity(capacity):
@@ -280,7 +280,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         dram_hits and disk_hits (lookups of keys with a row, by tier, since creation),
         demoted, promoted, dram_bytes, disk_index_bytes (RAM), disk_file_bytes,
         dram_row_limit (0 untiered), disk_waits (lookups' disk reads that missed the page
-        cache and waited for the device, since creation)."""
+        cache and waited for the device, since creation), crowded_shards (lock shards whose
+        disk key index takes over half their share of dram_budget: raise the budget)."""
         with tf.device(self._resource_device):
             values = ops().ttf_table_tier_stats(self.resource_handle).numpy()
         return dict(zip(TIER_STATS, (int(v) for v in values)))
