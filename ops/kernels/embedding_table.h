@@ -599,8 +599,8 @@ class EmbeddingTable : public ResourceBase {
   const TableConfig& config() const { return config_; }
   int64_t dim() const { return config_.dim; }
   int num_shards() const { return static_cast<int>(shards_.size()); }
-  // A 32-bit division (the quotient of 24 bits by < 2^12 fits): a 64-bit one cost ~5% of an
-  // inference lookup, which shards every id.
+  // A 32-bit division (24 bits of hash by at most 4,096 shards: the same result), where a
+  // 64-bit one took ~4% of the samples of an inference lookup, which shards every id.
   int ShardOf(uint64_t hash) const {
     return static_cast<int>(static_cast<uint32_t>(hash >> 40) % static_cast<uint32_t>(shards_.size()));
   }
