@@ -253,18 +253,13 @@ class EmbeddingGradOp : public OpKernel {
                                         "got shape ", grads.shape().DebugString()));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u, dim}), &out));
-    float* __restrict dst = out->flat<float>().data();
-    const float* __restrict src = grads.flat<float>().data();
     const int32_t* inv = inverse.flat<int32_t>().data();
-    std::fill(dst, dst + u * dim, 0.0f);
-    // One pass in input order (so the sum order, and the result, are deterministic).
     for (int64_t p = 0; p < n; ++p) {
       OP_REQUIRES(ctx, inv[p] >= 0 && inv[p] < u,
                   errors::InvalidArgument("inverse_index[", p, "] = ", inv[p], " is outside [0, ", u, ")"));
-      float* row = dst + static_cast<int64_t>(inv[p]) * dim;
-      const float* g = src + p * dim;
-      for (int64_t j = 0; j < dim; ++j) row[j] += g[j];
     }
+    // One pass in input order (so the sum order, and the result, are deterministic).
+    SumRowsByIndex(grads.flat<float>().data(), inv, n, u, dim, out->flat<float>().data());
   }
 };
 REGISTER_KERNEL_BUILDER(Name("TtfEmbeddingGrad").Device(DEVICE_CPU), EmbeddingGradOp);

@@ -196,22 +196,10 @@ class TableApplyOp : public TableOpKernel {
 
     GroupedKeys grouped;
     GroupKeys(keys.flat<int64_t>().data(), n, *table, &grouped);
-    // Sum the gradients of duplicate keys (in grouped order) before any row moves: a key's
-    // first gradient is copied, the next ones added (no zero-fill of the whole buffer).
+    // Sum the gradients of duplicate keys (in grouped order) before any row moves.
     std::vector<float>& summed = ScratchRows();
     summed.resize(grouped.size() * dim);
-    std::vector<char> seen(grouped.size(), 0);
-    for (int64_t p = 0; p < n; ++p) {
-      const int32_t u = grouped.inverse[p];
-      float* dst = summed.data() + static_cast<int64_t>(u) * dim;
-      const float* src = g + p * dim;
-      if (seen[u]) {
-        for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
-      } else {
-        seen[u] = 1;
-        std::copy(src, src + dim, dst);
-      }
-    }
+    SumRowsByIndex(g, grouped.inverse.data(), n, grouped.size(), dim, summed.data());
     const U update(scalars, step);
     const int64_t stride = dim * (1 + static_cast<int64_t>(slot_init_.size()));
     std::atomic<int64_t> updated{0};

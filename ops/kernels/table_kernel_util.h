@@ -95,6 +95,29 @@ inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& tabl
   for (int64_t p = 0; p < n; ++p) inverse[p] = new_pos[inverse[p]];
 }
 
+// sums[u] = the sum of the rows p of `rows` with index[p] == u, added in order of p (so the
+// result is deterministic), for every u < num_sums (index values must be in range; a sum no
+// index names is zeros). A sum starts as
+// 0.0f + its first row (the same bits as a zero-filled sum, -0.0 included) and a per-sum flag
+// marks it started, where zero-filling every sum first wrote the whole buffer once more.
+inline void SumRowsByIndex(const float* rows, const int32_t* index, int64_t n, int64_t num_sums, int64_t dim,
+                           float* sums) {
+  std::vector<char> started(num_sums, 0);
+  for (int64_t p = 0; p < n; ++p) {
+    float* __restrict dst = sums + static_cast<int64_t>(index[p]) * dim;
+    const float* __restrict src = rows + p * dim;
+    if (started[index[p]]) {
+      for (int64_t j = 0; j < dim; ++j) dst[j] += src[j];
+    } else {
+      started[index[p]] = 1;
+      for (int64_t j = 0; j < dim; ++j) dst[j] = 0.0f + src[j];
+    }
+  }
+  for (int64_t u = 0; u < num_sums; ++u) {
+    if (!started[u]) std::fill(sums + u * dim, sums + (u + 1) * dim, 0.0f);
+  }
+}
+
 // A per-thread buffer for the rows of a lookup's distinct keys, reused across calls: a fresh
 // vector per call was zero-filled (and its pages faulted in) at every lookup. The buffer of
 // a call of more than kMaxKeptScratchFloats floats is given back at the next call.

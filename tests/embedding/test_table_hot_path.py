@@ -99,6 +99,27 @@ def test_tiered_inference_lookup_in_a_graph_reads_disk_rows(tmp_path):
     np.testing.assert_array_equal(table.lookup(keys, training=False).numpy(), eager)
 
 
+@pytest.mark.parametrize("dim", [5, 16])
+def test_embedding_grad_sums_per_key_like_a_zero_filled_sum(dim):
+    # TtfEmbeddingGrad (and the apply's duplicate-key sum, the same helper) start each key's sum
+    # at 0.0f + its first row, not from a zero-filled buffer: the bits must be those of a sum
+    # from zeros in input order (-0.0 gradients included), and a key no id names gets zeros.
+    rng = np.random.default_rng(dim)
+    u, n = 300, 4000
+    inverse = rng.integers(0, u - 20, size=n).astype(np.int32)  # the last 20 keys named by no id
+    grads = rng.normal(size=(n, dim)).astype(np.float32)
+    grads[rng.integers(0, n, size=200), rng.integers(0, dim, size=200)] = -0.0
+    expected = np.zeros((u, dim), np.float32)
+    for p in range(n):  # in input order, float32 as the kernel adds
+        expected[inverse[p]] += grads[p]
+    got = ops().ttf_embedding_grad(grads.reshape(n // 4, 4, dim), inverse, np.arange(u, dtype=np.int64)).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))  # bit for bit
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"inverse_index\[7\] = 300 is outside \[0, 300\)"):
+        bad = inverse.copy()
+        bad[7] = u
+        ops().ttf_embedding_grad(grads, bad, np.arange(u, dtype=np.int64))
+
+
 def test_index_churn_keeps_every_key_reachable():
     # One lock shard, so every key shares one index: removals (backward-shift deletion of the
     # 12-byte slots), re-insertions and growth, then every key checked against a reference.
