@@ -97,9 +97,9 @@ inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& tabl
 
 // sums[u] = the sum of the rows p of `rows` with index[p] == u, added in order of p (so the
 // result is deterministic), for every u < num_sums (index values must be in range; a sum no
-// index names is zeros). A sum starts as
-// 0.0f + its first row (the same bits as a zero-filled sum, -0.0 included) and a per-sum flag
-// marks it started, where zero-filling every sum first wrote the whole buffer once more.
+// index names is zeros). A sum starts as 0.0f + its first row (the bits of a zero-filled sum,
+// -0.0 included), a flag a sum marking it started: zero-filling every sum first wrote the
+// whole buffer once more.
 inline void SumRowsByIndex(const float* rows, const int32_t* index, int64_t n, int64_t num_sums, int64_t dim,
                            float* sums) {
   std::vector<char> started(num_sums, 0);
