@@ -56,6 +56,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # procs.py, also when a test loads this file by path
+from procs import command_of, descendants  # noqa: E402
 KINDS = ("kill-chief", "kill-save", "io-error", "full-disk", "kill-ps", "kill-worker", "kill-rank")
 ONE_PROCESS = ("kill-chief", "kill-save", "io-error", "full-disk")
 
@@ -381,14 +383,18 @@ class _Output:
 def _child_pids(parent, needle):
     """Processes below `parent` whose command line holds `needle`: never a launcher (horovodrun,
     whose own command line names the script too, or a shell running it), so kill-rank kills a rank."""
-    out = subprocess.run(["pgrep", "-f", "--", needle], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out if _descends(int(p), parent) and "horovodrun" not in _cmdline(int(p))
-            and "python" in os.path.basename(_cmdline(int(p)).split(" ", 1)[0])]
+    found = []
+    for pid in descendants(parent):
+        command = command_of(pid)
+        line = " ".join(command)
+        if command and needle in line and "horovodrun" not in line and "python" in os.path.basename(command[0]):
+            found.append(pid)
+    return found
 
 
 def _task_name(pid):
     """'ps 0', 'worker 1', 'rank 1' (Horovod's HOROVOD_RANK in its environment): which task `pid` is."""
-    task = re.search(r"--job (\w+) --index (\d+)", _cmdline(pid))
+    task = re.search(r"--job (\w+) --index (\d+)", " ".join(command_of(pid)))
     if task:
         return f"{task.group(1)} {task.group(2)}"
     try:
@@ -397,26 +403,6 @@ def _task_name(pid):
         return f"rank {env[b'HOROVOD_RANK'].decode()}"
     except (OSError, KeyError):
         return f"pid {pid}"
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _descends(pid, ancestor):
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
-    return False
 
 
 def case_cluster(args, kind, rng, work):
