@@ -229,9 +229,12 @@ class FloorFamily:
 
     def cpp_gather(self, b):
         for idx in batches_from(self.batches, b, self.group):
-            self.so.floor_gather(self.store.ctypes.data, self.store.shape[1], idx.ctypes.data, len(idx), self.dim,
-                                 self.out.ctypes.data)
+            self.gather_one(idx)
         return self.out
+
+    def gather_one(self, idx):
+        self.so.floor_gather(self.store.ctypes.data, self.store.shape[1], idx.ctypes.data, len(idx), self.dim,
+                             self.out.ctypes.data)
 
     def np_train(self, b):
         for idx in batches_from(self.batches, b, self.group):
@@ -248,8 +251,7 @@ class FloorFamily:
 
     def cpp_train(self, b):
         for idx in batches_from(self.batches, b, self.group):
-            self.so.floor_gather(self.store.ctypes.data, self.store.shape[1], idx.ctypes.data, len(idx), self.dim,
-                                 self.out.ctypes.data)  # the forward
+            self.gather_one(idx)  # the forward
             self.so.floor_adam(self.store.ctypes.data, self.store.shape[1], idx.ctypes.data, len(idx), self.dim,
                                self.grads.ctypes.data, ADAM["lr"], ADAM["beta_1"], ADAM["beta_2"], ADAM["epsilon"])
 
