@@ -1016,40 +1016,38 @@ void EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) const 
   const int64_t dim = config_.dim;
   std::vector<const KeyedStore*> stores;
   for (const auto& sh : shards_) stores.push_back(&sh->rows);
-  // Hash and shard every id first (one division each), then probe in blocks: the index slot
-  // prefetched kAhead ids ahead, each found row prefetched at once and copied after its block,
-  // so a cold id's two misses (slot, row) overlap with other ids' instead of adding up.
-  thread_local std::vector<uint64_t> tl_hashes;
-  thread_local std::vector<int32_t> tl_shards;
-  std::vector<uint64_t>& hashes = tl_hashes;
-  std::vector<int32_t>& shard = tl_shards;
-  hashes.resize(n);
-  shard.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    hashes[i] = HashKey(keys[i]);
-    shard[i] = ShardOf(hashes[i]);
-  }
   // Every shard lock is held shared for kLockedIds ids at a time (~0.1 ms), in shard order as
-  // every multi-shard lock is taken: an update waits for one such span, not a whole call.
+  // every multi-shard lock is taken: an update waits for one such span, not a whole call. In a
+  // span: hash and shard every id first (one division each), then probe in blocks, the index
+  // slot prefetched kAhead ids ahead, each found row prefetched at once and copied after its
+  // block, so a cold id's two misses (slot, row) overlap with other ids' instead of adding up.
+  // Fixed-size buffers: a call of any size holds no memory beyond them.
   constexpr int64_t kLockedIds = 4096, kBlock = 256, kAhead = 32;
+  uint64_t hashes[kLockedIds];
+  int32_t shard[kLockedIds];
   const float* rows[kBlock];
   for (int64_t locked = 0; locked < n; locked += kLockedIds) {
-    const int64_t locked_end = std::min(n, locked + kLockedIds);
+    const int64_t span = std::min(kLockedIds, n - locked);
+    const int64_t* span_keys = keys + locked;
+    for (int64_t i = 0; i < span; ++i) {
+      hashes[i] = HashKey(span_keys[i]);
+      shard[i] = ShardOf(hashes[i]);
+    }
     std::vector<std::shared_lock<std::shared_mutex>> locks;
     locks.reserve(shards_.size());
     for (const auto& sh : shards_) locks.emplace_back(sh->mu);
-    for (int64_t begin = locked; begin < locked_end; begin += kBlock) {
-      const int64_t m = std::min(kBlock, locked_end - begin);
+    for (int64_t begin = 0; begin < span; begin += kBlock) {
+      const int64_t m = std::min(kBlock, span - begin);
       for (int64_t q = 0; q < m; ++q) {
         const int64_t i = begin + q;
-        if (i + kAhead < locked_end) stores[shard[i + kAhead]]->index.Prefetch(hashes[i + kAhead]);
+        if (i + kAhead < span) stores[shard[i + kAhead]]->index.Prefetch(hashes[i + kAhead]);
         const KeyedStore& ks = *stores[shard[i]];
-        const uint32_t id = ks.index.Find(keys[i], hashes[i]);
+        const uint32_t id = ks.index.Find(span_keys[i], hashes[i]);
         rows[q] = id == KeyIndex::kNone ? nullptr : ks.store.row(id);
         __builtin_prefetch(rows[q]);
       }
       for (int64_t q = 0; q < m; ++q) {
-        float* dst = out + (begin + q) * dim;
+        float* dst = out + (locked + begin + q) * dim;
         if (rows[q] != nullptr) {
           CopyRow(dst, rows[q], dim);
         } else {
