@@ -94,19 +94,16 @@ Status LookupDistinct(OpKernelContext* ctx, EmbeddingTable* table, const Tensor&
   return OkStatus();
 }
 
-// Whether an inference lookup probes each id straight into its output (FindEach) instead of
+// An inference lookup probes each id straight into its output (FindEach) instead of
 // de-duplicating first: the de-dup and the copy back cost more than the repeated ids' probes,
-// which hit the cache (docs/lookup_speed.md). A tiered table keeps the per-shard path, which
-// batches its disk reads; a training lookup needs the distinct keys for its gradient.
-bool ProbesEachId(bool training, const EmbeddingTable& table) { return !training && !table.config().tiered(); }
-
+// which hit the cache (docs/lookup_speed.md). A training lookup needs the distinct keys for
+// its gradient.
 Status LookupEach(OpKernelContext* ctx, EmbeddingTable* table, const Tensor& ids, const TensorShape& out_shape,
                   Tensor** out) {
   if (ids.NumElements() > kMaxKeysPerCall)
     return errors::InvalidArgument("at most ", kMaxKeysPerCall, " ids per call, got ", ids.NumElements());
   TF_RETURN_IF_ERROR(ctx->allocate_output(0, out_shape, out));
-  table->FindEach(ids.flat<int64_t>().data(), ids.NumElements(), (*out)->flat<float>().data());
-  return OkStatus();
+  return table->FindEach(ids.flat<int64_t>().data(), ids.NumElements(), (*out)->flat<float>().data());
 }
 
 // out[p] = rows[inverse[p]] for every position p (in blocks on the CPU pool when there are many).
@@ -150,7 +147,7 @@ class EmbeddingLookupOp : public TableOpKernel {
     out_shape.AddDim(dim_);
     Tensor* embeddings = nullptr;
     // Only the embeddings read (a layer called at inference inside a graph): no de-dup.
-    if (ProbesEachId(training_, *table) && !ctx->output_required(1) && !ctx->output_required(2)) {
+    if (!training_ && !ctx->output_required(1) && !ctx->output_required(2)) {
       OP_REQUIRES_OK(ctx, LookupEach(ctx, table, ids, out_shape, &embeddings));
       return;
     }
@@ -278,7 +275,7 @@ class TableLookupOp : public TableOpKernel {
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES(ctx, keys.dims() == 1,
                 errors::InvalidArgument("keys must be rank 1, got shape ", keys.shape().DebugString()));
-    if (!kInsert && ProbesEachId(training_, *table)) {
+    if (!kInsert && !training_) {
       Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, LookupEach(ctx, table, keys, TensorShape({keys.NumElements(), dim_}), &out));
       return;

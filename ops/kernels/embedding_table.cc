@@ -1012,19 +1012,24 @@ int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hash
   return missing;
 }
 
-void EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) const {
+Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) const {
   const int64_t dim = config_.dim;
+  const bool tiered = config_.tiered();
   std::vector<const KeyedStore*> stores;
   for (const auto& sh : shards_) stores.push_back(&sh->rows);
+  std::vector<int64_t> dram_hits(tiered ? shards_.size() : 0);
   // Every shard lock is held shared for kLockedIds ids at a time (~0.1 ms), in shard order as
   // every multi-shard lock is taken: an update waits for one such span, not a whole call. In a
   // span: hash and shard every id first (one division each), then probe in blocks, the index
   // slot prefetched kAhead ids ahead, each found row prefetched at once and copied after its
   // block, so a cold id's two misses (slot, row) overlap with other ids' instead of adding up.
+  // Tiered: the span's ids without a DRAM row are then looked up by Find, shard by shard with
+  // only that shard's lock (their disk reads batched, no update waiting on other shards).
   // Fixed-size buffers: a call of any size holds no memory beyond them.
   constexpr int64_t kLockedIds = 4096, kBlock = 256, kAhead = 32;
   uint64_t hashes[kLockedIds];
   int32_t shard[kLockedIds];
+  int32_t missing[kLockedIds];  // tiered: span positions without a DRAM row
   const float* rows[kBlock];
   for (int64_t locked = 0; locked < n; locked += kLockedIds) {
     const int64_t span = std::min(kLockedIds, n - locked);
@@ -1033,29 +1038,65 @@ void EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) const 
       hashes[i] = HashKey(span_keys[i]);
       shard[i] = ShardOf(hashes[i]);
     }
-    std::vector<std::shared_lock<std::shared_mutex>> locks;
-    locks.reserve(shards_.size());
-    for (const auto& sh : shards_) locks.emplace_back(sh->mu);
-    for (int64_t begin = 0; begin < span; begin += kBlock) {
-      const int64_t m = std::min(kBlock, span - begin);
-      for (int64_t q = 0; q < m; ++q) {
-        const int64_t i = begin + q;
-        if (i + kAhead < span) stores[shard[i + kAhead]]->index.Prefetch(hashes[i + kAhead]);
-        const KeyedStore& ks = *stores[shard[i]];
-        const uint32_t id = ks.index.Find(span_keys[i], hashes[i]);
-        rows[q] = id == KeyIndex::kNone ? nullptr : ks.store.row(id);
-        __builtin_prefetch(rows[q]);
-      }
-      for (int64_t q = 0; q < m; ++q) {
-        float* dst = out + (locked + begin + q) * dim;
-        if (rows[q] != nullptr) {
-          CopyRow(dst, rows[q], dim);
-        } else {
-          FillDefault(dst);
+    int64_t num_missing = 0;
+    {
+      std::vector<std::shared_lock<std::shared_mutex>> locks;
+      locks.reserve(shards_.size());
+      for (const auto& sh : shards_) locks.emplace_back(sh->mu);
+      for (int64_t begin = 0; begin < span; begin += kBlock) {
+        const int64_t m = std::min(kBlock, span - begin);
+        for (int64_t q = 0; q < m; ++q) {
+          const int64_t i = begin + q;
+          if (i + kAhead < span) stores[shard[i + kAhead]]->index.Prefetch(hashes[i + kAhead]);
+          const KeyedStore& ks = *stores[shard[i]];
+          const uint32_t id = ks.index.Find(span_keys[i], hashes[i]);
+          rows[q] = id == KeyIndex::kNone ? nullptr : ks.store.row(id);
+          __builtin_prefetch(rows[q]);
+        }
+        for (int64_t q = 0; q < m; ++q) {
+          float* dst = out + (locked + begin + q) * dim;
+          if (rows[q] != nullptr) {
+            CopyRow(dst, rows[q], dim);
+            if (tiered) ++dram_hits[shard[begin + q]];
+          } else if (tiered) {
+            missing[num_missing++] = static_cast<int32_t>(begin + q);
+          } else {
+            FillDefault(dst);
+          }
         }
       }
     }
+    if (num_missing > 0) TF_RETURN_IF_ERROR(FindMissing(span_keys, hashes, shard, missing, num_missing, out + locked * dim));
   }
+  for (size_t s = 0; s < dram_hits.size(); ++s)
+    if (dram_hits[s] > 0) shards_[s]->dram_hits.fetch_add(dram_hits[s], std::memory_order_relaxed);
+  return OkStatus();
+}
+
+Status EmbeddingTable::FindMissing(const int64_t* keys, const uint64_t* hashes, const int32_t* shard,
+                                   int32_t* positions, int64_t n, float* out) const {
+  const int64_t dim = config_.dim;
+  std::stable_sort(positions, positions + n, [&](int32_t a, int32_t b) { return shard[a] < shard[b]; });
+  thread_local std::vector<int64_t> run_keys;
+  thread_local std::vector<uint64_t> run_hashes;
+  thread_local std::vector<float> run_rows;
+  for (int64_t first = 0; first < n;) {
+    const int s = shard[positions[first]];
+    int64_t last = first;
+    while (last < n && shard[positions[last]] == s) ++last;
+    const int64_t m = last - first;
+    run_keys.resize(m);
+    run_hashes.resize(m);
+    run_rows.resize(m * dim);
+    for (int64_t j = 0; j < m; ++j) {
+      run_keys[j] = keys[positions[first + j]];
+      run_hashes[j] = hashes[positions[first + j]];
+    }
+    TF_RETURN_IF_ERROR(Find(s, run_keys.data(), run_hashes.data(), m, /*training=*/false, run_rows.data()));
+    for (int64_t j = 0; j < m; ++j) CopyRow(out + positions[first + j] * dim, run_rows.data() + j * dim, dim);
+    first = last;
+  }
+  return OkStatus();
 }
 
 std::vector<uint32_t>& ScratchIds(int64_t n) {

@@ -82,21 +82,33 @@ def test_inference_lookup_without_dedup_matches_reference(n, dim):
 
 
 def test_tiered_inference_lookup_in_a_graph_reads_disk_rows(tmp_path):
-    # A tiered table keeps the de-dup path even when only the embeddings are read: its rows on
-    # disk must come back, not the default row a DRAM-only probe would give.
-    table = EmbeddingTable(4, num_shards=2, default_value=-1.0, dram_budget=40 * tier_row_bytes(4, 2),
+    # A tiered table's inference lookup probes each id in DRAM (FindEach), then looks the ids
+    # without a DRAM row up per shard (Find: disk reads): its rows on disk must come back, not
+    # the default row a DRAM-only probe would give. Ids in several 4,096-id lock spans,
+    # duplicates (on disk and in DRAM) and absent keys; the tier counters count ids.
+    table = EmbeddingTable(4, num_shards=3, default_value=-1.0, dram_budget=40 * tier_row_bytes(4, 2),
                            ssd_dir=str(tmp_path))
     h = table.resource_handle
     keys = np.arange(1, 2001, dtype=np.int64) * 7
     grads = np.tile(np.arange(1, 2001, dtype=np.float32)[:, None], (1, 4))
     for step, at in enumerate(range(0, 2000, 100), start=1):  # rows not in an update go to disk
         ops().ttf_table_apply_adam(h, keys[at:at + 100], grads[at:at + 100], 0.1, 0.9, 0.999, 1e-7, step)
-    assert table.tier_stats()["disk_rows"] > 1500
-    eager = ops().ttf_embedding_lookup(h, keys, dim=4, training=False)[0].numpy()
+    stats = table.tier_stats()
+    assert stats["disk_rows"] > 1500 and stats["dram_rows"] > 0, stats
+    eager = ops().ttf_embedding_lookup(h, keys, dim=4, training=False)[0].numpy()  # the de-dup path
     assert (eager != -1.0).all()
+    rows = dict(zip(keys.tolist(), eager))
+    rng = np.random.default_rng(0)
+    ids = np.concatenate([keys, keys + 3])[rng.integers(0, 4000, size=9000)]  # keys + 3: absent
+    expected = np.array([rows.get(k, np.full(4, -1.0, np.float32)) for k in ids.tolist()])
     each = tf.function(lambda x: ops().ttf_embedding_lookup(h, x, dim=4, training=False)[0])
-    np.testing.assert_array_equal(each(keys).numpy(), eager)
-    np.testing.assert_array_equal(table.lookup(keys, training=False).numpy(), eager)
+    before = table.tier_stats()
+    np.testing.assert_array_equal(each(ids).numpy(), expected)
+    after = table.tier_stats()
+    found = int(np.isin(ids, keys).sum())
+    assert (after["dram_hits"] - before["dram_hits"]) + (after["disk_hits"] - before["disk_hits"]) == found
+    assert after["dram_hits"] > before["dram_hits"] and after["disk_hits"] > before["disk_hits"]
+    np.testing.assert_array_equal(table.lookup(ids, training=False).numpy(), expected)
 
 
 @pytest.mark.parametrize("dim", [5, 16])

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -320,6 +322,49 @@ def test_the_disk_file_is_unlinked_at_creation(tmp_path):
         train_step(table, keys, step)
     assert table.tier_stats()["disk_file_bytes"] > 0
     assert os.listdir(tmp_path) == []  # a killed process leaves nothing behind
+
+
+def test_inference_lookups_during_promotion_and_demotion_read_every_row(tmp_path):
+    """Inference lookups (DRAM probed per id, then the misses per shard from disk: two lock
+    spans) while updates promote and demote rows between the tiers: a key that moves between
+    the two still reads its row, never the default (-1.0). Zero gradients keep every row at
+    1.0, so any stale, torn or lost read shows."""
+    table = EmbeddingTable(DIM, "ones", num_shards=4, default_value=-1.0,
+                           dram_budget=300 * tier_row_bytes(DIM, 1), ssd_dir=str(tmp_path))
+    h = table.resource_handle
+    keys = np.arange(5000, dtype=np.int64) * 13
+    zeros = np.zeros((500, DIM), np.float32)
+    for step, at in enumerate(range(0, 5000, 500), start=1):
+        ops().ttf_table_apply_adagrad(h, keys[at:at + 500], zeros, 0.1, 1e-7, step, initial_accumulator_value=0.25)
+    assert table.tier_stats()["disk_rows"] > 4000
+    stop, errors = time.monotonic() + 3, []
+
+    def run(fn):
+        rng = np.random.default_rng(threading.get_ident() % 1000)
+        try:
+            step = 100
+            while time.monotonic() < stop:
+                fn(rng, step)
+                step += 1
+        except Exception as err:  # noqa: BLE001  (reported by the test)
+            errors.append(err)
+
+    def update(rng, step):
+        ops().ttf_table_apply_adagrad(h, rng.choice(keys, 500, replace=False), zeros, 0.1, 1e-7, step,
+                                      initial_accumulator_value=0.25)
+
+    def infer(rng, step):
+        rows = ops().ttf_table_find(h, rng.choice(keys, 6000), dim=DIM, training=False).numpy()
+        assert (rows == 1.0).all(), f"{int((rows == -1.0).all(1).sum())} rows read the default"
+
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in (update, update, infer, infer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    stats = table.tier_stats()
+    assert stats["promoted"] > 1000 and stats["demoted"] > 1000, stats
 
 
 def test_bad_tier_arguments(tmp_path):
