@@ -1081,24 +1081,33 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
 Status EmbeddingTable::FindMissing(const int64_t* keys, const uint64_t* hashes, const int32_t* shard,
                                    int32_t* positions, int64_t n, float* out) const {
   const int64_t dim = config_.dim;
-  std::stable_sort(positions, positions + n, [&](int32_t a, int32_t b) { return shard[a] < shard[b]; });
+  // By shard, then key: each shard's distinct keys are read once (a repeated cold id is one disk read).
+  std::sort(positions, positions + n, [&](int32_t a, int32_t b) {
+    return shard[a] != shard[b] ? shard[a] < shard[b] : keys[a] < keys[b];
+  });
   thread_local std::vector<int64_t> run_keys;
   thread_local std::vector<uint64_t> run_hashes;
   thread_local std::vector<float> run_rows;
   for (int64_t first = 0; first < n;) {
     const int s = shard[positions[first]];
     int64_t last = first;
-    while (last < n && shard[positions[last]] == s) ++last;
-    const int64_t m = last - first;
-    run_keys.resize(m);
-    run_hashes.resize(m);
-    run_rows.resize(m * dim);
-    for (int64_t j = 0; j < m; ++j) {
-      run_keys[j] = keys[positions[first + j]];
-      run_hashes[j] = hashes[positions[first + j]];
+    run_keys.clear();
+    run_hashes.clear();
+    for (; last < n && shard[positions[last]] == s; ++last) {
+      const int32_t p = positions[last];
+      if (run_keys.empty() || run_keys.back() != keys[p]) {
+        run_keys.push_back(keys[p]);
+        run_hashes.push_back(hashes[p]);
+      }
     }
+    const int64_t m = static_cast<int64_t>(run_keys.size());
+    run_rows.resize(m * dim);
     TF_RETURN_IF_ERROR(Find(s, run_keys.data(), run_hashes.data(), m, /*training=*/false, run_rows.data()));
-    for (int64_t j = 0; j < m; ++j) CopyRow(out + positions[first + j] * dim, run_rows.data() + j * dim, dim);
+    for (int64_t j = first, k = -1; j < last; ++j) {
+      const int32_t p = positions[j];
+      if (k < 0 || run_keys[k] != keys[p]) ++k;
+      CopyRow(out + p * dim, run_rows.data() + k * dim, dim);
+    }
     first = last;
   }
   return OkStatus();

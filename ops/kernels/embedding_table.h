@@ -608,7 +608,7 @@ class EmbeddingTable : public ResourceBase {
   int64_t step() const { return step_.load(std::memory_order_relaxed); }
   void AdvanceStep(int64_t step);
 
-  // Lookup of keys (all in shard `s`; distinct for a training lookup, whose disk reads are staged per key), read-only (shared lock): copies each key's
+  // Lookup of distinct keys (all in shard `s`), read-only (shared lock): copies each key's
   // value into `out` (rows of dim). A missing key reads the row it would get if this step's
   // update inserted it: with `training`, the initializer's row when the key would be admitted
   // at this sighting (always without admission), else the default row; without `training`
@@ -619,8 +619,8 @@ class EmbeddingTable : public ResourceBase {
   // Inference lookup of n ids as they come, duplicates and all (no de-dup, no grouping by
   // shard): out[i] = the value of keys[i], or the default row for a missing key. Every shard
   // lock is held shared, 4096 ids at a time. Tiered: the ids of those 4096 without a DRAM row
-  // then go to Find (FindMissing), which reads them from disk, batched per shard; dram_hits and
-  // disk_hits count ids, not distinct keys. Returns Find's disk read error.
+  // then go to Find (FindMissing), which reads them from disk, batched per shard; dram_hits
+  // count ids, disk_hits a span's distinct keys. Returns Find's disk read error.
   Status FindEach(const int64_t* keys, int64_t n, float* out) const;
   // Counts one sighting at step `now` of each of n distinct keys of shard `s`, whose lock the
   // caller holds exclusively in `lock` (released and re-taken to grow the shard): a key with a
@@ -697,7 +697,7 @@ class EmbeddingTable : public ResourceBase {
 
  private:
   // FindEach's ids without a DRAM row (span positions `positions`, n of them; reordered by
-  // shard): Find per shard, each row copied to out + position * dim.
+  // shard and key): Find of each shard's distinct keys, each row copied to out + position * dim.
   Status FindMissing(const int64_t* keys, const uint64_t* hashes, const int32_t* shard, int32_t* positions,
                      int64_t n, float* out) const;
   void DropOldestCandidates(TableShard* sh);

@@ -277,7 +277,9 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
 
     def tier_stats(self):
         """The DRAM + SSD tier as a dict of ints (TtfTableTierStats): dram_rows, disk_rows,
-        dram_hits and disk_hits (lookups of keys with a row, by tier, since creation),
+        dram_hits and disk_hits (lookups of keys with a row, by tier, since creation: a
+        training lookup counts its distinct keys, an inference lookup its ids read from DRAM
+        and the distinct keys it reads from disk),
         demoted, promoted, dram_bytes, disk_index_bytes (RAM), disk_file_bytes,
         dram_row_limit (0 untiered), disk_waits (lookups' disk reads that missed the page
         cache and waited for the device, since creation), crowded_shards (lock shards whose
