@@ -100,14 +100,12 @@ def parse_args(argv):
         for name in ("steps", "repeats", "keys", "dram_keys"):
             if getattr(args, name) <= 0:
                 p.error(f"--{name} must be > 0")
-    if args.capacity.isdigit():
-        args.capacity_bytes, args.capacity = 0, int(args.capacity)
-    else:
-        try:
-            _, args.capacity_bytes = parse_capacity(args.capacity)
-        except ValueError as err:
-            p.error(f"--capacity: {err}")
-        # The rows that fit once Adam's slots are in (what the table's limit is while training).
+    try:
+        args.capacity, args.capacity_bytes = parse_capacity(int(args.capacity) if args.capacity.isdigit()
+                                                            else args.capacity)  # digits: rows
+    except ValueError as err:
+        p.error(f"--capacity: {err}")
+    if args.capacity_bytes:  # the rows that fit once Adam's slots are in (the table's limit while training)
         args.capacity = args.num_shards * (args.capacity_bytes // args.num_shards // tier_row_bytes(args.dim, 2))
     for name in ("capacity", "distinct", "batch", "dim", "num_shards"):
         if getattr(args, name) <= 0:

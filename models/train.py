@@ -217,15 +217,12 @@ def check_table_capacity(p, args):
     """--table-capacity: a bare integer is rows (an int), a value with a unit bytes (kept as the
     size string, which ttf.DynamicEmbedding reads as bytes); one-line errors at start-up."""
     text = args.table_capacity.strip()
-    if text.isdigit():
-        args.table_capacity = int(text)
-        return
     try:
-        _, size = ttf.embedding.parse_capacity(text)
+        rows, size = ttf.embedding.parse_capacity(int(text) if text.isdigit() else text)  # digits: rows
     except ValueError:
         p.error(f"--table-capacity must be rows (an integer >= 0, 0: unbounded) or bytes with a unit K, M, G or T "
                 f"(e.g. 512M, 2G), got {args.table_capacity!r}")
-    args.table_capacity = text if size else 0
+    args.table_capacity = text if size else rows
     # Each of a table's 16 lock shards (DynamicEmbedding's default) must hold one row with the
     # optimizer's slots, or the first update fails (TtfEmbeddingTable's check).
     slots = {"adam": 2, "ftrl": 2, "adagrad": 1, "sgd": 0}[args.optimizer]
