@@ -29,6 +29,29 @@ def check_export(out):
     return len(keys)
 
 
+def run_concurrently(fns, seconds, first_step=1):
+    """Runs each fn(rng, step) on a thread of its own, step after step (first_step, then + 1),
+    until `seconds` have passed; returns the exceptions they raised (each thread stops at its first)."""
+    stop, errors = time.monotonic() + seconds, []
+
+    def worker(fn, seed):
+        rng = np.random.default_rng(seed)
+        try:
+            step = first_step
+            while time.monotonic() < stop:
+                fn(rng, step)
+                step += 1
+        except Exception as err:  # noqa: BLE001  (reported by the caller)
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(fn, seed)) for seed, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def run_race(seconds, num_shards):
     h = ops().ttf_embedding_table(dim=DIM, initializer="constant", init_a=1.0, default_value=-1.0,
                                   num_shards=num_shards, shared_name=f"race_{next(_names)}")
@@ -39,18 +62,7 @@ def run_race(seconds, num_shards):
     with_slots = (plain_keys[:1000], np.concatenate([np.ones((1000, DIM)), np.full((1000, DIM), 0.25)], 1).astype(
         np.float32), np.ones((1000, 2), np.int64), tf.zeros([0], tf.int64), tf.zeros([0, 2], tf.int64),
         "adagrad", [0.25], 1)
-    stop = time.monotonic() + seconds
-    errors, exports = [], []
-
-    def worker(fn):
-        rng = np.random.default_rng(len(errors) + threading.get_ident() % 1000)
-        try:
-            step = 1
-            while time.monotonic() < stop:
-                fn(rng, step)
-                step += 1
-        except Exception as err:  # noqa: BLE001  (reported by the test)
-            errors.append(err)
+    exports = []
 
     def lookup(rng, step):
         keys = rng.integers(0, 20000, 400)
@@ -78,12 +90,7 @@ def run_race(seconds, num_shards):
     def export(rng, step):
         exports.append(check_export(ops().ttf_table_export(h)))
 
-    threads = [threading.Thread(target=worker, args=(fn,)) for fn in (lookup, apply, apply, evict, import_, export,
-                                                                        export, infer)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_concurrently((lookup, apply, apply, evict, import_, export, export, infer), seconds)
     assert not errors, errors[:3]
     return exports
 

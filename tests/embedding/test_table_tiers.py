@@ -8,14 +8,13 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import ttf
+from tests.embedding.test_table_races import run_concurrently
 from ttf._ops import ops
 from ttf.embedding import EmbeddingTable, parse_size, tier_row_bytes
 
@@ -337,18 +336,6 @@ def test_inference_lookups_during_promotion_and_demotion_read_every_row(tmp_path
     for step, at in enumerate(range(0, 5000, 500), start=1):
         ops().ttf_table_apply_adagrad(h, keys[at:at + 500], zeros, 0.1, 1e-7, step, initial_accumulator_value=0.25)
     assert table.tier_stats()["disk_rows"] > 4000
-    stop, errors = time.monotonic() + 3, []
-
-    def run(fn):
-        rng = np.random.default_rng(threading.get_ident() % 1000)
-        try:
-            step = 100
-            while time.monotonic() < stop:
-                fn(rng, step)
-                step += 1
-        except Exception as err:  # noqa: BLE001  (reported by the test)
-            errors.append(err)
-
     def update(rng, step):
         ops().ttf_table_apply_adagrad(h, rng.choice(keys, 500, replace=False), zeros, 0.1, 1e-7, step,
                                       initial_accumulator_value=0.25)
@@ -357,11 +344,7 @@ def test_inference_lookups_during_promotion_and_demotion_read_every_row(tmp_path
         rows = ops().ttf_table_find(h, rng.choice(keys, 6000), dim=DIM, training=False).numpy()
         assert (rows == 1.0).all(), f"{int((rows == -1.0).all(1).sum())} rows read the default"
 
-    threads = [threading.Thread(target=run, args=(fn,)) for fn in (update, update, infer, infer)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_concurrently((update, update, infer, infer), seconds=3, first_step=100)
     assert not errors, errors[:3]
     stats = table.tier_stats()
     assert stats["promoted"] > 1000 and stats["demoted"] > 1000, stats
