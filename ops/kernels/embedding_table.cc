@@ -1060,7 +1060,7 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
   // Tiered: the span's ids without a DRAM row are then looked up by Find, shard by shard with
   // only that shard's lock (their disk reads batched, no update waiting on other shards).
   // Fixed-size buffers: a call of any size holds no memory beyond them.
-  constexpr int64_t kLockedIds = 4096, kBlock = 256, kAhead = 32;
+  constexpr int64_t kLockedIds = kFindEachSpan, kBlock = 256, kAhead = 32;
   uint64_t hashes[kLockedIds];
   int32_t shard[kLockedIds];
   int32_t missing[kLockedIds];  // tiered: span positions without a DRAM row
@@ -1092,45 +1092,30 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
       }
     }
     if (num_missing > 0)
-      TF_RETURN_IF_ERROR(FindMissing(span_keys, hashes, shard, missing, num_missing, out + locked * dim));
+      TF_RETURN_IF_ERROR(FindMissing(span_keys, missing, num_missing, out + locked * dim));
   }
   for (size_t s = 0; s < dram_hits.size(); ++s)
     if (dram_hits[s] > 0) shards_[s]->dram_hits.fetch_add(dram_hits[s], std::memory_order_relaxed);
   return OkStatus();
 }
 
-Status EmbeddingTable::FindMissing(const int64_t* keys, const uint64_t* hashes, const int32_t* shard,
-                                   int32_t* positions, int64_t n, float* out) const {
+Status EmbeddingTable::FindMissing(const int64_t* keys, const int32_t* positions, int64_t n, float* out) const {
   const int64_t dim = config_.dim;
-  // By shard, then key: each shard's distinct keys are read once (a repeated cold id is one disk read).
-  std::sort(positions, positions + n, [&](int32_t a, int32_t b) {
-    return shard[a] != shard[b] ? shard[a] < shard[b] : keys[a] < keys[b];
-  });
-  thread_local std::vector<int64_t> run_keys;
-  thread_local std::vector<uint64_t> run_hashes;
-  thread_local std::vector<float> run_rows;
-  for (int64_t first = 0; first < n;) {
-    const int s = shard[positions[first]];
-    int64_t last = first;
-    run_keys.clear();
-    run_hashes.clear();
-    for (; last < n && shard[positions[last]] == s; ++last) {
-      const int32_t p = positions[last];
-      if (run_keys.empty() || run_keys.back() != keys[p]) {
-        run_keys.push_back(keys[p]);
-        run_hashes.push_back(hashes[p]);
-      }
-    }
-    const int64_t m = static_cast<int64_t>(run_keys.size());
-    run_rows.resize(m * dim);
-    TF_RETURN_IF_ERROR(Find(s, run_keys.data(), run_hashes.data(), m, /*training=*/false, run_rows.data()));
-    for (int64_t j = first, k = -1; j < last; ++j) {
-      const int32_t p = positions[j];
-      if (k < 0 || run_keys[k] != keys[p]) ++k;
-      CopyRow(out + p * dim, run_rows.data() + k * dim, dim);
-    }
-    first = last;
+  // Their distinct keys by shard (GroupKeys): each shard's read once (a repeated cold id is one disk read).
+  int64_t missing_keys[kFindEachSpan];
+  for (int64_t j = 0; j < n; ++j) missing_keys[j] = keys[positions[j]];
+  GroupedKeys grouped;
+  GroupKeys(missing_keys, n, *this, &grouped);
+  thread_local std::vector<float> rows;
+  rows.resize(grouped.size() * dim);
+  for (int s = 0; s < num_shards(); ++s) {
+    const int64_t first = grouped.offsets[s], count = grouped.offsets[s + 1] - first;
+    if (count > 0)
+      TF_RETURN_IF_ERROR(Find(s, &grouped.keys[first], &grouped.hashes[first], count, /*training=*/false,
+                              rows.data() + first * dim));
   }
+  for (int64_t j = 0; j < n; ++j)
+    CopyRow(out + positions[j] * dim, rows.data() + static_cast<int64_t>(grouped.inverse[j]) * dim, dim);
   return OkStatus();
 }
 

@@ -336,6 +336,7 @@ def test_inference_lookups_during_promotion_and_demotion_read_every_row(tmp_path
     for step, at in enumerate(range(0, 5000, 500), start=1):
         ops().ttf_table_apply_adagrad(h, keys[at:at + 500], zeros, 0.1, 1e-7, step, initial_accumulator_value=0.25)
     assert table.tier_stats()["disk_rows"] > 4000
+
     def update(rng, step):
         ops().ttf_table_apply_adagrad(h, rng.choice(keys, 500, replace=False), zeros, 0.1, 1e-7, step,
                                       initial_accumulator_value=0.25)
