@@ -176,7 +176,7 @@ def table_step(args, layer):
     return step
 
 
-def deepfm(args, tiered):
+def deepfm(args, tiered, first_step):
     """(its table layer, step(keys, number)): models/ctr.py's DeepFM with ttf tables (one table for the
     26 fields, rows of dim + 1 floats: the FM's linear term) and ttf's Adam, trained on the
     keys as [batch / 26, 26] ids with random dense columns and labels (throughput only: a
@@ -189,6 +189,7 @@ def deepfm(args, tiered):
                    ssd_dir=args.ssd_dir if tiered else "", evict_policy=args.policy)
     model = ctr.build(spec, "ttf", seed=1, table_options=options)
     optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
+    optimizer.iterations.assign(first_step - 1)  # its next apply updates the table at first_step
     rows, fields = args.batch // spec.num_fields, spec.num_fields
     rng = np.random.default_rng(1)
 
@@ -241,8 +242,10 @@ def tier_child(args):
         return restore_child(args)
     tiered = args.child == "tiered"
     keys_held = args.keys if tiered else args.dram_keys
+    fill_batch = 1 << 18
+    first_step = -(-args.keys // fill_batch) + 1  # after the fill's steps, the same on both paths
     if args.model == "deepfm":
-        layer, train_step = deepfm(args, tiered)
+        layer, train_step = deepfm(args, tiered, first_step)
     else:
         layer = tier_layer(args, tiered)
         train_step = table_step(args, layer)
@@ -251,14 +254,19 @@ def tier_child(args):
     row_dim = args.dim + (args.model == "deepfm")  # DeepFM's rows carry the FM's linear term
     mix = np.uint64(0x9E3779B97F4A7C15)
     t0 = time.perf_counter()
-    # Fill every row once (as Adam rows: apply, zero gradients), the coldest ranks first: the
-    # DRAM tier starts with the hottest rows, as a long job's LRU holds them (the warm steps
-    # then bring it to the steady state; the window lines on stderr show the hit rate settle).
-    for end in range(keys_held, 0, -(1 << 18)):
-        ids = np.arange(max(0, end - (1 << 18)), end, dtype=np.uint64)[::-1]
+    # Fill every row once (as Adam rows: apply, zero gradients), the coldest ranks first, each
+    # batch at a step of its own (the last at first_step - 1): the DRAM tier starts with the
+    # hottest rows, as a long job's LRU holds them (the warm steps then bring it to the steady
+    # state; the window lines on stderr show the hit rate settle). Filled at one step, the
+    # rows' order (last-seen step, count, then key) came down to their keys: DRAM started
+    # with rows at random.
+    for end in range(keys_held, 0, -fill_batch):
+        ids = np.arange(max(0, end - fill_batch), end, dtype=np.uint64)[::-1]
         keys = (ids * mix).astype(np.int64)
-        ops().ttf_table_apply_adam(h, keys, np.zeros((len(keys), row_dim), np.float32), 0.0, 0.9, 0.999, 1e-7, 1)
-        if (keys_held - end) % (1 << 24) < (1 << 18):  # progress every ~16M rows
+        fill_step = first_step - 1 - (end - 1) // fill_batch
+        ops().ttf_table_apply_adam(h, keys, np.zeros((len(keys), row_dim), np.float32), 0.0, 0.9, 0.999, 1e-7,
+                                   fill_step)
+        if (keys_held - end) % (1 << 24) < fill_batch:  # progress every ~16M rows
             print(f"[tiers] filled {keys_held - end + len(keys):,} of {keys_held:,} rows, "
                   f"RSS {current_rss_bytes() / 2**20:.0f} MiB (peak {peak_rss_bytes() / 2**20:.0f})",
                   file=sys.stderr, flush=True)
@@ -268,8 +276,9 @@ def tier_child(args):
     times, cpu_times = [], []
     hits_at = lambda s: (s["dram_hits"], s["disk_hits"], s["disk_waits"])  # noqa: E731
     window_t, window_hits = time.perf_counter(), hits_at(table.tier_stats()) if tiered else (0, 0, 0)
-    for step in range(2, 2 + args.warm_steps + args.steps):
-        if step == 2 + args.warm_steps and tiered:
+    for i in range(args.warm_steps + args.steps):
+        step = first_step + i
+        if i == args.warm_steps and tiered:
             timed_hits = hits_at(table.tier_stats())
         # The same ids on both paths: Zipf(1.1) ranks folded into the tiered table's --keys
         # (a rank beyond them is another key, not one overloaded last key); the all-DRAM
@@ -278,13 +287,13 @@ def tier_child(args):
         keys = (ranks.astype(np.uint64) * mix).astype(np.int64)  # hot ids spread over the id space
         t0, c0 = time.perf_counter(), time.process_time()
         train_step(keys, step)
-        if step >= 2 + args.warm_steps:
+        if i >= args.warm_steps:
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)  # all threads: steadier than wall time on a shared machine
-        if tiered and (step - 1) % 200 == 0:  # progress: each window's hit rate and speed
+        if tiered and (i + 1) % 200 == 0:  # progress: each window's hit rate and speed
             now_hits, now_t = hits_at(table.tier_stats()), time.perf_counter()
             dram, disk = now_hits[0] - window_hits[0], now_hits[1] - window_hits[1]
-            print(f"[tiers] step {step - 1}: window hit rate {dram / max(1, dram + disk):.4f}, "
+            print(f"[tiers] step {i + 1}: window hit rate {dram / max(1, dram + disk):.4f}, "
                   f"{200 / (now_t - window_t):.2f} steps/s, RSS {current_rss_bytes() / 2**20:.0f} MiB",
                   file=sys.stderr, flush=True)
             window_t, window_hits = now_t, now_hits
@@ -297,6 +306,7 @@ def tier_child(args):
         "steps_per_s": round(1.0 / float(np.median(times)), 2),
         "cpu_ms_per_step": round(1000 * float(np.median(cpu_times)), 2), "peak_rss_mib": peak_rss_mib,
         "dram_rows": stats["dram_rows"], "disk_rows": stats["disk_rows"],
+        "promoted": stats["promoted"], "written_back": stats.get("written_back"),  # since the fill began
         "dram_hit_rate": round((stats["dram_hits"] - timed_hits[0]) / max(
             1, stats["dram_hits"] + stats["disk_hits"] - sum(timed_hits[:2])), 4) if tiered else None,  # timed steps
         "disk_reads_from_device": round((stats["disk_waits"] - timed_hits[2]) / max(

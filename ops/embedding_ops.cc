@@ -215,17 +215,18 @@ REGISTER_OP("TtfTableTierStats")
     .Input("table: resource")
     .Output("stats: int64")
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(12));
+      c->set_output(0, c->Vector(13));
       return OkStatus();
     })
     .Doc(R"doc(
-The DRAM + SSD tier of a table, as int64[12]: rows in DRAM, rows on disk, lookups of keys
+The DRAM + SSD tier of a table, as int64[13]: rows in DRAM, rows on disk, lookups of keys
 found in DRAM, lookups of keys found on disk (both since creation, keys with a row only),
 rows demoted to disk, rows promoted back, DRAM bytes of the rows (values, slots, metadata,
 index), RAM bytes of the disk tier's key index, bytes of the disk files, and the DRAM row
 limit the budget gives at the current row width (0 for an untiered table), the lookups'
-disk reads that were not in the page cache (waited for the device, since creation), and the
-lock shards whose disk key index takes over half their share of dram_budget.
+disk reads that were not in the page cache (waited for the device, since creation), the
+lock shards whose disk key index takes over half their share of dram_budget, and the rows of
+the demoted count that an update read from disk and wrote straight back (DRAM admission).
 )doc");
 
 REGISTER_OP("TtfTableEvict")

@@ -343,7 +343,7 @@ class TableTierStatsOp : public TableOpKernel {
     const EmbeddingTable::TierStats t = table->Tiers();
     const int64_t values[] = {t.dram_rows, t.disk_rows,      t.dram_hits,        t.disk_hits,       t.demoted,
                               t.promoted,  t.dram_bytes,     t.disk_index_bytes, t.disk_file_bytes, t.dram_row_limit,
-                              t.disk_waits, t.crowded_shards};
+                              t.disk_waits, t.crowded_shards, t.written_back};
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(std::size(values))}), &out));
     std::copy(std::begin(values), std::end(values), out->flat<int64_t>().data());

@@ -715,23 +715,6 @@ Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector
   }
 }
 
-namespace {
-// A row in the order the table's evict_policy removes rows, smallest first: lfu the fewest
-// updates, then the least recent; lru and ttl the least recent, then the fewest updates; then
-// the key. The capacity's eviction and the tier's demotion both sort by it.
-struct Victim {
-  int64_t first, second, key;
-  static Victim Of(bool lfu, const RowMeta& m, int64_t key) {
-    return lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key};
-  }
-  bool operator<(const Victim& o) const {
-    if (first != o.first) return first < o.first;
-    if (second != o.second) return second < o.second;
-    return key < o.key;
-  }
-};
-}  // namespace
-
 Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep,
                                   bool* renumbered) {
   const int64_t size = sh->rows.index.size();
@@ -762,6 +745,8 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
   const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
   if (drop == 0) return OkStatus();
   std::nth_element(victims.begin(), victims.begin() + (drop - 1), victims.end());
+  sh->demoted_any = true;  // the DRAM admission's bar (TouchKeys): the last row demoted
+  sh->last_demoted = victims[drop - 1];
   // Appended in batches, each written first and removed from DRAM after: a failed write
   // leaves its rows where they were.
   constexpr size_t kBatch = 4096;
@@ -793,6 +778,7 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
   const int64_t min_count = config_.admission_min_count;
   const int64_t candidates_per_shard = std::max<int64_t>(1, config_.max_candidates / num_shards());
   int64_t missing = -1;  // keys without a DRAM row; -1: not probed yet (ids not valid)
+  sh.write_back.clear();
   if (config_.tiered()) {
     // Make DRAM room for this update's missing keys first, so a failed write (a full disk)
     // returns before any key of this update changed. This update's own rows never leave.
@@ -826,6 +812,7 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
   // Room is reserved for every missing key: from here on nothing allocates.
   const int64_t stride = sh.rows.store.stride();
   const bool tiered = config_.tiered();
+  const bool lfu = config_.evict_policy == EvictPolicy::kLfu;
   for (int64_t i = 0; i < n; ++i) {
     if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) {
       __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
@@ -862,6 +849,9 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
         std::memcpy(&meta, record, sizeof(meta));
         std::memcpy(sh.rows.store.row(id), record + sizeof(meta), stride * sizeof(float));
         sh.disk.Drop(hashes[i], slot);
+        // Ranked by its history, below the rows DRAM lets go: updated here, then written back.
+        if (sh.demoted_any && !(sh.last_demoted < Victim::Of(lfu, meta, keys[i])))
+          sh.write_back.push_back(keys[i]);
         sh.rows.store.meta(id) = RowMeta{meta.count + 1, now};
         ++sh.rows_promoted;
         ids[i] = id;
@@ -899,6 +889,27 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     sh.staged_bytes.clear();
   }
   return evicted;
+}
+
+Status EmbeddingTable::WriteBack(int s) {
+  TableShard& sh = *shards_[s];
+  if (sh.write_back.empty()) return OkStatus();
+  std::vector<int64_t> keys;
+  std::vector<const RowMeta*> metas;
+  std::vector<const float*> rows;
+  for (int64_t key : sh.write_back) {
+    const uint32_t id = sh.rows.index.Find(key, HashKey(key));
+    if (id == KeyIndex::kNone) continue;  // evicted by the capacity meanwhile
+    keys.push_back(key);
+    metas.push_back(&sh.rows.store.meta(id));
+    rows.push_back(sh.rows.store.row(id));
+  }
+  sh.write_back.clear();
+  if (!sh.disk.Append(keys.size(), keys.data(), metas.data(), rows.data()).ok()) return OkStatus();
+  for (int64_t key : keys) sh.rows.Remove(key, HashKey(key));
+  sh.rows_demoted += keys.size();
+  sh.rows_written_back += keys.size();
+  return sh.disk.CompactIfStale();
 }
 
 Status EmbeddingTable::EnforceCapacity(TableShard* sh, int64_t now) {
@@ -999,7 +1010,7 @@ Status EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* 
       CopyRow(out + i * dim, sh.rows.store.row(ids[i]), dim);
     }
   }
-  return OkStatus();
+  return WriteBack(s);
 }
 
 int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hashes, int64_t n, uint32_t* ids) {
@@ -1342,6 +1353,7 @@ EmbeddingTable::TierStats EmbeddingTable::Tiers() const {
     t.disk_waits += sh->disk_waits.load(std::memory_order_relaxed);
     t.demoted += sh->rows_demoted;
     t.promoted += sh->rows_promoted;
+    t.written_back += sh->rows_written_back;
     t.dram_bytes += sh->rows.index.bytes() + sh->rows.store.bytes();
     t.disk_index_bytes += sh->disk.index.bytes();
     t.disk_file_bytes += sh->disk.file_bytes();

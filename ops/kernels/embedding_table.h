@@ -188,6 +188,22 @@ struct RowMeta {
   int64_t last_seen;  // step of its latest update (table step for an explicit insert)
 };
 
+// A row in the order the table's evict_policy removes rows, smallest first: lfu the fewest
+// updates, then the least recent; lru and ttl the least recent, then the fewest updates; then
+// the key. The capacity's eviction and the tier's demotion sort by it; the tier's DRAM
+// admission compares a disk row with the last row demoted by it.
+struct Victim {
+  int64_t first, second, key;
+  static Victim Of(bool lfu, const RowMeta& m, int64_t key) {
+    return lfu ? Victim{m.count, m.last_seen, key} : Victim{m.last_seen, m.count, key};
+  }
+  bool operator<(const Victim& o) const {
+    if (first != o.first) return first < o.first;
+    if (second != o.second) return second < o.second;
+    return key < o.key;
+  }
+};
+
 // The RAM bytes a row counts against dram_budget and capacity_bytes: value and optimizer
 // slots (`stride` floats), metadata, and its index entry (12 bytes at a load of ~1/2).
 inline int64_t RowBytes(int64_t stride) {
@@ -502,6 +518,15 @@ struct TableShard {
   std::vector<int64_t> deleted_in_save;
   DiskTier disk;                      // cold rows (tiered tables only)
   int64_t rows_demoted = 0, rows_promoted = 0;
+  // DRAM admission (tiered): the last row a demotion moved to disk. A disk row an update
+  // reads comes back to DRAM only if, before that update, it ranks above this row (Victim
+  // order): otherwise it is updated in DRAM and written straight back after the update
+  // (WriteBack), so ids seen once in a long while do not push rows trained often out of
+  // DRAM. Before the first demotion every row comes back.
+  bool demoted_any = false;
+  Victim last_demoted{0, 0, 0};
+  std::vector<int64_t> write_back;    // this update's keys to write back (exclusive lock)
+  int64_t rows_written_back = 0;      // of rows_demoted
   // Lookups of keys with a row, by tier (atomics: lookups hold the lock shared).
   std::atomic<int64_t> dram_hits{0}, disk_hits{0}, disk_waits{0};
   // Disk records read by training lookups, kept for the shard's next update, which promotes
@@ -634,8 +659,15 @@ class EmbeddingTable : public ResourceBase {
   // update are demoted to disk. A failed disk read or write (a full disk) returns the error
   // with the shard consistent: every row is in exactly one tier, none changed by this call
   // unless the error comes from a read of a promotion (keys before it are then counted).
+  // A promoted row whose history ranks below the last row demoted (TableShard::last_demoted)
+  // is marked for WriteBack, which the caller runs once it has updated the rows.
   Status TouchKeys(int s, std::unique_lock<std::shared_mutex>& lock, const int64_t* keys, const uint64_t* hashes,
                  int64_t n, int64_t now, uint32_t* ids);
+  // After TouchKeys and the update of its rows (same exclusive lock): writes the rows TouchKeys
+  // marked back to disk and drops them from DRAM. A failed write keeps them in DRAM (the
+  // shard stays consistent, over its DRAM limit by at most this update's rows; the next
+  // update's demotion meets the same disk and reports it); a failed compaction is returned.
+  Status WriteBack(int s);
   // TouchKeys at the table step, then copies each key's value into `out` (the default row for
   // a key not yet admitted): fills a table outside training (TtfTableFindOrInsert).
   Status FindOrInsert(int s, const int64_t* keys, const uint64_t* hashes, int64_t n, float* out);
@@ -653,6 +685,7 @@ class EmbeddingTable : public ResourceBase {
   Status OpenTier();
   struct TierStats {
     int64_t dram_rows = 0, disk_rows = 0, dram_hits = 0, disk_hits = 0, demoted = 0, promoted = 0;
+    int64_t written_back = 0;  // of demoted: disk rows an update read and wrote straight back
     int64_t dram_bytes = 0, disk_index_bytes = 0, disk_file_bytes = 0, dram_row_limit = 0;
     int64_t disk_waits = 0;  // lookups' disk reads that missed the page cache
     int64_t crowded_shards = 0;  // shards whose disk index takes over half their share of dram_budget

@@ -233,6 +233,7 @@ class TableApplyOp : public TableOpKernel {
         ++done;
       }
       updated += done;
+      shard_status[s] = table->WriteBack(s);  // tiered: updated disk rows DRAM does not keep
     });
     for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);
     OP_REQUIRES(ctx, !relaid, errors::Aborted("the table was re-imported with another optimizer during this "

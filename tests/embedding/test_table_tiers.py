@@ -127,6 +127,41 @@ def test_evict_policy_orders_the_demotion(tmp_path, policy):
     assert from_dram == (len(frequent) if policy == "lfu" else 0), (policy, before, after)
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_a_disk_row_returns_to_dram_only_above_the_last_row_demoted(tmp_path, policy):
+    """DRAM admission: 600 keys updated once, then 30 keys twenty times, so most of the 600 are
+    on disk. An update of one of them (ranked, by its history, below the last row demoted) is
+    applied and written straight back: it stays on disk. Its next update finds it ranked above
+    (just updated, its count grown): it comes back to DRAM. Rows read bit for bit as the
+    untiered table's throughout."""
+    tiered = EmbeddingTable(DIM, num_shards=1, evict_policy=policy, dram_budget=200 * tier_row_bytes(DIM, 2),
+                            ssd_dir=str(tmp_path))
+    plain = EmbeddingTable(DIM, num_shards=1, evict_policy=policy)
+    once = np.arange(600, dtype=np.int64) * 7 + 1
+    often = np.arange(30, dtype=np.int64) * 11 + 5000
+    batches = np.array_split(once, 30) + [often] * 20
+    for step, keys in enumerate(batches, start=1):
+        train_step(tiered, keys, step)
+        train_step(plain, keys, step)
+
+    def tier_of(key):
+        before = tiered.tier_stats()["dram_hits"]
+        ops().ttf_table_find(tiered.resource_handle, np.array([key], np.int64), dim=DIM, training=False)
+        return "dram" if tiered.tier_stats()["dram_hits"] > before else "disk"
+
+    stats = tiered.tier_stats()
+    assert stats["disk_rows"] > 400 and stats["written_back"] == 0, stats
+    assert [tier_of(k) for k in often] == ["dram"] * len(often)
+    key = once[0]
+    assert tier_of(key) == "disk"
+    for step, (where, written_back) in enumerate([("disk", 1), ("dram", 1)], start=len(batches) + 1):
+        np.testing.assert_array_equal(train_step(tiered, [key], step), train_step(plain, [key], step))
+        stats = tiered.tier_stats()
+        assert (tier_of(key), stats["written_back"]) == (where, written_back), stats
+    assert stats["dram_rows"] + stats["disk_rows"] == int(plain.size())
+    assert_same_content(tiered, plain)
+
+
 def test_remove_and_evict_reach_disk_rows(tmp_path):
     tiered = EmbeddingTable(DIM, num_shards=1, dram_budget=10 * tier_row_bytes(DIM, 2), ssd_dir=str(tmp_path))
     plain = EmbeddingTable(DIM, num_shards=1)

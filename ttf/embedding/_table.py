@@ -76,7 +76,7 @@ class RowInitializer:
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 TIER_STATS = ("dram_rows", "disk_rows", "dram_hits", "disk_hits", "demoted", "promoted", "dram_bytes",
-              "disk_index_bytes", "disk_file_bytes", "dram_row_limit", "disk_waits", "crowded_shards")
+              "disk_index_bytes", "disk_file_bytes", "dram_row_limit", "disk_waits", "crowded_shards", "written_back")
 
 
 def parse_capacity(capacity):
@@ -283,7 +283,9 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         demoted, promoted, dram_bytes, disk_index_bytes (RAM), disk_file_bytes,
         dram_row_limit (0 untiered), disk_waits (lookups' disk reads that missed the page
         cache and waited for the device, since creation), crowded_shards (lock shards whose
-        disk key index takes over half their share of dram_budget: raise the budget)."""
+        disk key index takes over half their share of dram_budget: raise the budget),
+        written_back (of demoted: disk rows an update read and wrote straight back, not kept in
+        DRAM because, before that update, they ranked below the last row demoted)."""
         with tf.device(self._resource_device):
             values = ops().ttf_table_tier_stats(self.resource_handle).numpy()
         return dict(zip(TIER_STATS, (int(v) for v in values)))
