@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <utility>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
@@ -715,6 +716,33 @@ Status EmbeddingTable::Demote(TableShard* sh, int64_t reserve, const std::vector
   }
 }
 
+namespace {
+// Moves n DRAM rows of a shard to its disk tier (row_at(i): {key, DRAM row id}), appended in
+// batches, each written first and removed from DRAM after: a failed write leaves its rows, and
+// those of the batches after it, where they were, and is returned. Demotion and write-back.
+template <typename RowAt>
+Status MoveToDisk(TableShard* sh, size_t n, RowAt row_at) {
+  constexpr size_t kBatch = 4096;
+  std::vector<int64_t> keys;
+  std::vector<const RowMeta*> metas;
+  std::vector<const float*> rows;
+  for (size_t begin = 0; begin < n; begin += kBatch) {
+    const size_t end = std::min(n, begin + kBatch);
+    keys.clear(), metas.clear(), rows.clear();
+    for (size_t i = begin; i < end; ++i) {
+      const std::pair<int64_t, uint32_t> row = row_at(i);
+      keys.push_back(row.first);
+      metas.push_back(&sh->rows.store.meta(row.second));
+      rows.push_back(sh->rows.store.row(row.second));
+    }
+    TF_RETURN_IF_ERROR(sh->disk.Append(keys.size(), keys.data(), metas.data(), rows.data()));
+    for (int64_t key : keys) sh->rows.Remove(key, HashKey(key));
+    sh->rows_demoted += keys.size();
+  }
+  return OkStatus();
+}
+}  // namespace
+
 Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vector<int64_t>& keep,
                                   bool* renumbered) {
   const int64_t size = sh->rows.index.size();
@@ -745,26 +773,8 @@ Status EmbeddingTable::DemotePass(TableShard* sh, int64_t limit, const std::vect
   const size_t drop = std::min<size_t>(victims.size(), static_cast<size_t>(size - target));
   if (drop == 0) return OkStatus();
   std::nth_element(victims.begin(), victims.begin() + (drop - 1), victims.end());
-  sh->demoted_any = true;  // the DRAM admission's bar (TouchKeys): the last row demoted
-  sh->last_demoted = victims[drop - 1];
-  // Appended in batches, each written first and removed from DRAM after: a failed write
-  // leaves its rows where they were.
-  constexpr size_t kBatch = 4096;
-  std::vector<int64_t> keys;
-  std::vector<const RowMeta*> metas;
-  std::vector<const float*> rows;
-  for (size_t begin = 0; begin < drop; begin += kBatch) {
-    const size_t end = std::min(drop, begin + kBatch);
-    keys.clear(), metas.clear(), rows.clear();
-    for (size_t i = begin; i < end; ++i) {
-      keys.push_back(victims[i].key);
-      metas.push_back(&sh->rows.store.meta(victims[i].id));
-      rows.push_back(sh->rows.store.row(victims[i].id));
-    }
-    TF_RETURN_IF_ERROR(sh->disk.Append(keys.size(), keys.data(), metas.data(), rows.data()));
-    for (int64_t key : keys) sh->rows.Remove(key, HashKey(key));
-    sh->rows_demoted += keys.size();
-  }
+  sh->last_demoted = victims[drop - 1];  // the DRAM admission's bar (TouchKeys)
+  TF_RETURN_IF_ERROR(MoveToDisk(sh, drop, [&](size_t i) { return std::make_pair(victims[i].key, victims[i].id); }));
   TF_RETURN_IF_ERROR(sh->disk.CompactIfStale());
   // The demoted rows' chunks go back to the system once half are free.
   if (CompactIfSparse(sh) && renumbered != nullptr) *renumbered = true;
@@ -850,7 +860,7 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
         std::memcpy(sh.rows.store.row(id), record + sizeof(meta), stride * sizeof(float));
         sh.disk.Drop(hashes[i], slot);
         // Ranked by its history, below the rows DRAM lets go: updated here, then written back.
-        if (sh.demoted_any && !(sh.last_demoted < Victim::Of(lfu, meta, keys[i])))
+        if (sh.last_demoted && !(*sh.last_demoted < Victim::Of(lfu, meta, keys[i])))
           sh.write_back.push_back(keys[i]);
         sh.rows.store.meta(id) = RowMeta{meta.count + 1, now};
         ++sh.rows_promoted;
@@ -894,21 +904,16 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
 Status EmbeddingTable::WriteBack(int s) {
   TableShard& sh = *shards_[s];
   if (sh.write_back.empty()) return OkStatus();
-  std::vector<int64_t> keys;
-  std::vector<const RowMeta*> metas;
-  std::vector<const float*> rows;
+  std::vector<std::pair<int64_t, uint32_t>> rows;  // {key, DRAM row id}
   for (int64_t key : sh.write_back) {
     const uint32_t id = sh.rows.index.Find(key, HashKey(key));
-    if (id == KeyIndex::kNone) continue;  // evicted by the capacity meanwhile
-    keys.push_back(key);
-    metas.push_back(&sh.rows.store.meta(id));
-    rows.push_back(sh.rows.store.row(id));
+    if (id != KeyIndex::kNone) rows.emplace_back(key, id);  // else evicted by the capacity meanwhile
   }
   sh.write_back.clear();
-  if (!sh.disk.Append(keys.size(), keys.data(), metas.data(), rows.data()).ok()) return OkStatus();
-  for (int64_t key : keys) sh.rows.Remove(key, HashKey(key));
-  sh.rows_demoted += keys.size();
-  sh.rows_written_back += keys.size();
+  const int64_t demoted_before = sh.rows_demoted;
+  const Status moved = MoveToDisk(&sh, rows.size(), [&](size_t i) { return rows[i]; });
+  sh.rows_written_back += sh.rows_demoted - demoted_before;
+  if (!moved.ok()) return OkStatus();  // the rows not written stay in DRAM (see the declaration)
   return sh.disk.CompactIfStale();
 }
 

@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <type_traits>
@@ -522,9 +523,8 @@ struct TableShard {
   // reads comes back to DRAM only if, before that update, it ranks above this row (Victim
   // order): otherwise it is updated in DRAM and written straight back after the update
   // (WriteBack), so ids seen once in a long while do not push rows trained often out of
-  // DRAM. Before the first demotion every row comes back.
-  bool demoted_any = false;
-  Victim last_demoted{0, 0, 0};
+  // DRAM. Before the first demotion (none yet) every row comes back.
+  std::optional<Victim> last_demoted;
   std::vector<int64_t> write_back;    // this update's keys to write back (exclusive lock)
   int64_t rows_written_back = 0;      // of rows_demoted
   // Lookups of keys with a row, by tier (atomics: lookups hold the lock shared).
