@@ -11,5 +11,12 @@ from ttf._errors import error_summary
 from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
 from ttf.distribute._attempts import StepAttempts
 from ttf.distribute._stop import StopOnSignal
+from ttf.distribute._config import JobConfig, PublishConfig
+from ttf.distribute._errors import BadInputError, JobError, LostParameterServerError, LostRankError, SaveFailedError
+from ttf.distribute._topology import HorovodRanks, OneProcess, ParameterServers
+from ttf.distribute._job import Job, sigmoid_cross_entropy, tier_progress
 
-__all__ = ["ClusterConfig", "StepAttempts", "StopOnSignal", "error_summary", "free_ports", "make_coordinator"]
+__all__ = ["BadInputError", "ClusterConfig", "HorovodRanks", "Job", "JobConfig", "JobError", "LostParameterServerError",
+           "LostRankError", "OneProcess", "ParameterServers", "PublishConfig", "SaveFailedError", "StepAttempts",
+           "StopOnSignal", "error_summary", "free_ports", "make_coordinator", "sigmoid_cross_entropy",
+           "tier_progress"]
