@@ -11,8 +11,8 @@ synthetic data, all seeing steps x 2 x batch examples:
 
 Paths and shapes run interleaved, --repeats times; the table gives medians of examples/sec,
 ttf vs native per shape, AUC and logloss on a held-out file. Then the ttf Horovod job with
---hvd-compression none|fp16|bf16 (once): bytes sent per step and rank, and AUC. Printed, appended
-to benchmarks/results/sync_vs_async.md with this command, drawn to benchmarks/sync_vs_async.png.
+--hvd-compression none|fp16|bf16 (once): bytes sent per step and rank, and AUC. Printed, recorded
+in benchmarks/results/sync_vs_async.md with this command, drawn to benchmarks/sync_vs_async.png.
 
     .venv/bin/python benchmarks/sync_vs_async.py                 # about 25 minutes on 2 cores
     .venv/bin/python benchmarks/sync_vs_async.py --quick         # a smoke run, nothing recorded
