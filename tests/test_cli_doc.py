@@ -2,9 +2,12 @@
 import importlib.util
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # a fresh process imports TensorFlow for `train.py -h` (8-20 s); CI's --all runs it once
 def test_cli_doc_matches_the_commands_help():
     spec = importlib.util.spec_from_file_location("cli_doc", os.path.join(ROOT, "scripts", "cli_doc.py"))
     cli_doc = importlib.util.module_from_spec(spec)
