@@ -70,7 +70,7 @@ Local job (default: a parameter-server cluster on this host):
   --single             one process, no cluster
   --no-isolation       run the local cluster or local Horovod job in this host's network: its servers
                        then listen on every interface, unauthenticated (default: a private network
-                       namespace holding only loopback, where the kernel allows one; see README "Security")
+                       namespace holding only loopback, where the kernel allows one; see SECURITY.md)
 Horovod job (synchronous data parallel; ttf tables sharded over the ranks by id):
   --hvd                N ranks on this host through `horovodrun --gloo` (N = --workers, default 2);
                        installs horovod on first use (scripts/setup_horovod.sh, ~6 min build once)
@@ -216,7 +216,7 @@ network_line() {  # PORTS PROTOCOLS: one line saying where the local job's serve
     *) local why="--no-isolation"
        [ -n "${TTF_NETWORK:-}" ] && why="the kernel refused a private network namespace: ${TTF_NETWORK#refused: }"
        echo "[start_all] warning: not isolated ($why); $1 listen on ALL interfaces ($2, no authentication:" \
-            "whoever reaches them can run code as $(id -un)); see README \"Security\"" ;;
+            "whoever reaches them can run code as $(id -un)); see SECURITY.md" ;;
   esac
 }
 
@@ -307,7 +307,7 @@ if [ -n "$role" ]; then
   IFS=, read -r -a role_hosts <<<"$role_hosts"
   [ "$index" -lt "${#role_hosts[@]}" ] || die "--index $index is outside the ${#role_hosts[@]} $role task(s)"
   echo "[start_all] $role $index: listens on 0.0.0.0:${role_hosts[index]##*:}, every address of this host" \
-       "(TensorFlow gRPC, no authentication: whoever reaches it can run code as $(id -un)); see README \"Security\""
+       "(TensorFlow gRPC, no authentication: whoever reaches it can run code as $(id -un)); see SECURITY.md"
   if [ "$role" = chief ]; then
     echo "[start_all] chief: training (${train_args[*]})"
     exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"

@@ -5,7 +5,7 @@
 
 ttf's op library is loaded before the server starts, so the table kernels are registered in
 this process. Prints one "ready" line once it listens, naming where: TensorFlow binds every
-server to 0.0.0.0:<port> (every address), unauthenticated; see README "Security".
+server to 0.0.0.0:<port> (every address), unauthenticated; see SECURITY.md.
 """
 import argparse
 import importlib

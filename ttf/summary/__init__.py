@@ -13,7 +13,7 @@ Three parts, usable alone:
   other parts of a job (stream lag, the last published sequence) add their own tags.
   In a cluster only one process writes (`writer=False` elsewhere: every call is a no-op).
 
-The tag names models/train.py writes are the constants below (README "TensorBoard").
+The tag names models/train.py writes are the constants below (docs/tensorboard.md).
 
 Example:
   >>> import tempfile, numpy as np, tensorflow as tf, ttf

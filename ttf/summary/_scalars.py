@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from ttf.data._synthetic import best_auc
 
-# Tags models/train.py writes (README "TensorBoard"); other parts of a job add their own.
+# Tags models/train.py writes (docs/tensorboard.md); other parts of a job add their own.
 LOSS = "train/loss"
 AUC = "train/auc_window"
 EXAMPLES_PER_SEC = "train/examples_per_sec"
