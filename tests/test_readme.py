@@ -20,6 +20,31 @@ def test_readme_api_example_runs(tmp_path):
     assert size > 4096 * 26 * 0.99  # random 40-bit ids, tagged by field: nearly all distinct
 
 
+def run_job_example(tmp_path):
+    """The README's ttf.distribute.Job example, its /tmp folders moved under tmp_path, run twice:
+    the second run resumes from the first's checkpoint (nothing left to train) and evaluates
+    the same model. Returns the two runs' outputs."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    example = re.search(r"## Your own model on a cluster, batch and online\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    assert len(example.strip().splitlines()) <= 22
+    script = tmp_path / "job_example.py"
+    script.write_text(example.replace('"/tmp/', f'"{tmp_path}/'))
+    outs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        outs.append(proc.stdout)
+    assert "[ttf] resumed from" in outs[1] and "at step 30" in outs[1], outs[1][-2000:]
+    scores = [re.search(r"\{'auc': .*\}", out).group(0) for out in outs]
+    assert scores[0] == scores[1] and "'rows': 200" in scores[0], scores
+    assert (tmp_path / "ttf_serving" / "1").is_dir()  # the base version the job published
+    return outs
+
+
+def test_readme_job_example_runs(tmp_path):
+    run_job_example(tmp_path)
+
+
 README_MAX_BYTES = 12 * 1024  # a newcomer's five minutes; reference lives in docs/
 # Docs that parallel changes add; each link is checked once its file exists.
 # Remove a name here when its file lands (the test below says when).

@@ -136,11 +136,11 @@ def journal_lines(journal):
 def test_own_script_follows_a_folder_exactly_once_across_kill_9(tmp_path):
     """The user's script follows a folder stream with checkpoints; kill -9 mid-stream, then a
     restart: every example is trained exactly once, none lost, none twice."""
-    lines = open(SAMPLE, encoding="utf-8").read().splitlines(keepends=True)
+    header, *lines = open(SAMPLE, encoding="utf-8").read().splitlines(keepends=True)
     incoming = tmp_path / "incoming"
     incoming.mkdir()
-    for i in range(4):  # 4 files of 50 rows, renamed into place as a producer does
-        (tmp_path / f"part-{i}").write_text("".join(lines[50 * i:50 * (i + 1)]))
+    for i in range(4):  # 4 files of 50 rows (CSV with its header), renamed into place as a producer does
+        (tmp_path / f"part-{i}").write_text(header + "".join(lines[50 * i:50 * (i + 1)]))
         os.rename(tmp_path / f"part-{i}", incoming / f"part-{i:03d}.txt")
     journal = tmp_path / "journal"
     command = [sys.executable, OWN_JOB, "follow", f"folder:{incoming}", "--checkpoint-dir", str(tmp_path / "ck"),

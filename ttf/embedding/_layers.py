@@ -407,7 +407,8 @@ def _parameter_server_devices():
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return None
-    num_ps = strategy.cluster_resolver.cluster_spec().num_tasks("ps")
+    resolver = strategy.cluster_resolver or strategy._cluster_resolver  # pylint: disable=protected-access
+    num_ps = resolver.cluster_spec().num_tasks("ps")
     return [f"/job:ps/replica:0/task:{i}" for i in range(num_ps)] or None
 
 
