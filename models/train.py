@@ -194,14 +194,7 @@ def parse_args(argv):
         p.error(f"--lr must be a finite number > 0, got {args.lr}")
     if args.max_non_finite_steps < 0:
         p.error(f"--max-non-finite-steps must be >= 0, got {args.max_non_finite_steps}")
-    check_table_capacity(p, args)
-    if (args.evict_policy == "ttl") != (args.ttl_steps > 0):
-        p.error("--evict-policy ttl needs --ttl-steps S > 0, and --ttl-steps needs --evict-policy ttl")
-    if (args.table_capacity or args.evict_policy == "ttl") and not args.tiacc:
-        p.error("--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc")
-    check_tier_flags(p, args, schema)
-    args.table_options = (dict(capacity=args.table_capacity, evict_policy=args.evict_policy, ttl_steps=args.ttl_steps,
-                               dram_budget=args.dram_budget, ssd_dir=args.ssd_dir) if args.tiacc else None)
+    args.table = table_config(p, args, schema)
     check_stream_args(p, args)
     if args.steps is None and args.epochs is None and not args.stream:
         args.steps = 200
@@ -213,52 +206,28 @@ def parse_args(argv):
     return args
 
 
-def check_table_capacity(p, args):
-    """--table-capacity: a bare integer is rows (an int), a value with a unit bytes (kept as the
-    size string, which ttf.DynamicEmbedding reads as bytes); one-line errors at start-up."""
+_TABLE_FLAGS = re.compile(r"\b(capacity|evict_policy|ttl_steps|dram_budget|ssd_dir)\b")
+_SLOTS = {"adam": 2, "ftrl": 2, "adagrad": 1, "sgd": 0}  # optimizer slots beside each table row
+
+
+def table_config(p, args, schema):
+    """--table-capacity .. --ssd-dir -> a ttf.embedding.TableConfig (None without --tiacc), its
+    errors as one-line usage errors naming these flags."""
     text = args.table_capacity.strip()
     try:
-        rows, size = ttf.embedding.parse_capacity(int(text) if text.isdigit() else text)  # digits: rows
-    except ValueError:
-        p.error(f"--table-capacity must be rows (an integer >= 0, 0: unbounded) or bytes with a unit K, M, G or T "
-                f"(e.g. 512M, 2G), got {args.table_capacity!r}")
-    args.table_capacity = text if size else rows
-    # Each of a table's 16 lock shards (DynamicEmbedding's default) must hold one row with the
-    # optimizer's slots, or the first update fails (TtfEmbeddingTable's check).
-    slots = {"adam": 2, "ftrl": 2, "adagrad": 1, "sgd": 0}[args.optimizer]
-    row_bytes = ttf.embedding.tier_row_bytes(args.embedding_dim + 1, slots)
-    if size and size < 16 * row_bytes:
-        p.error(f"--table-capacity {text} ({size} bytes) is below one row for each of a table's 16 lock shards "
-                f"({row_bytes} bytes a row with {args.optimizer}'s slots): give at least {16 * row_bytes}")
-
-
-def check_tier_flags(p, args, schema):
-    """--dram-budget / --ssd-dir: parsed to bytes and checked at start-up (one-line errors)."""
-    try:
-        args.dram_budget = ttf.embedding.parse_size(args.dram_budget)
+        table = ttf.embedding.TableConfig(
+            capacity=int(text) if text.isdigit() else text, evict_policy=args.evict_policy,  # digits: rows
+            ttl_steps=args.ttl_steps, dram_budget=args.dram_budget, ssd_dir=args.ssd_dir)
+        table.check_fits(args.embedding_dim + 1, _SLOTS[args.optimizer], args.batch_size * max(schema.num_fields, 1),
+                         optimizer=args.optimizer)
     except ValueError as err:
-        p.error(f"--dram-budget: {err}")
-    if not args.dram_budget and not args.ssd_dir:
-        return
-    if not args.tiacc:
+        flag = {"capacity": "table-capacity"}
+        p.error(_TABLE_FLAGS.sub(lambda m: "--" + flag.get(m.group(1), m.group(1).replace("_", "-")), str(err)))
+    if (table.capacity or table.evict_policy == "ttl") and not args.tiacc:
+        p.error("--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc")
+    if table.ssd_dir and not args.tiacc:
         p.error("--dram-budget and --ssd-dir tier ttf tables: add --tiacc")
-    if not (args.dram_budget and args.ssd_dir):
-        p.error("--dram-budget and --ssd-dir go together: give both for a DRAM + SSD tier, or neither")
-    if isinstance(args.table_capacity, str):
-        p.error(f"--table-capacity {args.table_capacity} (bytes) with --dram-budget: a tiered table's RAM is already "
-                "bounded by --dram-budget; give --table-capacity in rows to bound both tiers")
-    try:
-        os.makedirs(args.ssd_dir, exist_ok=True)
-        tempfile.TemporaryFile(dir=args.ssd_dir).close()
-    except OSError as err:
-        p.error(f"--ssd-dir {args.ssd_dir} cannot be written ({err.strerror}); give a writable directory")
-    # A batch's rows must fit in DRAM: each update's rows are in DRAM while it runs.
-    row_bytes = ttf.embedding.tier_row_bytes(args.embedding_dim + 1, 2)
-    batch_rows = args.batch_size * max(schema.num_fields, 1)
-    if args.dram_budget < batch_rows * row_bytes:
-        p.error(f"--dram-budget {args.dram_budget} bytes holds {args.dram_budget // row_bytes} rows, below one "
-                f"batch's {batch_rows} ({args.batch_size} x {schema.num_fields} fields, {row_bytes} bytes a row): "
-                f"give at least {batch_rows * row_bytes}")
+    return table if args.tiacc else None
 
 
 def add_checkpoint_args(p):
@@ -445,7 +414,7 @@ def run(args, readers, best_auc=None):
                         native_buckets=args.native_buckets)
     with topology.scope():
         model = ctr.build(spec, path, seed=args.seed, shard_devices=topology.shard_devices,
-                          table_options=args.table_options)
+                          table=args.table)
         optimizer = ctr.make_optimizer(path, args.optimizer, args.lr)
         job = ttf.distribute.Job(model, optimizer, forward=ctr.Logits(model), topology=topology,
                                  config=job_config(args), log=lambda message: log("[train] " + message))

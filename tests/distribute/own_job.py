@@ -17,12 +17,12 @@ import tensorflow as tf
 
 def own_model():
     """The user's model: one fused table for the 26 fields, dense features beside it, logits out."""
-    ids = tf.keras.Input([26], dtype=tf.int64, name="ids_in")
-    dense = tf.keras.Input([13], name="dense_in")
+    ids = tf.keras.Input([26], dtype=tf.int64, name="ids")
+    dense = tf.keras.Input([13], name="dense")
     rows = ttf.FusedEmbedding(8, num_fields=26)(ids)
     x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(rows), dense])
-    x = tf.keras.layers.Dense(32, activation="relu")(x)
-    return tf.keras.Model({"ids": ids, "dense": dense}, tf.keras.layers.Dense(1)(x))
+    x = tf.keras.layers.Dense(32, activation="relu", name="hidden")(x)
+    return tf.keras.Model({"ids": ids, "dense": dense}, tf.keras.layers.Dense(1, name="logit")(x))
 
 
 def main(argv):

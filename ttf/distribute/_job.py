@@ -323,15 +323,15 @@ class Job:
             if config.steps_per_call > 1:
                 raise ValueError("steps_per_call > 1 needs a ttf.data.Reader; give steps_per_call=1 with a "
                                  "tf.data.Dataset")
-            sample = next(iter(data))[0]
+            first = lambda: next(iter(data))[0]  # noqa: E731
             dataset = lambda share: self.topology.slice_batches(data, config.batch_size)  # noqa: E731
         else:
-            sample = next(iter(data.dataset(2, shuffle=False)))[0]
+            first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
             dataset = lambda share: data.share_dataset(  # noqa: E731
                 config.batch_size, share, self.topology.num_shares, position=self.position, seed=config.seed,
                 split=split, num_epochs=None if config.steps else config.epochs)
         with self._errors():
-            self._setup(sample)
+            self._setup(first())
             start = self.step()
             if self.topology.coordinated:
                 steps, seconds = _loops.fit_coordinated(self, dataset)
