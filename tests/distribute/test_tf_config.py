@@ -90,6 +90,14 @@ def test_arguments_fill_in_and_win_but_may_not_contradict_tf_config():
     sync = parse_tf_config(tf_config(SYNC_CLUSTER, "worker", 0))
     with pytest.raises(TFConfigError, match="chief_host= c:1, TF_CONFIG nothing"):
         resolve_task(sync, chief_host="c:1")
+    chief_only = dict(task_type="chief", task_types=("chief",), shapes=("parameter-server",))
+    assert resolve_task(parse_tf_config(tf_config(PS_CLUSTER, "chief", 0)), **chief_only).chief_host == "c0:2222"
+    with pytest.raises(TFConfigError, match="names task worker 1; this process runs chief tasks "
+                                            r"\(a parameter-server job's ps and worker tasks run python -m"):
+        resolve_task(config, **chief_only)
+    with pytest.raises(TFConfigError, match=r"describes a synchronous job \(worker tasks\); this process runs "
+                                            "parameter-server jobs"):
+        resolve_task(sync, **chief_only)
     alone = resolve_task(None, ps_hosts="p:1", worker_hosts="w:1", chief_host="c:1", task_type="chief")
     assert alone.source == "arguments" and alone.address == "c:1" and alone.parameter_server_job
 

@@ -200,20 +200,31 @@ class TaskRole:
 
 
 def resolve_task(tf_config=None, *, ps_hosts=None, worker_hosts=None, chief_host=None, task_type=None,
-                 task_index=None, names=None):
+                 task_index=None, task_types=TASK_TYPES, shapes=("parameter-server", "synchronous"), names=None):
     """Merges TF_CONFIG with explicit arguments into a TaskRole.
 
     Args:
       tf_config: a TFConfig (e.g. from `tf_config_from_env()`), or None: the arguments alone.
       ps_hosts, worker_hosts: "host:port,host:port" or None (not given).
       chief_host: "host:port" or None. task_type: one of TASK_TYPES or None. task_index: int or None.
+      task_types: the task types the caller runs; shapes: the job shapes it runs ("parameter-server",
+        "synchronous"). A TF_CONFIG naming another is refused.
       names: {argument: how the caller spells it}, for error messages (default ARGUMENT_NAMES).
     Returns:
       TaskRole. Every argument given is kept; TF_CONFIG fills the rest.
     Raises:
-      TFConfigError: a given argument disagrees with TF_CONFIG (the message names both values).
+      TFConfigError: a given argument disagrees with TF_CONFIG (the message names both values), or
+        TF_CONFIG names a task type or job shape the caller does not run.
     """
     names = {**ARGUMENT_NAMES, **(names or {})}
+    if tf_config is not None and tf_config.shape not in shapes:
+        raise TFConfigError(f"TF_CONFIG describes a {tf_config.shape} job ({', '.join(sorted(tf_config.cluster))} "
+                            f"tasks); this process runs {' or '.join(shapes)} jobs")
+    if tf_config is not None and tf_config.task_type not in task_types:
+        hint = (" (a parameter-server job's ps and worker tasks run python -m ttf.distribute.server)"
+                if tf_config.parameter_server_job and tf_config.task_type in ("ps", "worker") else "")
+        raise TFConfigError(f"TF_CONFIG names task {tf_config.task_type} {tf_config.task_index}; this process runs "
+                            f"{' or '.join(task_types)} tasks{hint}")
     given = {"ps_hosts": ps_hosts, "worker_hosts": worker_hosts, "chief_host": chief_host,
              "task_type": task_type, "task_index": task_index}
     if tf_config is None:
