@@ -10,6 +10,7 @@ takes one compile and a link:
     python setup.py build_ext --inplace      # what scripts/setup_env.sh runs after edits
     pip install --no-build-isolation -e .    # editable install (also builds)
     pip install --no-build-isolation .       # into an env that has TensorFlow: builds against it
+    scripts/build_wheel.sh [OUTDIR]          # a manylinux wheel for the installed TensorFlow minor
 
 Plain `pip install .` builds in an isolated env with the newest supported TensorFlow, so its
 library fits only that TensorFlow; --no-build-isolation builds against the one installed.
@@ -17,6 +18,7 @@ library fits only that TensorFlow; --no-build-isolation builds against the one i
 import concurrent.futures
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,10 +96,19 @@ class BuildOps(build_ext):
         print(f"ttf: built {os.path.relpath(out, ROOT)} for TensorFlow {tf_version}", flush=True)
 
 
+def _version():
+    """ttf's version with the TensorFlow minor its op library is built for as the local label
+    (0.1.0+tf2.21): one wheel per TensorFlow minor, each named for it, as the library inside is."""
+    with open(os.path.join(ROOT, "ttf", "__init__.py")) as f:
+        base = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+    return f"{base}+tf{_tf_minor(_tf_flags()[0])}"
+
+
 sources = sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "ops", "**", "*.cc"), recursive=True)
 )
 setup(
+    version=_version(),
     ext_modules=[Extension(LIB_NAME, sources=sources)],
     cmdclass={"build_ext": BuildOps},
 )

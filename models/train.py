@@ -150,8 +150,9 @@ def parse_args(argv):
                      help="what crosses the wire between ranks (dense allreduce, embedding rows and their "
                           "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
     args = p.parse_args(argv)
-    args.task_role = None  # TF_CONFIG (set by cluster launchers) fills the cluster flags not given; --horovod ignores it
-    if not args.horovod:
+    # TF_CONFIG (set by cluster launchers) fills the cluster flags not given; --horovod and --prepare-data ignore it
+    args.task_role = None
+    if not (args.horovod or args.prepare_data):
         try:
             role = ttf.distribute.resolve_task(
                 ttf.distribute.tf_config_from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
