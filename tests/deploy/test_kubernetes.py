@@ -229,3 +229,19 @@ def test_every_job_has_a_network_policy_admitting_only_its_own_pods_to_its_ports
                     assert own or client, f"{policy['metadata']['name']} admits pods outside the job: {peer}"
                 admitted |= {p["port"] for p in rule["ports"]}
             assert ports <= admitted, f"{hostname or kind} listens on {ports - admitted}, which the policy does not admit"
+
+
+def test_kubernetes_validate_needs_no_network():
+    """Its schemas ship in the package: validation works in a network namespace with no interface."""
+    code = ("import sys, yaml, kubernetes_validate as kv\n"
+            "for doc in yaml.safe_load_all(open(sys.argv[1])):\n"
+            "    kv.validate(doc, '1.37', strict=True)\n"
+            "print('validated offline')\n")
+    try:
+        proc = subprocess.run(["unshare", "-n", sys.executable, "-c", code, os.path.join(ROOT, "deploy", "kubernetes", "ps-job.yaml")],
+                              capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if proc.returncode != 0 and "unshare failed" in proc.stderr:
+        pytest.skip(f"network namespaces are not permitted here ({proc.stderr.strip()})")
+    assert proc.returncode == 0 and "validated offline" in proc.stdout, proc.stderr[-2000:]
