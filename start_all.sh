@@ -183,16 +183,16 @@ if [ -n "${TF_CONFIG:-}" ] && [ -z "${TTF_NETWORK:-}" ]; then
   if [ -n "$local_flag" ]; then
     echo "[start_all] TF_CONFIG is set, but $local_flag starts a local job: TF_CONFIG is ignored (explicit flags win)"
   else
-    command -v python3 >/dev/null || die "reading TF_CONFIG needs python3 on PATH"
+    refuse() { echo "start_all: $*" >&2; exit 2; }  # a bad TF_CONFIG: one line, exit 2
+    command -v python3 >/dev/null || refuse "reading TF_CONFIG needs python3 on PATH"
     merge=(--shell)
     for flag in role ps_hosts worker_hosts chief_host; do [ -n "${!flag}" ] && merge+=("--${flag//_/-}" "${!flag}"); done
     [ "$index_given" = 1 ] && merge+=(--index "$index")
-    resolved=$(python3 ttf/distribute/_tf_config.py "${merge[@]}" 2>&1) || die "$resolved"
+    resolved=$(python3 ttf/distribute/_tf_config.py "${merge[@]}" 2>&1) || refuse "$resolved"
     eval "$resolved"  # role index ps_hosts worker_hosts chief_host job_shape role_line, shell-quoted
     echo "[start_all] $role_line"
     case "$role" in
-      evaluator) die "TF_CONFIG names an evaluator task: ttf's jobs evaluate on the chief (--eval-data, --export-dir); run no evaluator" ;;
-      ps) [ "$job_shape" = parameter-server ] || die "TF_CONFIG names a ps task in a job without ps" ;;
+      evaluator) refuse "TF_CONFIG names an evaluator task: ttf's jobs evaluate on the chief (--eval-data, --export-dir); run no evaluator" ;;
     esac
   fi
 fi

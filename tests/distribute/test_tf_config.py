@@ -130,3 +130,27 @@ def test_the_launcher_entry_prints_shell_assignments_and_refuses_in_one_line():
     not_json = run("{")
     assert not_json.returncode == 2 and not_json.stderr.startswith("TF_CONFIG is not JSON")
     assert len(not_json.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text,args,message", [
+    ("{", [], "start_all: TF_CONFIG is not JSON"),
+    (tf_config(PS_CLUSTER, "worker", 1), ["--role", "ps"], "start_all: TF_CONFIG and --role disagree: --role ps, TF_CONFIG worker."),
+    (tf_config(PS_CLUSTER, "worker", 1), ["--index", "0"], "start_all: TF_CONFIG and --index disagree: --index 0, TF_CONFIG 1."),
+    (tf_config(PS_CLUSTER, "trainer", 0), [], "start_all: TF_CONFIG task names the unknown task type 'trainer'"),
+    (tf_config(PS_CLUSTER, "evaluator", 0), [], "start_all: TF_CONFIG names an evaluator task"),
+])
+def test_start_all_refuses_a_bad_tf_config_in_one_line_with_exit_2(text, args, message):
+    """Before any set-up or training: the launcher reads TF_CONFIG first."""
+    proc = subprocess.run(["bash", os.path.join(ROOT, "start_all.sh"), "--tiacc", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TF_CONFIG": text})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(message) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_start_all_local_job_flags_win_over_tf_config():
+    """--single, --hvd, --ps, --workers start a local job: TF_CONFIG (even a bad one) is ignored, and said so.
+    (--single with --hvd stops at the usage check that follows, before any set-up.)"""
+    proc = subprocess.run(["bash", os.path.join(ROOT, "start_all.sh"), "--single", "--hvd"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "TF_CONFIG": "{"})
+    assert "TF_CONFIG is set, but --hvd starts a local job: TF_CONFIG is ignored (explicit flags win)" in proc.stdout
+    assert proc.returncode == 2 and "TF_CONFIG" not in proc.stderr and "--hvd runs" in proc.stderr, proc.stderr
