@@ -215,6 +215,13 @@ def resolve_task(tf_config=None, *, ps_hosts=None, worker_hosts=None, chief_host
     Raises:
       TFConfigError: a given argument disagrees with TF_CONFIG (the message names both values), or
         TF_CONFIG names a task type or job shape the caller does not run.
+
+    Example:
+      >>> config = parse_tf_config('{"cluster": {"chief": ["c:2222"], "worker": ["w:2222"], "ps": ["p:2222"]}, '
+      ...                          '"task": {"type": "ps", "index": 0}}')
+      >>> role = resolve_task(config, worker_hosts="w:2222")
+      >>> role.task_type, role.address, role.source
+      ('ps', 'p:2222', 'TF_CONFIG and arguments')
     """
     names = {**ARGUMENT_NAMES, **(names or {})}
     if tf_config is not None and tf_config.shape not in shapes:
