@@ -154,3 +154,12 @@ def test_start_all_local_job_flags_win_over_tf_config():
                           text=True, timeout=60, env={**os.environ, "TF_CONFIG": "{"})
     assert "TF_CONFIG is set, but --hvd starts a local job: TF_CONFIG is ignored (explicit flags win)" in proc.stdout
     assert proc.returncode == 2 and "TF_CONFIG" not in proc.stderr and "--hvd runs" in proc.stderr, proc.stderr
+
+
+def test_a_parameter_server_role_gives_the_cluster_config_of_the_job_runtime():
+    """What `ttf.distribute.ParameterServers(...)` takes, from TF_CONFIG alone."""
+    cluster = resolve_task(parse_tf_config(tf_config(PS_CLUSTER, "chief", 0))).cluster_config()
+    assert cluster.ps_hosts == ("p0:2222",) and cluster.worker_hosts == ("w0:2222", "w1:2222")
+    assert cluster.cluster_spec().as_dict() == PS_CLUSTER
+    with pytest.raises(TFConfigError, match="a parameter-server job needs ps, worker and chief tasks; TF_CONFIG gives ps"):
+        resolve_task(parse_tf_config(tf_config(SYNC_CLUSTER, "worker", 0))).cluster_config()

@@ -185,6 +185,16 @@ class TaskRole:
         hosts = hosts.split(",") if hosts else []
         return hosts[self.task_index] if self.task_index < len(hosts) else None
 
+    def cluster_config(self):
+        """The `ttf.distribute.ClusterConfig` of this parameter-server job (for `ParameterServers`);
+        raises TFConfigError for a synchronous job."""
+        if not (self.ps_hosts and self.worker_hosts and self.chief_host):
+            raise TFConfigError(f"a parameter-server job needs ps, worker and chief tasks; {self.source} gives "
+                                f"ps [{self.ps_hosts}], worker [{self.worker_hosts}], chief [{self.chief_host}]")
+        from ttf.distribute._cluster import ClusterConfig  # noqa: PLC0415  (imports TensorFlow: not at module load)
+
+        return ClusterConfig(self.ps_hosts, self.worker_hosts, self.chief_host)
+
     def describe(self):
         """One line: this task's role, its job and where it listens (TensorFlow binds 0.0.0.0)."""
         if self.parameter_server_job:
