@@ -150,6 +150,18 @@ def parse_args(argv):
                      help="what crosses the wire between ranks (dense allreduce, embedding rows and their "
                           "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
     args = p.parse_args(argv)
+    # TF_CONFIG (set by cluster launchers) fills the cluster flags not given; --horovod and --prepare-data ignore it
+    args.task_role = None
+    if not (args.horovod or args.prepare_data):
+        try:
+            role = ttf.distribute.resolve_task(
+                ttf.distribute.tf_config_from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
+                chief_host=args.chief_host, task_type="chief", task_types=("chief",), shapes=("parameter-server",),
+                names={"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host"})
+        except ttf.distribute.TFConfigError as err:
+            p.error(str(err))
+        args.ps_hosts, args.worker_hosts, args.chief_host = role.ps_hosts or None, role.worker_hosts or None, role.chief_host or None
+        args.task_role = role.describe() if role.ps_hosts and role.worker_hosts and role.chief_host else None
     if args.horovod and (args.ps_hosts or args.tfra):
         p.error("--horovod runs the native or ttf (--tiacc) path without parameter servers; "
                 "drop --ps-hosts/--worker-hosts/--chief-host and --tfra")
@@ -401,6 +413,8 @@ def make_topology(args):
         return topology
     if args.ps_hosts:
         cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
+        if getattr(args, "task_role", None):  # where TF_CONFIG or the flags put this chief
+            log(f"[train] {args.task_role}")
         log(f"[train] connecting to {len(cluster.ps_hosts)} ps and {len(cluster.worker_hosts)} worker task(s)")
         return ttf.distribute.ParameterServers(cluster)
     return ttf.distribute.OneProcess()

@@ -6,6 +6,8 @@ its kernels run there); `make_coordinator` connects the chief with ParameterServ
 and a ClusterCoordinator. ttf tables are sharded over `config.ps_devices()`.
 `error_summary` turns a TensorFlow error into the one line a job log needs. `StepAttempts`
 tells a job when the coordinator ran a lost worker's step again (exactly-once streams).
+`tf_config_from_env` / `resolve_task` read TF_CONFIG (the cluster and this task's role, as
+Kubernetes launchers, Vertex AI, SageMaker and Ray set it) and merge it with explicit arguments.
 """
 from ttf._errors import error_summary
 from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
@@ -15,8 +17,11 @@ from ttf.distribute._config import JobConfig, PublishConfig
 from ttf.distribute._errors import BadInputError, JobError, LostParameterServerError, LostRankError, SaveFailedError
 from ttf.distribute._topology import HorovodRanks, OneProcess, ParameterServers
 from ttf.distribute._job import Job, sigmoid_cross_entropy, tier_progress
+from ttf.distribute._tf_config import (TASK_TYPES, TaskRole, TFConfig, TFConfigError, parse_tf_config, resolve_task,
+                                       tf_config_from_env)
 
 __all__ = ["BadInputError", "ClusterConfig", "HorovodRanks", "Job", "JobConfig", "JobError", "LostParameterServerError",
            "LostRankError", "OneProcess", "ParameterServers", "PublishConfig", "SaveFailedError", "StepAttempts",
-           "StopOnSignal", "error_summary", "free_ports", "make_coordinator", "sigmoid_cross_entropy",
+           "StopOnSignal", "TASK_TYPES", "TFConfig", "TFConfigError", "TaskRole", "error_summary", "free_ports",
+           "make_coordinator", "parse_tf_config", "resolve_task", "sigmoid_cross_entropy", "tf_config_from_env",
            "tier_progress"]
