@@ -512,7 +512,10 @@ def main(argv=None):
         # Every rank prints this: the peers of a lost rank are the ones still able to say so.
         print(f"[train] error {err}".replace("checkpoint_dir", "--checkpoint-dir"), file=sys.stderr, flush=True)
         return 1
-    except (ttf.distribute.SaveFailedError, ttf.precision.NonFiniteTrainingError) as err:
+    except ttf.precision.NonFiniteTrainingError as err:
+        log(f"[train] error: {err}")
+        return 1
+    except ttf.distribute.SaveFailedError as err:
         error(str(err))
         return 1
     except ValueError as err:  # a setting the checkpoint or the stream refuses (e.g. --auc-window)
