@@ -304,7 +304,7 @@ class TFCollectives(Collectives):
     def broadcast_variables(self, variables, root=0):
         """Assigns worker `root`'s value to each variable (one broadcast per variable: done once)."""
         for variable in variables:
-            variable.assign(self.broadcast(variable.read_value(), root))
+            variable.assign(self.broadcast(tf.convert_to_tensor(variable), root))
 
     # -- errors
 

@@ -375,6 +375,12 @@ def DistributedOptimizer(optimizer, collectives, compression="none"):  # noqa: N
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
+        if KERAS3 and not self.built:
+            # Keras 3 makes its slots in the first traced step, and TensorFlow then runs that
+            # step through a conditional initialisation that cannot feed the collectives'
+            # per-call instance keys: make them now, outside the function.
+            with tf.init_scope():
+                self.build([v for _, v in grads_and_vars])
         dense = [i for i, (g, v) in enumerate(grads_and_vars) if g is not None and embedding_of(v) is None]
         for i in dense:
             if isinstance(grads_and_vars[i][0], tf.IndexedSlices):
