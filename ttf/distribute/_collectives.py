@@ -328,12 +328,14 @@ class TFCollectives(Collectives):
         message = str(err)
         if not _is_collective_failure(err):
             return err
-        lost = sorted({self.tasks.index((job, int(task))) for job, task in _UNHEALTHY.findall(message)
-                       if (job, int(task)) in self.tasks})
+        # The coordination service lists the tasks whose heartbeats stopped; else ask the network.
+        listed = message.split("unhealthy", 1)[1] if "unhealthy" in message else ""
+        lost = sorted({self.tasks.index((job, int(task))) for job, task in _TASK.findall(listed)
+                       if (job, int(task)) in self.tasks} - {self.rank})
         if not lost:
             lost = [w for w in range(self.size) if w != self.rank and not _reachable(self.hosts[w])]
-        first = next((line.strip() for line in message.splitlines()
-                      if line.strip() and not line.startswith("{{")), message.strip()[:200])
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        first = next((line for line in lines if _TELLING.search(line)), lines[-1] if lines else type(err).__name__)
         if lost:
             who = ", ".join(f"worker {w} ({self.hosts[w]})" for w in lost)
             cause = f"lost {who}"
@@ -342,12 +344,13 @@ class TFCollectives(Collectives):
         else:
             cause = "a collective failed"
         return LostWorkerError(
-            f"ttf (worker {self.rank}): {what} stopped: {cause}. TensorFlow said: {first[:300]}. The other workers "
+            f"ttf (worker {self.rank}): {what} stopped: {cause}. TensorFlow said: {first[:300]} The other workers "
             "stop too; restart the job from its last checkpoint (a worker that is alive but slower than "
             "timeout_seconds needs a larger timeout_seconds)", lost)
 
 
-_UNHEALTHY = re.compile(r"/job:(chief|worker)/replica:\d+/task:(\d+)")
+_TASK = re.compile(r"/job:(chief|worker)/replica:\d+/task:(\d+)")
+_TELLING = re.compile(r"unhealthy|connection|deadline|timed out|timeout|unavailable|aborted", re.IGNORECASE)
 
 
 def _is_collective_failure(err):
