@@ -65,7 +65,7 @@ def test_two_workers_equal_one_process_on_the_global_batch(one_process, keras, t
 
 @pytest.mark.slow
 def test_a_killed_worker_stops_the_other_naming_it(tmp_path):
-    procs = run_workers("sync_parity.py", tmp_path / "kill", "200", "20", env=KERAS2)  # worker 1 exits at step 20
+    procs = run_workers("sync_parity.py", tmp_path / "kill", "200", "5", env=KERAS2)  # worker 1 exits at step 5
     survivor, killed = procs
     killed.wait(timeout=600)
     lost_at = time.monotonic()

@@ -220,16 +220,17 @@ class TableSharding:
         return gathered
 
 
-def shard_tables(model, collectives, compression="none"):
+def shard_tables(model, collectives, compression="none", group=None, make_sharding=None):
     """Shards every ttf table of `model` over the workers of `collectives` (create it before
     the model). Returns the sharded layers. A layer already sharded over parameter servers
     (shard_devices) cannot also be sharded over workers. A functional tf_keras model makes
-    one exchange per step for all its tables; a Keras 3 or subclassed model one per table."""
+    one exchange per step for all its tables; a Keras 3 or subclassed model one per table.
+    (group, make_sharding: a backend's own grouping function and TableSharding maker.)"""
     layers = tables_in(model)
     if not layers:
         raise ValueError(f"{model.name} has no ttf embedding layer (ttf.FusedEmbedding / ttf.DynamicEmbedding) "
                          "to shard")
-    sharding = TableSharding(collectives, compression)
+    sharding = make_sharding() if make_sharding is not None else TableSharding(collectives, compression)
     for layer in layers:
         if len(layer.tables) != 1:
             raise ValueError(f"{layer.name} is sharded over {len(layer.tables)} devices (shard_devices); "
@@ -238,7 +239,7 @@ def shard_tables(model, collectives, compression="none"):
         if tf.executing_eagerly() and int(layer.tables[0].size()) > 0:
             # Rows already there (ttf.accelerate's, a restore before sharding): keep the owned ones.
             sharding.import_table(layer, layer.tables[0].export())
-    grouped = set() if KERAS3 else _group_lookups(model, sharding)
+    grouped = set() if KERAS3 else (group or _group_lookups)(model, sharding)
     apart = [layer.name for layer in layers if id(layer) not in grouped]
     if len(layers) > 1 and apart:
         why = ("it is a Keras 3 model (ttf groups the lookups of functional tf_keras models)" if KERAS3 else
