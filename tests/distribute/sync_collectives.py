@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+import ttf.distribute.sync as tds
 from ttf.distribute import TFCollectives
 
 out_path, hosts, task = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -75,6 +76,16 @@ for op, want in (("sum", size * (size - 1) / 2), ("mean", (size - 1) / 2), ("min
     got = float(coll.allreduce(tf.constant([float(rank)]), op).numpy()[0])
     assert got == want, (op, got, want)
 checks["allreduce"] = True
+
+# mean_over_examples: batches of 2 and 3 examples; the global mean on both workers, and the
+# gradient of this worker's term (size / examples on every worker = 2/5 per example).
+values = tf.Variable(tf.range(rank + 2, dtype=tf.float32))
+with tf.GradientTape() as tape:
+    mean = tds.mean_over_examples(values, coll)
+np.testing.assert_allclose(float(mean), (1 + 3) / 5, rtol=1e-6)
+np.testing.assert_allclose(tape.gradient(mean, values).numpy(), [2 / 5] * (rank + 2), rtol=1e-6)
+assert bool(tds.all_workers(tf.constant(True), coll)) and not bool(tds.all_workers(tf.constant(rank == 0), coll))
+checks["mean_over_examples"] = True
 
 variable = tf.Variable([rank + 1.0, -rank])
 coll.broadcast_variables([variable], root=1)

@@ -45,7 +45,7 @@ def test_every_method_on_two_workers(tmp_path):
         checks = json.loads((tmp_path / f"out.{rank}.json").read_text())
         assert checks["rank"] == rank and checks["size"] == 2
         assert all(checks[k] is True for k in ("alltoall", "allgather", "sixteen_bit", "allreduce", "broadcast",
-                                               "objects")), checks
+                                               "objects", "mean_over_examples")), checks
         # The counted alltoalls: padded blocks and the count exchange on the wire, the rows as payload.
         assert checks["wire_bytes"] >= checks["payload_bytes"] > 0, checks
 

@@ -49,11 +49,14 @@ def rank_slice(dataset, batch_size, collectives):
 def mean_over_examples(values, collectives, name="ttf_mean_examples"):
     """The mean of per-example values (e.g. each example's loss) over every worker's
     examples, for batches that differ in size between the workers (a last partial batch, a
-    stream's), even empty. Each worker returns sum(own) x size / (examples on every worker):
-    averaged over the workers by the DistributedOptimizer, its gradient is the gradient of
-    the global mean, and its value averaged over the workers is the global mean."""
+    stream's), even empty. Its value is the global mean on every worker (so every worker
+    takes the same loss-driven decisions); its gradient is that of this worker's term
+    sum(own) x size / (examples on every worker), which the DistributedOptimizer's average
+    over the workers turns into the gradient of the global mean."""
     total = collectives.allreduce(tf.cast(tf.size(values), tf.float32), "sum", f"{name}_count")
-    return tf.reduce_sum(values) * float(collectives.size) / tf.maximum(total, 1.0)
+    local = tf.reduce_sum(values) * float(collectives.size) / tf.maximum(total, 1.0)
+    # TensorFlow's collective ops have no gradient: the mean's value, this worker's term's gradient.
+    return local + tf.stop_gradient(collectives.allreduce(local, "mean", name) - local)
 
 
 def all_workers(flag, collectives, name="ttf_all_workers"):
