@@ -1,7 +1,7 @@
 """A user's own Keras model trained on 2 workers over TensorFlow's collectives, or on one
 process on the global batch (run by test_sync_parity.py):
 
-    python tests/distribute/sync_parity.py OUT.json WORKER_HOSTS|one TASK_INDEX [STEPS [KILL_AT]]
+    python tests/distribute/sync_parity.py OUT.json WORKER_HOSTS|one TASK_INDEX [STEPS [KILL_AT [tape|fit]]]
 
 Every worker reads the whole global batch and keeps its slice (tds.rank_slice), so the
 workers together train on exactly the one process's batches. Writes this worker's table
@@ -22,6 +22,7 @@ import ttf.distribute.sync as tds  # sync:
 out_path, hosts, task = sys.argv[1], sys.argv[2], int(sys.argv[3])
 steps = int(sys.argv[4]) if len(sys.argv) > 4 else 200
 kill_at = int(sys.argv[5]) if len(sys.argv) > 5 else -1
+use_fit = len(sys.argv) > 6 and sys.argv[6] == "fit"  # model.fit instead of the GradientTape loop
 GLOBAL_BATCH = 256
 coll = None if hosts == "one" else tds.TFCollectives(worker_hosts=hosts, task_index=task)  # sync: before the model
 rank, size = (0, 1) if coll is None else (coll.rank, coll.size)
@@ -62,6 +63,10 @@ def train_step(features, labels):
 
 
 def run():
+    if use_fit:
+        model.compile(optimizer=optimizer, loss=tf.keras.losses.BinaryCrossentropy())
+        model.fit(data.map(lambda x, y: (x, y[:, None])), epochs=1, verbose=0)
+        return model.predict([held_out["ids"], held_out["dense"]], batch_size=1024, verbose=0)[:, 0]
     for step, (features, labels) in enumerate(data):
         if step == kill_at and rank == 1:
             os._exit(3)  # a worker lost mid-job: no goodbye to the others
