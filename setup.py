@@ -10,13 +10,16 @@ takes one compile and a link:
     python setup.py build_ext --inplace      # what scripts/setup_env.sh runs after edits
     pip install --no-build-isolation -e .    # editable install (also builds)
     pip install --no-build-isolation .       # into an env that has TensorFlow: builds against it
+    scripts/build_wheel.sh [OUTDIR]          # a manylinux wheel for the installed TensorFlow minor
 
 Plain `pip install .` builds in an isolated env with the newest supported TensorFlow, so its
 library fits only that TensorFlow; --no-build-isolation builds against the one installed.
 """
 import concurrent.futures
 import glob
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +51,7 @@ class BuildOps(build_ext):
 
     def get_ext_filename(self, ext_name):
         # ttf/_ttf_ops.tf2.21.so: no Python ABI tag (tf.load_op_library needs none), the TF minor.
-        return os.path.join(*ext_name.split(".")) + f".tf{_tf_minor(_tf_flags()[0])}.so"
+        return os.path.join(*ext_name.split(".")) + f".tf{_tf_minor(_installed_tf_version())}.so"
 
     def build_extension(self, ext):
         cxx = os.environ.get("CXX", "g++")
@@ -94,10 +97,30 @@ class BuildOps(build_ext):
         print(f"ttf: built {os.path.relpath(out, ROOT)} for TensorFlow {tf_version}", flush=True)
 
 
+def _installed_tf_version():
+    """The installed TensorFlow's version, from its package metadata when it has it (importing
+    TensorFlow takes seconds, and pip runs this file three times per build)."""
+    for dist in ("tensorflow", "tensorflow-cpu", "tf-nightly"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return _tf_flags()[0]
+
+
+def _version():
+    """ttf's version with the TensorFlow minor its op library is built for as the local label
+    (0.1.0+tf2.21): one wheel per TensorFlow minor, each named for it, as the library inside is."""
+    with open(os.path.join(ROOT, "ttf", "__init__.py")) as f:
+        base = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+    return f"{base}+tf{_tf_minor(_installed_tf_version())}"
+
+
 sources = sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "ops", "**", "*.cc"), recursive=True)
 )
 setup(
+    version=_version(),
     ext_modules=[Extension(LIB_NAME, sources=sources)],
     cmdclass={"build_ext": BuildOps},
 )

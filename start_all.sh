@@ -70,7 +70,7 @@ Local job (default: a parameter-server cluster on this host):
   --single             one process, no cluster
   --no-isolation       run the local cluster or local Horovod job in this host's network: its servers
                        then listen on every interface, unauthenticated (default: a private network
-                       namespace holding only loopback, where the kernel allows one; see README "Security")
+                       namespace holding only loopback, where the kernel allows one; see SECURITY.md)
 Horovod job (synchronous data parallel; ttf tables sharded over the ranks by id):
   --hvd                N ranks on this host through `horovodrun --gloo` (N = --workers, default 2);
                        installs horovod on first use (scripts/setup_horovod.sh, ~6 min build once)
@@ -80,7 +80,7 @@ Horovod job (synchronous data parallel; ttf tables sharded over the ranks by id)
   --hvd-host-index I   this host's position in --hvd-hosts (host 0 serves the Gloo rendezvous)
   --hvd-rendezvous A   address:port of the rendezvous server on host 0 (default <host 0>:29500)
   --hvd-iface IF       network interface Gloo uses on this host (default: the one holding its address)
-One role of a multi-host job (run once per task, on its host):
+One role of a multi-host job (run once per task, on its host; or set TF_CONFIG instead, below):
   --role R             chief | worker | ps
   --index I            the task's index within its role (default 0)
   --ps-hosts H         host:port,host:port of every ps task
@@ -100,6 +100,12 @@ Examples:
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
 It prints the ports each task listens on at start-up, global steps/sec and AUC at the end. Logs of a
 local cluster go to runs/<time>/.
+TF_CONFIG: when set (TensorFlow's convention, as Kubernetes launchers, Vertex AI, SageMaker and Ray set it:
+  {"cluster": {"chief": [...], "worker": [...], "ps": [...]}, "task": {"type": "worker", "index": 0}}), this
+  task's role and the cluster come from it: a parameter-server job (chief, worker, ps) or a synchronous one
+  (workers only, or chief + workers: every task runs models/train.py --sync). --role, --index and the
+  hosts flags given as well must agree with it; --single, --hvd, --ps and --workers start a local job and
+  ignore it (explicit flags win). docs/kubernetes.md has manifests that set it.
 Env: TTF_TF (TensorFlow to run on: unset = the newest, 2.16 = TensorFlow 2.16 with TFRA), TTF_VENV
 (virtual environment, default ./.venv; ./.venv-tf$TTF_TF with TTF_TF), PYTHON (its interpreter),
 TTF_START_TIMEOUT (seconds the local cluster's servers may take to listen, default 300).
@@ -114,6 +120,7 @@ schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 ckpt_every="" full_every="" export_dir="" stream="" steps_given=0
 isolation=1 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
+local_flag="" index_given=0 job_shape=parameter-server
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -121,9 +128,9 @@ while [ $# -gt 0 ]; do
     --wdl) model=wdl ;;
     --tiacc) path_flag=--tiacc ;;
     --tfra) path_flag=--tfra ;;
-    --single) single=1 ;;
+    --single) single=1 local_flag=$1 ;;
     --no-isolation) isolation=0 ;;
-    --hvd) hvd=1 ;;
+    --hvd) hvd=1 local_flag=$1 ;;
     --hvd-compression) need_value "$@"; hvd_compression=$2; shift ;;
     --hvd-hosts) need_value "$@"; hvd_hosts=$2; shift ;;
     --hvd-host-index) need_value "$@"; hvd_host_index=$2; shift ;;
@@ -151,10 +158,10 @@ while [ $# -gt 0 ]; do
     --logdir) need_value "$@"; logdir=$2; shift ;;
     --publish-dir|--publish-every|--dense-publish-every|--rebase-every|--export-rows|--stream-poll|--stream-journal|--kafka-config|--ttl-seconds)
       need_value "$@"; given_args+=("$1" "$2"); shift ;;
-    --ps) need_value "$@"; num_ps=$2; shift ;;
-    --workers) need_value "$@"; num_workers=$2; shift ;;
+    --ps) need_value "$@"; num_ps=$2; local_flag=$1; shift ;;
+    --workers) need_value "$@"; num_workers=$2; local_flag=$1; shift ;;
     --role) need_value "$@"; role=$2; shift ;;
-    --index) need_value "$@"; index=$2; shift ;;
+    --index) need_value "$@"; index=$2; index_given=1; shift ;;
     --ps-hosts) need_value "$@"; ps_hosts=$2; shift ;;
     --worker-hosts) need_value "$@"; worker_hosts=$2; shift ;;
     --chief-host) need_value "$@"; chief_host=$2; shift ;;
@@ -170,7 +177,26 @@ for n in steps batch num_ps num_workers index; do
 done
 [ "$num_ps" -ge 1 ] && [ "$num_workers" -ge 1 ] || die "--ps and --workers must be at least 1"
 case "$role" in ""|chief|worker|ps) ;; *) die "--role must be chief, worker or ps, got '$role'" ;; esac
-if [ -n "$role" ] && { [ -z "$ps_hosts" ] || [ -z "$worker_hosts" ] || [ -z "$chief_host" ]; }; then
+# TF_CONFIG: this task's role and the cluster, merged with the flags given (which must agree) by
+# ttf/distribute/_tf_config.py, run as a plain script (no TensorFlow import: a fraction of a second).
+if [ -n "${TF_CONFIG:-}" ] && [ -z "${TTF_NETWORK:-}" ]; then
+  if [ -n "$local_flag" ]; then
+    echo "[start_all] TF_CONFIG is set, but $local_flag starts a local job: TF_CONFIG is ignored (explicit flags win)"
+  else
+    refuse() { echo "start_all: $*" >&2; exit 2; }  # a bad TF_CONFIG: one line, exit 2
+    command -v python3 >/dev/null || refuse "reading TF_CONFIG needs python3 on PATH"
+    merge=(--shell)
+    for flag in role ps_hosts worker_hosts chief_host; do [ -n "${!flag}" ] && merge+=("--${flag//_/-}" "${!flag}"); done
+    [ "$index_given" = 1 ] && merge+=(--index "$index")
+    resolved=$(python3 ttf/distribute/_tf_config.py "${merge[@]}" 2>&1) || refuse "$resolved"
+    eval "$resolved"  # role index ps_hosts worker_hosts chief_host job_shape role_line, shell-quoted
+    echo "[start_all] $role_line"
+    case "$role" in
+      evaluator) refuse "TF_CONFIG names an evaluator task: ttf's jobs evaluate on the chief (--eval-data, --export-dir); run no evaluator" ;;
+    esac
+  fi
+fi
+if [ -n "$role" ] && [ "$job_shape" = parameter-server ] && { [ -z "$ps_hosts" ] || [ -z "$worker_hosts" ] || [ -z "$chief_host" ]; }; then
   die "--role needs --ps-hosts, --worker-hosts and --chief-host"
 fi
 
@@ -216,7 +242,7 @@ network_line() {  # PORTS PROTOCOLS: one line saying where the local job's serve
     *) local why="--no-isolation"
        [ -n "${TTF_NETWORK:-}" ] && why="the kernel refused a private network namespace: ${TTF_NETWORK#refused: }"
        echo "[start_all] warning: not isolated ($why); $1 listen on ALL interfaces ($2, no authentication:" \
-            "whoever reaches them can run code as $(id -un)); see README \"Security\"" ;;
+            "whoever reaches them can run code as $(id -un)); see SECURITY.md" ;;
   esac
 }
 
@@ -300,6 +326,13 @@ if [ "$hvd" = 1 ]; then
   exit 0
 fi
 
+# A task of a synchronous job (TF_CONFIG with workers only, or chief + workers): every task trains, on
+# TensorFlow's collectives, reading TF_CONFIG itself.
+if [ -n "$role" ] && [ "$job_shape" = synchronous ]; then
+  echo "[start_all] $role $index of a synchronous job: training (${train_args[*]} --sync)"
+  exec "$PY" models/train.py "${train_args[@]}" --sync
+fi
+
 # One role of a multi-host job: this process becomes that task.
 if [ -n "$role" ]; then
   cluster=(--ps-hosts "$ps_hosts" --worker-hosts "$worker_hosts" --chief-host "$chief_host")
@@ -307,7 +340,7 @@ if [ -n "$role" ]; then
   IFS=, read -r -a role_hosts <<<"$role_hosts"
   [ "$index" -lt "${#role_hosts[@]}" ] || die "--index $index is outside the ${#role_hosts[@]} $role task(s)"
   echo "[start_all] $role $index: listens on 0.0.0.0:${role_hosts[index]##*:}, every address of this host" \
-       "(TensorFlow gRPC, no authentication: whoever reaches it can run code as $(id -un)); see README \"Security\""
+       "(TensorFlow gRPC, no authentication: whoever reaches it can run code as $(id -un)); see SECURITY.md"
   if [ "$role" = chief ]; then
     echo "[start_all] chief: training (${train_args[*]})"
     exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"

@@ -5,10 +5,10 @@ and trained once on all of them. Then, repeatedly: train steps touching `--touch
 (1% by default), save with ttf.checkpoint.CheckpointManager alternating a full checkpoint
 and a delta (the compared paths interleaved, same table). Reports the median size and
 save time of each kind and their ratio; restores the last chain into a new layer and
-checks it equals the live table. Appends to benchmarks/RESULTS.md unless --quick.
+checks it equals the live table. Records in benchmarks/results/checkpoint_delta.md unless --quick.
 
     .venv/bin/python benchmarks/checkpoint_delta.py            # 10M keys (about 4 GB RAM)
-    .venv/bin/python benchmarks/checkpoint_delta.py --quick    # 200k keys, no RESULTS.md
+    .venv/bin/python benchmarks/checkpoint_delta.py --quick    # 200k keys, nothing recorded
 """
 import argparse
 import os
@@ -45,7 +45,7 @@ def main(argv=None):
     p.add_argument("--keys", type=int, default=10_000_000, help="table size (default 10M)")
     p.add_argument("--touched", type=float, default=0.01, help="fraction of keys trained between saves (default 0.01)")
     p.add_argument("--reps", type=int, default=3, help="full/delta pairs (default 3)")
-    p.add_argument("--quick", action="store_true", help="200k keys, 2 reps, no RESULTS.md")
+    p.add_argument("--quick", action="store_true", help="200k keys, 2 reps, nothing recorded")
     p.add_argument("--dir", default=None, help="where to write the checkpoints (default: a temp dir, removed)")
     args = p.parse_args(argv)
     if args.quick:
@@ -95,14 +95,14 @@ def main(argv=None):
     if args.quick:
         return 0
     cpu = platform.processor() or platform.machine()
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), "a") as f:
-        f.write(f"\n## Delta vs full checkpoints, {args.keys:,}-key table\n\n"
+    from _results import record
+    print("[delta] recorded in", record("checkpoint_delta", f"\n## Delta vs full checkpoints, {args.keys:,}-key table\n\n"
                 f"`.venv/bin/python benchmarks/checkpoint_delta.py` ({os.cpu_count()} cores, {cpu}, "
                 f"TensorFlow {tf.__version__}; shared machine, other jobs running). Table: dim {DIM}, Adam "
                 f"(48 floats per key), {args.keys:,} keys; between saves {touched:,} keys are trained; "
                 f"{args.reps} full/delta pairs interleaved on the same table, medians. A delta holds the touched "
                 "rows with their slots and counters, the ids evicted since the last save, and the dense state; "
-                "restoring the last full + delta gives the live table (checked).\n\n" + "\n".join(lines) + "\n")
+                "restoring the last full + delta gives the live table (checked).\n\n" + "\n".join(lines) + "\n"))
     return 0
 
 

@@ -5,7 +5,7 @@ optimizer and cluster shape for every path; each run is a real `start_all.sh` jo
 process with --single, or the local parameter-server cluster: 1 ps + 2 workers). Paths run
 interleaved, --repeats times; the table gives medians of global steps/sec, the ratio to
 native and to TFRA, AUC (and its difference to native) and logloss on a held-out file. It
-is printed, appended to benchmarks/RESULTS.md with this command, and drawn to
+is printed, recorded in benchmarks/results/compare.md with this command, and drawn to
 benchmarks/compare.png.
 
     .venv/bin/python benchmarks/compare.py                       # full: about 20 minutes
@@ -166,10 +166,9 @@ def record(args, table):
              f"{args.batch_size} per worker; medians of {args.repeats} interleaved run(s). Native: Hashing into "
              f"100,000 buckets per field + Embedding. Learning rate: Adam 0.001, Adagrad {args.adagrad_lr}. ttf runs with its default --precision auto (bf16 share in the "
              f"last column). Examples/s per core: examples/s over this machine's {os.cpu_count()} cores (one thread per core).\n\n{table}\n\n"
-             f"{deeprec_reference()}\n\n![steps/sec](compare.png)\n")
-    with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
-        f.write(entry)
-    print("[compare] appended to benchmarks/RESULTS.md")
+             f"{deeprec_reference()}\n\n![steps/sec](../compare.png)\n")
+    from _results import record
+    print(f"[compare] recorded in {record('compare', entry)}")
 
 
 def draw(results, configs, png):

@@ -8,10 +8,10 @@ update of the touched rows:
   tfra:   de.keras.layers.Embedding + de.DynamicEmbeddingOptimizer(tf.keras Adam)
   native: tf.keras.layers.Embedding of 1M rows per field (26M rows) + tf.keras Adam
 The paths run interleaved in one process, several repetitions; the report gives the
-median step time, ids/s and ratios, and appends them to benchmarks/RESULTS.md.
+median step time, ids/s and ratios, and records them in benchmarks/results/embedding_ops.md.
 
     .venv/bin/python benchmarks/embedding_ops.py            # full (about 10 minutes)
-    .venv/bin/python benchmarks/embedding_ops.py --quick    # small smoke run, no RESULTS.md
+    .venv/bin/python benchmarks/embedding_ops.py --quick    # small smoke run, nothing recorded
 """
 import argparse
 import os
@@ -102,7 +102,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per path per repetition (default 10)")
     parser.add_argument("--paths", default="ttf,tfra,native", help="comma-separated subset of ttf,tfra,native")
-    parser.add_argument("--quick", action="store_true", help="small sizes, no RESULTS.md entry (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, nothing recorded (a smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
         args.batch_size, args.keys, args.repeats, args.steps = 256, 26_000, 2, 3
@@ -153,10 +153,8 @@ def record(args, table):
              f"Machine: {machine}; TensorFlow {tf.__version__}, TFRA {tfra.__version__}, Python "
              f"{platform.python_version()}. Medians over {args.repeats} interleaved repetitions of {args.steps} steps.\n\n"
              f"{table}\n")
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
-    with open(path, "a") as f:
-        f.write(entry)
-    print(f"[bench] appended to {path}")
+    from _results import record
+    print(f"[bench] recorded in {record('embedding_ops', entry)}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ the same batches on 2 Horovod ranks, interleaved:
 Reports median steps/s of interleaved blocks, the alltoalls in each step's graph, the bytes a
 rank sends per step, and the largest difference of the two copies' predictions afterwards
 (the same math: it should be float noise). Run it under horovodrun; rank 0 prints and
-appends to benchmarks/RESULTS.md:
+records in benchmarks/results/horovod_exchange.md:
 
     .venv/bin/horovodrun --gloo -np 2 -H localhost:2 .venv/bin/python benchmarks/horovod_exchange.py
 """
@@ -46,7 +46,7 @@ def parse(argv):
     parser.add_argument("--steps", type=int, default=20, help="timed steps per block (default 20)")
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks per variant, interleaved (default 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (default 3)")
-    parser.add_argument("--no-record", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    parser.add_argument("--no-record", action="store_true", help="do not record in benchmarks/results/horovod_exchange.md")
     return parser.parse_args(argv)
 
 
@@ -157,8 +157,8 @@ def main(argv=None):
     text = "\n".join(lines)
     print(text, flush=True)
     if not args.no_record:
-        with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
-            f.write("\n" + text + "\n")
+        from _results import record
+        record("horovod_exchange", text)
     return 0
 
 

@@ -8,7 +8,7 @@ same synthetic data, three ways, interleaved `--repeats` times:
 All with Adam and the job's default precision (ttf: the loss-driven bf16 switch, on either
 Keras; the native path runs float32). Reports medians of global steps/s, CPU seconds per
 step and AUC, the Keras 3 / tf_keras ratio (target within 10%) and Keras 3 ttf / Keras 3
-Embedding (target >= 3x), AUC differences (target within 0.002); appends to RESULTS.md.
+Embedding (target >= 3x), AUC differences (target within 0.002); records in benchmarks/results/keras3.md.
 The native path is slow (Keras 3's Adam updates the whole embedding matrix every step), so
 it runs `--native-steps` steps; its AUC is reported but not compared.
 
@@ -78,9 +78,8 @@ def main(argv=None):
                  f"DeepFM, Adam, single process, batch {args.batch_size}, {args.steps} steps (Keras Embedding: "
                  f"{args.native_steps}), {args.rows:,} synthetic rows, {args.vocab:,} ids per field; medians of "
                  f"{args.repeats} interleaved runs.\n\n{table}\n\n{summary}\n")
-        with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
-            f.write(entry)
-        print("[keras3] appended to benchmarks/RESULTS.md")
+        from _results import record
+        print(f"[keras3] recorded in {record('keras3', entry)}")
     return 0
 
 

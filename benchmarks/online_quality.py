@@ -22,7 +22,7 @@ predictions of several states would mix their calibrations).
 
 Prints per-hour AUCs and, over the evaluated hours from the first day boundary on (where the
 daily model differs from the static one) and over all of them, the mean AUC of each model
-and online's lead; --record appends the table to benchmarks/RESULTS.md. The target: online -
+and online's lead; --record puts the table in benchmarks/results/online_quality.md. The target: online -
 static >= 0.003 and online > daily.
 
     .venv/bin/python benchmarks/online_quality.py                       # 48 h x 50k rows, ~15 min on 2 cores
@@ -116,7 +116,7 @@ def main(argv=None):
                         "(default 1)")
     p.add_argument("--seed", type=int, default=0, help="stream and model seed (default 0)")
     p.add_argument("--data-dir", default=None, help="folder for the hour files (default: a temporary one, removed)")
-    p.add_argument("--record", action="store_true", help="append the result table to benchmarks/RESULTS.md")
+    p.add_argument("--record", action="store_true", help="record the result table in benchmarks/results/online_quality.md")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run); nothing recorded")
     args = p.parse_args(argv)
     if args.quick:
@@ -201,7 +201,7 @@ def main(argv=None):
               f"{mean['online'] - mean['daily']:+.4f} (target > 0); published every "
               + ", ".join(f"{label} {mean[key]:.4f}" for key, label in columns), flush=True)
     if args.record:
-        lines = [f"\n### Online quality on a drifting stream ({time.strftime('%Y-%m-%d', time.gmtime())})\n",
+        lines = [f"\n## Online quality on a drifting stream ({time.strftime('%Y-%m-%d', time.gmtime())})\n",
                  f"Command: `.venv/bin/python {command.strip()}` ({time.time() - started:.0f}s). "
                  f"Stream: ttf.data.DriftingSynthetic, {args.rows_per_hour:,} rows/hour, vocab {args.vocab_per_field:,}"
                  f"/field, drift rate {args.drift_rate:.4g}/h, new-id rate {args.new_id_rate}/h; DeepFM (ttf, Adam, "
@@ -215,8 +215,8 @@ def main(argv=None):
                          f"{mean['best']:.4f} | {mean['online'] - mean['static']:+.4f} | "
                          f"{mean['online'] - mean['daily']:+.4f} | "
                          + " | ".join(f"{mean[key]:.4f}" for key, _ in columns) + " |")
-        with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
-            f.write("\n".join(lines) + "\n")
+        from _results import record
+        record("online_quality", "\n".join(lines))
     return 0
 
 

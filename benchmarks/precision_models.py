@@ -3,7 +3,7 @@
 The same start_all.sh job (single process, ttf path, Adam) on the same synthetic data as
 benchmarks/compare.py, run with --precision fp32 and --precision loss, interleaved,
 --repeats times. Reports median global steps/sec and their ratio, the AUC difference and
-the share of steps that ran in bf16; appends the table to benchmarks/RESULTS.md.
+the share of steps that ran in bf16; records the table in benchmarks/results/precision.md.
 
     .venv/bin/python benchmarks/precision_models.py              # about 5 minutes
     .venv/bin/python benchmarks/precision_models.py --quick      # smoke run, nothing recorded
@@ -54,9 +54,8 @@ def main(argv=None):
                  f"{args.model}, Adam, single process, {args.steps} steps of batch {args.batch_size}, the synthetic data "
                  f"of benchmarks/compare.py ({args.rows:,} rows); medians of {args.repeats} interleaved runs. "
                  f"Speed-up {ratio:.2f}x (target >= 1.3x with AUC within 0.001).\n\n{table}\n")
-        with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
-            f.write(entry)
-        print("[precision] appended to benchmarks/RESULTS.md")
+        from _results import record
+        print(f"[precision] recorded in {record('precision', entry)}")
     return 0
 
 

@@ -14,7 +14,7 @@ before, VmHWM reset through /proc/<pid>/clear_refs), the table's memory per PS, 
 table checksum (ttf.embedding.table_summary) of the source, the 3-PS and the one-process
 copies.
 
-    .venv/bin/python benchmarks/scale.py --keys 5000000            # what RESULTS.md shows here
+    .venv/bin/python benchmarks/scale.py --keys 5000000            # what benchmarks/results/scale.md shows here
     .venv/bin/python benchmarks/scale.py --keys 100000000 --dim 8   # the target size
     .venv/bin/python benchmarks/scale.py --keys 200000 --json        # a quick run, one JSON line
     .venv-tf2.16/bin/python benchmarks/scale.py --horovod 2 --keys 2000000   # the Horovod case

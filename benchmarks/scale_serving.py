@@ -5,7 +5,7 @@ stock TF process (no ttf) that loads the export, against its rows' bytes.
 Each repetition looks up one batch of --batch x --fields ids (3/4 held, 1/4 never seen) and
 gathers their rows, in a tf.function: the hashed table (bucket hash, one vectorised probe)
 and StaticHashTable (id -> row index, then a gather). Medians over --reps repetitions (the
-binary search the hashed export replaced is in RESULTS.md's earlier entry). The
+binary search the hashed export replaced is in benchmarks/results/scale_serving.md's earlier entry). The
 StaticHashTable maps each id to its row in the export's own rows array, so both paths
 gather from the same rows and only the finding of ids differs; the process holds one copy
 of the rows, so 100M keys fit this machine.

@@ -37,7 +37,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ctr  # noqa: E402
-from models import train as train_cli  # noqa: E402
 from ttf.precision import low_precision  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -135,7 +134,7 @@ class Parts:
         self.applies = {"serial": both_applies(True), "concurrent": both_applies(False)}
         self.applies_inputs = [t + d for t, d in zip(self.table_inputs, self.dense_grad_inputs)]
         self.dense_apply = tf.function(lambda grads: self.opt.apply_gradients(zip(grads, self.dense_vars)))
-        policy = train_cli.make_precision_policy("auto")
+        policy = ttf.precision.policy_for("loss")
 
         @tf.function
         def switch(loss, step):
@@ -146,8 +145,11 @@ class Parts:
         self.switch_inputs = [(tf.constant(0.5 + 0.01 * i), tf.constant(i, tf.int64)) for i in range(len(batches))]
 
     def train_step(self, precision):
-        fake_args = argparse.Namespace(max_non_finite_steps=20)
-        return train_cli.make_train_step(self.net, self.opt, train_cli.make_precision_policy(precision), fake_args)
+        def loss_fn(labels, logits):  # as ttf.distribute.Job's default loss, averaged over the batch
+            return tf.reduce_mean(ttf.distribute.sigmoid_cross_entropy(labels, logits))
+
+        return ttf.precision.make_train_step(ctr.Logits(self.net), loss_fn, self.opt,
+                                             ttf.precision.policy_for(precision), max_non_finite_steps=20)
 
 
 def _fm_today(e):  # models/ctr.py: 0.5 * sum_d((sum_f e)^2 - sum_f e^2)

@@ -11,8 +11,8 @@ synthetic data, all seeing steps x 2 x batch examples:
 
 Paths and shapes run interleaved, --repeats times; the table gives medians of examples/sec,
 ttf vs native per shape, AUC and logloss on a held-out file. Then the ttf Horovod job with
---hvd-compression none|fp16|bf16 (once): bytes sent per step and rank, and AUC. Printed, appended
-to benchmarks/RESULTS.md with this command, drawn to benchmarks/sync_vs_async.png.
+--hvd-compression none|fp16|bf16 (once): bytes sent per step and rank, and AUC. Printed, recorded
+in benchmarks/results/sync_vs_async.md with this command, drawn to benchmarks/sync_vs_async.png.
 
     .venv/bin/python benchmarks/sync_vs_async.py                 # about 25 minutes on 2 cores
     .venv/bin/python benchmarks/sync_vs_async.py --quick         # a smoke run, nothing recorded
@@ -150,10 +150,9 @@ def record(args, table):
              f"{args.batch_size} x {args.steps} steps, ps 2 workers x batch {args.batch_size} x {2 * args.steps} "
              f"async worker steps, single batch {2 * args.batch_size} x {args.steps}. Medians of {args.repeats} "
              f"interleaved run(s); every path at its default --precision (ttf: auto).\n\n{table}\n\n"
-             f"![examples/sec](sync_vs_async.png)\n")
-    with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
-        f.write(entry)
-    print("[horovod-bench] appended to benchmarks/RESULTS.md")
+             f"![examples/sec](../sync_vs_async.png)\n")
+    from _results import record
+    print(f"[horovod-bench] recorded in {record('sync_vs_async', entry)}")
 
 
 def draw(results, png):

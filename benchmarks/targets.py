@@ -94,9 +94,8 @@ def main(argv=None):
                  f"Python {platform.python_version()}. One process per run, Adam lr 0.001, {args.examples:,} training "
                  f"examples per run, synthetic data of compare.py; medians of {args.repeats} interleaved repetitions.\n\n"
                  f"{table}\n")
-        with open(os.path.join(ROOT, "benchmarks", "RESULTS.md"), "a") as f:
-            f.write(entry)
-        print("[targets] appended to benchmarks/RESULTS.md")
+        from _results import record
+        print(f"[targets] recorded in {record('targets', entry)}")
     return 0
 
 

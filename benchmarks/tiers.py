@@ -185,9 +185,9 @@ def deepfm(args, tiered, first_step):
 
     os.makedirs(args.ssd_dir, exist_ok=True)
     spec = ctr.ModelSpec(model="fm", embedding_dim=args.dim)
-    options = dict(num_shards=args.num_shards, dram_budget=args.dram_budget if tiered else 0,
-                   ssd_dir=args.ssd_dir if tiered else "", evict_policy=args.policy)
-    model = ctr.build(spec, "ttf", seed=1, table_options=options)
+    table = ttf.embedding.TableConfig(num_shards=args.num_shards, dram_budget=args.dram_budget if tiered else 0,
+                                      ssd_dir=args.ssd_dir if tiered else "", evict_policy=args.policy)
+    model = ctr.build(spec, "ttf", seed=1, table=table)
     optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
     optimizer.iterations.assign(first_step - 1)  # its next apply updates the table at first_step
     rows, fields = args.batch // spec.num_fields, spec.num_fields

@@ -132,7 +132,7 @@ source "$REPO_ROOT/scripts/job_watch.sh"
 if [ "$hvd" = 1 ]; then
   echo "[cluster] Horovod job $job: $num_workers rank(s), one per container, on network $network, checkpoints in $volume"
   echo "[cluster] listening: $job-rank0 port 29500 (Gloo rendezvous, HTTP) and every rank's Gloo ports (TCP), on" \
-       "network $network only (no host port published), no authentication; see README \"Security\""
+       "network $network only (no host port published), no authentication; see SECURITY.md"
   for ((i = 0; i < num_workers; i++)); do start_task "${names[i]}" --hvd-host-index "$i"; done
   engine logs -f "${names[0]}" 2>&1 | grep --line-buffered -v -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:.]+: [IWE] ' &
   follower=$!
@@ -159,7 +159,7 @@ fi
 
 echo "[cluster] job $job: $num_ps ps + $num_workers worker(s) + chief on network $network, checkpoints in $volume"
 echo "[cluster] listening: port $port of every container on network $network only (no host port published;" \
-     "TensorFlow gRPC, no authentication); see README \"Security\""
+     "TensorFlow gRPC, no authentication); see SECURITY.md"
 for ((i = 0; i < ${#names[@]}; i++)); do
   read -r role index <<<"${roles[i]}"
   start_task "${names[i]}" --role "$role" --index "$index"

@@ -246,11 +246,12 @@ def _mlp(layers, x, compute_dtype):
     return x
 
 
-def build(spec, path, seed=0, shard_devices=None, table_options=None):
-    """The model of `spec` in form `path` (native | tfra | ttf). table_options (ttf only):
-    keyword arguments of every ttf.DynamicEmbedding, e.g. capacity and evict_policy."""
-    if table_options and path != "ttf":
-        raise ValueError(f"table_options {sorted(table_options)} are for the ttf path, not {path!r}")
+def build(spec, path, seed=0, shard_devices=None, table=None):
+    """The model of `spec` in form `path` (native | tfra | ttf). table (ttf only): a
+    ttf.embedding.TableConfig bounding every ttf table (capacity, eviction, DRAM + SSD tier)."""
+    if table is not None and path != "ttf":
+        raise ValueError(f"a TableConfig bounds ttf tables, not the {path!r} path's")
+    table_options = table.layer_options() if table is not None else None
     if path == "tfra" and tfra_missing():
         raise RuntimeError(tfra_missing())
     bags = [bag_layer(spec, path, seed, i, shard_devices, table_options) for i in range(len(spec.multi_hot))]

@@ -70,3 +70,23 @@ def test_a_library_built_for_another_tensorflow_raises_naming_the_rebuild(tmp_pa
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert proc.returncode == 0, proc.stderr[-3000:]  # an exception, not a crash
     assert "ImportError: ttf:" in proc.stdout and f"Rebuild it for TensorFlow {tf.__version__}" in proc.stdout, proc.stdout
+
+
+def test_a_wheel_under_another_tensorflow_refuses_in_one_line_naming_the_wheel_it_needs(tmp_path, monkeypatch):
+    """An installed wheel (a package folder with no setup.py beside it) holding another minor's library
+    only. tests/test_wheel.py checks the same on a real installed wheel (slow)."""
+    package = tmp_path / "site-packages" / "ttf"
+    package.mkdir(parents=True)
+    (package / "_ttf_ops.tf2.16.so").write_bytes(b"")
+    monkeypatch.setattr(_ops, "_DIR", str(package))
+    monkeypatch.setattr(_ops, "LIBRARY_PATH", str(package / f"_ttf_ops.tf{_ops.TF_MINOR}.so"))
+    message = _ops._wheel_mismatch()
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert message.startswith(f"ttf: this ttf wheel is built for TensorFlow 2.16, but TensorFlow {tf.__version__} is running; "
+                              f"install the wheel built for it, ttf-0.1.0+tf{_ops.TF_MINOR}-{py}-{py}-manylinux_*_x86_64.whl")
+    assert "\n" not in message
+    (package / f"_ttf_ops.tf{_ops.TF_MINOR}.so").write_bytes(b"")  # the right one present: no complaint
+    assert _ops._wheel_mismatch() is None
+    monkeypatch.setattr(_ops, "_DIR", os.path.join(ROOT, "ttf"))  # a checkout builds its own: the rebuild message instead
+    monkeypatch.setattr(_ops, "LIBRARY_PATH", os.path.join(ROOT, "ttf", "_ttf_ops.tf9.99.so"))
+    assert _ops._wheel_mismatch() is None

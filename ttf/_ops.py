@@ -7,7 +7,9 @@ how to rebuild when it is missing or was built for another TensorFlow.
 """
 import functools
 import glob
+import importlib.metadata
 import os
+import sys
 import uuid
 
 import tensorflow as tf
@@ -24,6 +26,31 @@ _REBUILD = (
 def _other_builds():
     found = sorted(os.path.basename(p)[len("_ttf_ops.tf"):-len(".so")] for p in glob.glob(os.path.join(_DIR, "_ttf_ops.tf*.so")))
     return f" (this install has builds for TensorFlow {', '.join(found)} only)" if found else ""
+
+
+def _wheel_mismatch():
+    """The one-line error of a wheel under another TensorFlow minor, or None.
+
+    A source checkout (or editable install) builds libraries for any TensorFlow; a wheel holds the
+    one library of the TensorFlow minor it was built for, and nothing can rebuild it."""
+    if os.path.exists(LIBRARY_PATH) or os.path.exists(os.path.join(_DIR, os.pardir, "setup.py")):
+        return None
+    built = sorted(os.path.basename(p)[len("_ttf_ops.tf"):-len(".so")] for p in glob.glob(os.path.join(_DIR, "_ttf_ops.tf*.so")))
+    if not built:
+        return None
+    try:
+        version = importlib.metadata.version("ttf").split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        version = "*"
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    return (f"ttf: this ttf wheel is built for TensorFlow {' and '.join(built)}, but TensorFlow {tf.__version__} is running; "
+            f"install the wheel built for it, ttf-{version}+tf{TF_MINOR}-{py}-{py}-manylinux_*_x86_64.whl "
+            f"(scripts/build_wheel.sh in the ttf checkout builds it), or TensorFlow {built[-1]}")
+
+
+_MISMATCH = _wheel_mismatch()
+if _MISMATCH:  # `import ttf` refuses at once: nothing in this install can run under this TensorFlow
+    raise ImportError(_MISMATCH)
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,7 +4,7 @@ the chief reading a folder stream while a producer adds files). After the kills:
 of the stream trained exactly once, by the journal and by the model itself (each example's own
 key updated once in the final checkpoint), and the follower, restarted, serves the
 checkpoint's rows bit for bit at the trainer's last published sequence. The sweeps of the
-trainer (20 kills) and of a ps are the benchmark (benchmarks/RESULTS.md), kept out of CI for
+trainer (20 kills) and of a ps are the benchmark (benchmarks/results/online_faults.md), kept out of CI for
 time; tests/data/test_stream_training.py kills the trainer once."""
 import json
 import os

@@ -99,7 +99,7 @@ def test_folder_stream_waits_for_files_and_stops(tmp_path):
 def test_folder_stream_bad_input(tmp_path):
     with pytest.raises(ValueError, match="stream folder not found"):
         ttf.data.FolderStream(str(tmp_path / "missing"))
-    with pytest.raises(ValueError, match="--stream must be folder:DIR or kafka:HOST:PORT/TOPIC"):
+    with pytest.raises(ValueError, match="a stream must be folder:DIR or kafka:HOST:PORT/TOPIC"):
         ttf.data.open_stream("kafka:localhost:9092")
     with pytest.raises(ValueError, match="poll_seconds must be > 0"):
         ttf.data.FolderStream(str(tmp_path), poll_seconds=0)

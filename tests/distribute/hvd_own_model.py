@@ -5,7 +5,7 @@
 Each rank trains on its slice of every global batch; a one-rank run trains on the whole
 batch. Writes rank 0's predictions on fixed inputs and the table size over all ranks, so the
 test can check that 2 ranks compute what 1 process computes. The lines marked "Horovod:"
-are all a user adds (as in the README).
+are all a user adds (as in docs/horovod.md).
 """
 import json
 import sys

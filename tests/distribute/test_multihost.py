@@ -1,6 +1,7 @@
 """Two hosts on one machine (network namespaces joined by a veth link): the parameter server
-on one, the workers and the chief on the other, training and checkpointing over that link
-with start_all.sh's multi-host flags."""
+on one, the workers and the chief on the other, training and checkpointing over that link,
+every task started from TF_CONFIG alone (start_all.sh's multi-host flags are the same code path
+after the merge, and docker/cluster.sh starts its containers with them)."""
 import json
 import os
 import shutil
@@ -53,32 +54,40 @@ def two_hosts():
             shutil.rmtree(f"/etc/netns/{host}", ignore_errors=True)
 
 
-def test_ps_on_one_host_workers_and_chief_on_another(two_hosts, tmp_path):
+def test_ps_on_one_host_workers_and_chief_on_another_each_from_tf_config_alone(two_hosts, tmp_path):
+    """Every task gets its role and the cluster from TF_CONFIG only (no --role, no hosts flags), as a
+    Kubernetes launcher starts them; each says its role and where it listens."""
     host_a, host_b = two_hosts
-    cluster = ["--ps-hosts", "10.231.7.1:22220", "--worker-hosts", "10.231.7.2:22221,10.231.7.2:22222",
-               "--chief-host", "10.231.7.2:22223"]
+    cluster = {"chief": ["10.231.7.2:22223"], "worker": ["10.231.7.2:22221", "10.231.7.2:22222"],
+               "ps": ["10.231.7.1:22220"]}
     common = ["--tiacc", "--fm", "--batch-size", "64"]
 
-    def role(host, *args):
-        return subprocess.Popen(["ip", "netns", "exec", host, START, *common, *args, *cluster], cwd=ROOT,
+    def env(task_type, index):
+        return {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})}
+
+    def role(host, task_type, index):
+        return subprocess.Popen(["ip", "netns", "exec", host, START, *common], cwd=ROOT, env=env(task_type, index),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    servers = [role(host_a, "--role", "ps", "--index", "0"),
-               role(host_b, "--role", "worker", "--index", "0"),
-               role(host_b, "--role", "worker", "--index", "1")]
+    servers = [role(host_a, "ps", 0), role(host_b, "worker", 0), role(host_b, "worker", 1)]
     try:
         metrics = tmp_path / "m.json"
-        chief = subprocess.run(["ip", "netns", "exec", host_b, START, *common, "--role", "chief", "--steps", "60",
-                                "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-out", str(metrics), *cluster],
-                               cwd=ROOT, capture_output=True, text=True, timeout=600)
+        chief = subprocess.run(["ip", "netns", "exec", host_b, START, *common, "--steps", "60",
+                                "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-out", str(metrics)],
+                               cwd=ROOT, env=env("chief", 0), capture_output=True, text=True, timeout=600)
         assert chief.returncode == 0, chief.stdout[-3000:] + chief.stderr[-3000:]
+        assert ("[train] role chief 0 of a parameter-server job (1 ps, 2 worker(s), chief 10.231.7.2:22223), "
+                "from TF_CONFIG and arguments: listens on 0.0.0.0:22223") in chief.stdout, chief.stdout[-3000:]
         result = json.loads(metrics.read_text())
         assert result["steps"] == 60 and result["cluster"] == {"ps": 1, "workers": 2} and result["table_size"] > 0
         assert tf.train.latest_checkpoint(str(tmp_path / "ckpt")).endswith("ckpt-60")
     finally:
         for server in servers:
             server.kill()
-            server.wait()
+    outputs = [server.communicate()[0] for server in servers]
+    for (task_type, index, port), out in zip([("ps", 0, 22220), ("worker", 0, 22221), ("worker", 1, 22222)], outputs):
+        assert f"[start_all] role {task_type} {index} of a parameter-server job" in out, out[-3000:]
+        assert f"from TF_CONFIG: listens on 0.0.0.0:{port}" in out, out[-3000:]
 
 
 def test_horovod_ranks_on_two_hosts_without_ssh(two_hosts, tmp_path):

@@ -12,7 +12,7 @@ InvalidArgument, or its Python wrapper refused it with TypeError/ValueError), ot
 call ended in another error type: counted by type, e.g. NotFound after a racing destroy,
 Aborted when an import changes the slot layout under an update), crash, hang.
 
-    python tests/fuzz/fuzz_ops.py --cases 10000 --seed 1            # the full run (RESULTS.md)
+    python tests/fuzz/fuzz_ops.py --cases 10000 --seed 1            # the full run (benchmarks/results/fuzz.md)
     python tests/fuzz/fuzz_ops.py --cases 200 --seed 0 --batch 100  # a quick check
     python tests/fuzz/fuzz_ops.py --first 4242 --cases 1 --seed 1 -v # one case, its calls shown
 

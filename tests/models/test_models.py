@@ -252,7 +252,7 @@ def test_train_cli_table_capacity_is_rows_or_bytes(capsys):
     from models import train
 
     def options(*flags):
-        return train.parse_args(["--tiacc", *flags]).table_options
+        return train.parse_args(["--tiacc", *flags]).table.layer_options()
 
     assert options("--table-capacity", "1000000")["capacity"] == 1_000_000
     assert options("--table-capacity", "256M")["capacity"] == "256M"

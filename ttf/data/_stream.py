@@ -80,7 +80,7 @@ class StreamSource(tf.Module):
         self._block = True
         self._merged_examples = 0  # `examples` as the shares last agreed it (merge_shares, adopt_share)
         # Called (no arguments) at every poll while a blocking next_batch finds nothing to read:
-        # a job publishes its last trained rows while the stream is idle (models/train.py sets it).
+        # a job publishes its last trained rows while the stream is idle (ttf.distribute.Job sets it).
         self.on_idle = None
 
     def stop(self):
@@ -553,7 +553,7 @@ def parse_stream_spec(spec):
         except ImportError as err:
             raise ValueError("a kafka stream needs confluent-kafka: pip install confluent-kafka") from err
         return "kafka", tuple(rest.split("/", 1))
-    raise ValueError(f"--stream must be folder:DIR or kafka:HOST:PORT/TOPIC, got {spec!r}")
+    raise ValueError(f"a stream must be folder:DIR or kafka:HOST:PORT/TOPIC, got {spec!r}")
 
 
 def read_kafka_config(path):

@@ -1,7 +1,7 @@
 """Produces a drifting synthetic stream (ttf.data.DriftingSynthetic) at a steady rate: into a
 folder, one file per interval, and/or into a Kafka topic.
 
-Folder contract (what `models/train.py --stream folder:DIR` reads): each file is written
+Folder contract (what `ttf.data.FolderStream` reads: `Job.follow("folder:DIR")`): each file is written
 under a temporary name (`.<name>.tmp`, hidden), fsynced, then renamed into place, so a
 reader sees whole files only; names sort in the order written:
 `part-<hour, 6 digits>-<part, 3 digits>.<txt|csv>` (rows of --schema, as

@@ -6,6 +6,8 @@ its kernels run there); `make_coordinator` connects the chief with ParameterServ
 and a ClusterCoordinator. ttf tables are sharded over `config.ps_devices()`.
 `error_summary` turns a TensorFlow error into the one line a job log needs. `StepAttempts`
 tells a job when the coordinator ran a lost worker's step again (exactly-once streams).
+`tf_config_from_env` / `resolve_task` read TF_CONFIG (the cluster and this task's role, as
+Kubernetes launchers, Vertex AI, SageMaker and Ray set it) and merge it with explicit arguments.
 `TFCollectives` is the collectives of a synchronous job on TensorFlow's own collective ops
 (docs/sync.md); ttf.distribute.sync shards tables over it.
 """
@@ -15,6 +17,16 @@ from ttf.distribute._collectives import (COLLECTIVE_TIMEOUT_SECONDS, CollectiveM
                                          LostWorkerError, TFCollectives)
 from ttf.distribute._attempts import StepAttempts
 from ttf.distribute._stop import StopOnSignal
+from ttf.distribute._config import JobConfig, PublishConfig
+from ttf.distribute._errors import BadInputError, JobError, LostParameterServerError, LostRankError, SaveFailedError
+from ttf.distribute._topology import HorovodRanks, OneProcess, ParameterServers
+from ttf.distribute._job import Job, sigmoid_cross_entropy, tier_progress
+from ttf.distribute._tf_config import (TASK_TYPES, TaskRole, TFConfig, TFConfigError, parse_tf_config, resolve_task,
+                                       tf_config_from_env)
 
-__all__ = ["COLLECTIVE_TIMEOUT_SECONDS", "CollectiveMisuseError", "Collectives", "LostWorkerError", "TFCollectives",
-           "ClusterConfig", "StepAttempts", "StopOnSignal", "error_summary", "free_ports", "make_coordinator"]
+__all__ = ["BadInputError", "COLLECTIVE_TIMEOUT_SECONDS", "ClusterConfig", "CollectiveMisuseError", "Collectives",
+           "HorovodRanks", "Job", "JobConfig", "JobError", "LostParameterServerError", "LostRankError", "LostWorkerError",
+           "OneProcess", "ParameterServers", "PublishConfig", "SaveFailedError", "StepAttempts", "StopOnSignal",
+           "TASK_TYPES", "TFCollectives", "TFConfig", "TFConfigError", "TaskRole", "error_summary", "free_ports",
+           "make_coordinator", "parse_tf_config", "resolve_task", "sigmoid_cross_entropy", "tf_config_from_env",
+           "tier_progress"]

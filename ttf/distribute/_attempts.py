@@ -7,7 +7,7 @@ reached the parameter servers, or in the middle of it, has then trained its batc
 in part or whole, and nothing else in the job would know. This counter, on a parameter
 server, counts how many times scheduled steps started their update: after a round, more
 starts than steps scheduled means a step was run again, and an exactly-once job rolls back
-to its last checkpoint (models/train.py --stream does).
+to its last checkpoint (ttf.distribute.Job.follow does).
 """
 import tensorflow as tf
 

@@ -312,7 +312,7 @@ def shard_tables(model, compression="none"):
     if KERAS3:  # its functional graph is another (Node.operation, no _run_internal_graph): never run here
         raise ValueError(f"ttf.distribute.horovod.shard_tables: {model.name} is a Keras 3 model; ttf shards tables over "
                          "Horovod ranks in tf_keras (Keras 2) models only. Set TF_USE_LEGACY_KERAS=1 before TensorFlow "
-                         "is imported, with tf_keras installed (models/train.py and start_all.sh --hvd do)")
+                         "is imported, with tf_keras installed (before TensorFlow is imported)")
     return _table_sharding.shard_tables(model, _backend(), compression,
                                         group=lambda m, sharding: _group_lookups(m, sharding),
                                         make_sharding=lambda: TableSharding(compression))

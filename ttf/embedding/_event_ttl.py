@@ -10,7 +10,7 @@ delta and a published delta as deleted keys, like any eviction. Coarse by design
 evicted at most one note interval late, never early.
 
 The notes are part of the job's checkpoint (put the EventTimeTTL in the tf.train.Checkpoint,
-as models/train.py does): a restart from a checkpoint makes the same eviction decisions as a
+as ttf.distribute.Job does): a restart from a checkpoint makes the same eviction decisions as a
 run that was never interrupted. Restored into another number of shards, each note keeps the
 smallest step of its shards for every shard: rows may then go up to one TTL late, never early.
 """

@@ -49,7 +49,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       default_value: the value of every element of the default row.
       shard_devices: devices to shard the table over by id (a parameter-server cluster:
         ["/job:ps/replica:0/task:0", ...]); each step then makes one lookup and one update
-        request per shard. None: one table on the layer's device. A checkpoint holds the
+        request per shard. None: the parameter servers of a ParameterServerStrategy whose
+        scope is open (so no chief holds rows), else one table on the layer's device. A checkpoint holds the
         logical table (every id of every shard), so it restores into any sharding.
       num_shards: lock shards inside each table (parallelism within one process).
       capacity: rows each table shard (one process's: the layer's table, each parameter
@@ -93,6 +94,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             raise ValueError(f"combiner must be None, 'sum' or 'mean', got {combiner!r}")
         if shard_devices is not None and not shard_devices:
             raise ValueError("shard_devices must be None or a non-empty list of device strings")
+        if shard_devices is None:
+            shard_devices = _parameter_server_devices()
         self.dim = dim
         self.combiner = combiner
         self.tables = [
@@ -397,6 +400,16 @@ def _exported_from_store(store, prefix):
         optimizer = optimizer.item()
         exported["optimizer"] = optimizer.decode() if isinstance(optimizer, bytes) else optimizer
     return exported
+
+
+def _parameter_server_devices():
+    """The ps tasks of the ParameterServerStrategy whose scope is open, or None."""
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    if not isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return None
+    resolver = strategy.cluster_resolver or strategy._cluster_resolver  # pylint: disable=protected-access
+    num_ps = resolver.cluster_spec().num_tasks("ps")
+    return [f"/job:ps/replica:0/task:{i}" for i in range(num_ps)] or None
 
 
 def tables_in(model):

@@ -13,6 +13,7 @@ strategy (a parameter-server worker's) the same skip, counter and stop. See docs
 from ttf.precision._config import PrecisionConfig, SwitchConfig
 from ttf.precision._cpu import cpu_has_native_bf16
 from ttf.precision._policy import AdaptivePrecision
+from ttf.precision._presets import policy_for, resolve_precision
 from ttf.precision._switch import PrecisionSwitch
 from ttf.precision._train_step import (
     NonFiniteGuard,
@@ -34,5 +35,7 @@ __all__ = [
     "cpu_has_native_bf16",
     "low_precision",
     "make_train_step",
+    "policy_for",
+    "resolve_precision",
     "use_adaptive_precision",
 ]

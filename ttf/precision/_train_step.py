@@ -1,7 +1,7 @@
 """The training step: one mechanism for precision, non-finite skips and runaway stops.
 
 `PrecisionTrainStep` is the only step ttf has; `make_train_step` (your own loop, and
-models/train.py) and `use_adaptive_precision` (model.fit) build it. Per call, inside one
+ttf.distribute.Job) and `use_adaptive_precision` (model.fit) build it. Per call, inside one
 tf.function:
 
 1. the policy decides float32 or bfloat16 for this step, on the device (no host read);
@@ -173,7 +173,7 @@ def _non_finite_error(max_non_finite_steps, last_step):
 
 class NonFiniteGuard(tf.Module):
     """`PrecisionTrainStep`'s NaN/Inf protection for a step written around a distribution
-    strategy's `run`, such as a parameter-server worker's (models/train.py's PS job).
+    strategy's `run`, such as a parameter-server worker's (ttf.distribute.Job's parameter-server loop).
 
     `apply_gradients` decides once, over the loss and every gradient (dense, and each
     table's row gradients), before anything changes: a finite step is applied whole, a
@@ -517,7 +517,7 @@ def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
                     low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None):
     """Returns a callable running one training step, in the precision `policy` picks.
 
-    The one training step of ttf (models/train.py uses it too). Both precision variants
+    The one training step of ttf (ttf.distribute.Job runs it too). Both precision variants
     are traced once (the two branches of a `tf.cond`), whatever the switching pattern. A
     NaN/Inf loss or gradient (dense or table) skips the whole update: no weight, slot,
     table row or optimizer counter changes (the returned "skipped" is True, and

@@ -1,4 +1,4 @@
-"""TensorBoard scalars for training jobs (`models/train.py --logdir DIR`, or your own loop).
+"""TensorBoard scalars for training jobs (`ttf.distribute.Job` with `JobConfig(logdir=...)`, or your own loop).
 
 Three parts, usable alone:
 
@@ -13,7 +13,7 @@ Three parts, usable alone:
   other parts of a job (stream lag, the last published sequence) add their own tags.
   In a cluster only one process writes (`writer=False` elsewhere: every call is a no-op).
 
-The tag names models/train.py writes are the constants below (README "TensorBoard").
+The tag names ttf.distribute.Job writes are the constants below (docs/tensorboard.md).
 
 Example:
   >>> import tempfile, numpy as np, tensorflow as tf, ttf

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from ttf.data._synthetic import best_auc
 
-# Tags models/train.py writes (README "TensorBoard"); other parts of a job add their own.
+# Tags ttf.distribute.Job writes (docs/tensorboard.md); other parts of a job add their own.
 LOSS = "train/loss"
 AUC = "train/auc_window"
 EXAMPLES_PER_SEC = "train/examples_per_sec"
@@ -35,7 +35,7 @@ class RollingAUC(tf.Module):
     Create it where the job's variables live (under a ParameterServerStrategy's scope the
     ring sits on a parameter server and every worker writes into it; rows that two workers
     write at once may overwrite each other's slots, which only changes which recent rows
-    are counted). A tf.Module: put it in the job's tf.train.Checkpoint (models/train.py
+    are counted). A tf.Module: put it in the job's tf.train.Checkpoint (ttf.distribute.Job
     does, as `auc_window`) and a resumed job continues the window it had, so its AUC equals
     that of a run never interrupted.
 

@@ -1,0 +1,68 @@
+"""A user's own script on ttf.distribute.Job: their 10-line functional model, their loss, no
+models/ or CLI. The library tests run it as a user would (a fresh process, killed and
+restarted, as the chief of a parameter-server job), on whichever Keras the env selects.
+
+    python own_job.py fit DATA --checkpoint-dir D [--epochs 1 | --steps N] [--ps-hosts .. --worker-hosts .. --chief-host ..]
+    python own_job.py follow folder:DIR --checkpoint-dir D --journal F [--publish BASE]
+
+Prints one JSON line of the job's numbers at the end.
+"""
+import argparse
+import json
+import sys
+
+import ttf
+import tensorflow as tf
+
+
+def own_model():
+    """The user's model: one fused table for the 26 fields, dense features beside it, logits out."""
+    ids = tf.keras.Input([26], dtype=tf.int64, name="ids")
+    dense = tf.keras.Input([13], name="dense")
+    rows = ttf.FusedEmbedding(8, num_fields=26)(ids)
+    x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(rows), dense])
+    x = tf.keras.layers.Dense(32, activation="relu", name="hidden")(x)
+    return tf.keras.Model({"ids": ids, "dense": dense}, tf.keras.layers.Dense(1, name="logit")(x))
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["fit", "follow"])
+    p.add_argument("source")
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--journal")
+    p.add_argument("--publish")
+    p.add_argument("--ps-hosts")
+    p.add_argument("--worker-hosts")
+    p.add_argument("--chief-host")
+    args = p.parse_args(argv)
+    if args.ps_hosts:
+        cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
+        topology = ttf.distribute.ParameterServers(cluster)
+    else:
+        topology = ttf.distribute.OneProcess()
+    with topology.scope():
+        model = own_model()
+        optimizer = ttf.optimizers.Adam(1e-3)
+    config = ttf.distribute.JobConfig(
+        batch_size=args.batch_size, steps=args.steps, epochs=args.epochs, log_every=10,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, journal=args.journal,
+        publish=ttf.distribute.PublishConfig(args.publish, every=0.5) if args.publish else None)
+    job = ttf.distribute.Job(model, optimizer, topology=topology, config=config)
+    if args.mode == "fit":
+        result = job.fit(ttf.data.Reader([args.source], "criteo"))
+        result.update(job.evaluate(ttf.data.Reader([args.source], "criteo")))
+        result["examples_trained"] = job.examples_trained()[0]
+    else:
+        result = job.follow(args.source, schema="criteo", poll_seconds=0.2)
+    result["table_summary"] = job.table_summary()
+    print("RESULT " + json.dumps(result, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

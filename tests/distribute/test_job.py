@@ -1,0 +1,185 @@
+"""ttf.distribute.Job with a user's own model and script, not the CLI: resume, the NaN guard,
+publishing, config errors (in-process, quick); exactly once over a folder stream with kill -9,
+and split input on a real parameter-server job (subprocesses, slow). tests/keras3 runs the
+in-process ones on Keras 3."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ttf
+from tests.distribute.own_job import own_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OWN_JOB = os.path.join(ROOT, "tests", "distribute", "own_job.py")
+SAMPLE = os.path.join(ROOT, "data", "criteo_sample.txt")
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    """3,000 synthetic Criteo rows of a planted model."""
+    folder = tmp_path_factory.mktemp("synthetic")
+    path, _ = ttf.data.cached_synthetic(str(folder), 3000, ttf.data.Synthetic(vocab_per_field=500))
+    return path
+
+
+def make_job(checkpoint_dir=None, **config):
+    with ttf.distribute.OneProcess().scope():
+        model, optimizer = own_model(), ttf.optimizers.Adam(1e-3)
+    config.setdefault("batch_size", 64)
+    return ttf.distribute.Job(model, optimizer, config=ttf.distribute.JobConfig(checkpoint_dir=checkpoint_dir, **config),
+                              log=lambda message: None)
+
+
+def test_own_model_fits_resumes_and_evaluates(rows, tmp_path):
+    """Trained to step 20 with checkpoints; a new process-like job (fresh model) resumes every
+    row and slot bit for bit, then trains on from step 20, not from 0."""
+    first = make_job(str(tmp_path / "ck"), steps=20, checkpoint_every=10)
+    result = first.fit(ttf.data.Reader([rows], "criteo"), split="train")
+    assert result["steps"] == 20 and result["skipped_steps"] == 0
+    scores = first.evaluate(ttf.data.Reader([rows], "criteo"), split="eval")
+    assert scores["rows"] == 600 and 0 <= scores["auc"] <= 1 and scores["logloss"] > 0
+    saved = first.table_summary()
+    assert saved[0] > 0
+
+    again = make_job(str(tmp_path / "ck"), steps=20)
+    assert again.fit(ttf.data.Reader([rows], "criteo"), split="train")["steps_run"] == 0  # at step 20 already
+    restored = again.table_summary()  # ids and checksum of every row and slot; the float64 sum's order differs
+    assert restored[:2] == saved[:2] and restored[2] == pytest.approx(saved[2], rel=1e-12)
+    assert again.evaluate(ttf.data.Reader([rows], "criteo"), split="eval") == scores
+    assert again.examples_trained()[0] == 20 * 64
+
+    more = make_job(str(tmp_path / "ck"), steps=30)
+    assert more.fit(ttf.data.Reader([rows], "criteo"), split="train")["steps_run"] == 10
+
+
+def test_own_dataset_and_the_nan_guard():
+    """A user's tf.data batches: NaN features skip their steps whole (counted, the tables
+    untouched), and too many in a row stop the job with NonFiniteTrainingError."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1 << 40, size=(320, 26))
+    dense = rng.random((320, 13)).astype("float32")
+    labels = (ids[:, 0] % 2).astype("float32")
+    poisoned = dense.copy()
+    poisoned[64:192] = np.nan  # batches 2 and 3 of 32
+
+    def batches(features_dense):
+        return tf.data.Dataset.from_tensor_slices(({"ids": ids, "dense": features_dense}, labels)).batch(32)
+
+    job = make_job(steps=10, batch_size=32)
+    result = job.fit(batches(poisoned))
+    assert (result["steps"], result["skipped_steps"]) == (10, 4)
+    stopped = make_job(steps=10, batch_size=32, max_non_finite_steps=3)
+    with pytest.raises(ttf.precision.NonFiniteTrainingError):
+        stopped.fit(batches(poisoned))
+
+
+def test_publishing_serves_the_trained_rows(rows, tmp_path):
+    """A job that publishes while it trains (the dense weights in every delta): a DeltaFollower
+    of its folder predicts what the trained model predicts (the model's own output: logits)."""
+    base = tmp_path / "publish"
+    job = make_job(steps=30, publish=ttf.distribute.PublishConfig(str(base), every=0.5, dense_every=0.5))
+    job.fit(ttf.data.Reader([rows], "criteo"))
+    follower = ttf.serving.DeltaFollower(str(base))
+    features, _ = next(iter(ttf.data.Reader([rows], "criteo").dataset(256, shuffle=False)))
+    served = follower.predict(features)
+    assert follower.sequence > 0 and follower.refused is None
+    expected = tf.reshape(job.model(features), [-1]).numpy()
+    np.testing.assert_allclose(np.reshape(list(served.values())[0], [-1]), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(batch_size=0), "JobConfig.batch_size must be an int > 0"),
+    (dict(steps=10, epochs=1), "give steps or epochs, not both"),
+    (dict(precision="auto"), "ttf.precision.resolve_precision"),
+    (dict(max_non_finite_steps=-1), "JobConfig.max_non_finite_steps must be an int >= 0"),
+])
+def test_job_config_refuses_bad_values(config, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        ttf.distribute.JobConfig(**config)
+    with pytest.raises(ValueError, match="PublishConfig.row_dtype must be one of"):
+        ttf.distribute.PublishConfig("/tmp/p", row_dtype="int3")
+
+
+def run_own_job(*args, timeout=600):
+    proc = subprocess.run([sys.executable, OWN_JOB, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT ")[-1])
+
+
+def replay(journal):
+    """The example ids a stream job's model holds, by its journal: a step written again after a
+    restart replaces the steps from it on (they were lost with the process)."""
+    steps = {}
+    with open(journal, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            step, *ids = line.split()
+            for later in [s for s in steps if s >= int(step)]:
+                del steps[later]
+            steps[int(step)] = [int(i) for i in ids]
+    return [i for s in sorted(steps) for i in steps[s]]
+
+
+def journal_lines(journal):
+    return sum(1 for _ in open(journal, encoding="utf-8")) if os.path.exists(journal) else 0
+
+
+@pytest.mark.slow
+def test_own_script_follows_a_folder_exactly_once_across_kill_9(tmp_path):
+    """The user's script follows a folder stream with checkpoints; kill -9 mid-stream, then a
+    restart: every example is trained exactly once, none lost, none twice."""
+    header, *lines = open(SAMPLE, encoding="utf-8").read().splitlines(keepends=True)
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    for i in range(4):  # 4 files of 50 rows (CSV with its header), renamed into place as a producer does
+        (tmp_path / f"part-{i}").write_text(header + "".join(lines[50 * i:50 * (i + 1)]))
+        os.rename(tmp_path / f"part-{i}", incoming / f"part-{i:03d}.txt")
+    journal = tmp_path / "journal"
+    command = [sys.executable, OWN_JOB, "follow", f"folder:{incoming}", "--checkpoint-dir", str(tmp_path / "ck"),
+               "--checkpoint-every", "2", "--batch-size", "8", "--journal", str(journal)]
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while journal_lines(journal) < 9 and first.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    first.kill()  # SIGKILL: mid-run, between checkpoints
+    out = first.communicate()[0]
+    assert journal_lines(journal) >= 9, out[-3000:]
+    second = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while len(replay(journal)) < 200 and second.poll() is None and time.time() < deadline + 300:
+        time.sleep(0.2)
+    second.send_signal(signal.SIGTERM)
+    out = second.communicate(timeout=300)[0]
+    assert second.returncode == 0, out[-3000:]
+    trained = replay(journal)
+    assert len(trained) == len(set(trained)) == 200, (len(trained), len(set(trained)))
+    assert sorted({i >> ttf.data.ID_SHIFT for i in trained}) == [0, 1, 2, 3]
+    result = json.loads(out.split("RESULT ")[-1])
+    assert result["stopped_by"] == "SIGTERM" and result["examples_trained"] == 200
+
+
+@pytest.mark.slow
+def test_own_script_on_two_parameter_server_workers_trains_each_row_once(rows, tmp_path):
+    """The same script as the chief of a real PS job (1 ps, 2 workers over gRPC on loopback):
+    one epoch trains every row once, each worker its own share."""
+    ps, w0, w1, chief = (f"127.0.0.1:{port}" for port in ttf.distribute.free_ports(4))
+    hosts = ["--ps-hosts", ps, "--worker-hosts", f"{w0},{w1}", "--chief-host", chief]
+    servers = [subprocess.Popen([sys.executable, "-m", "ttf.distribute.server", "--job", job, "--index", str(i), *hosts],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for job, i in (("ps", 0), ("worker", 0), ("worker", 1))]
+    try:
+        result = run_own_job("fit", rows, "--epochs", "1", "--batch-size", "128", *hosts)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    assert result["examples_trained"] == 3000
+    assert 3000 // 128 <= result["steps"] <= 3000 // 128 + 2
+    assert result["table_summary"][0] > 0 and 0.5 < result["auc"] <= 1

@@ -1,0 +1,475 @@
+"""`Job`: the job runtime for any Keras model with ttf tables, on any topology.
+
+A job is your model, optimizer and loss, a topology (one process, a parameter-server
+cluster, Horovod ranks) and a `JobConfig`. It gives your model every mechanic a production
+job needs, written once over the topology:
+
+- each worker or rank reads its own input share; where each share continues is part of
+  the checkpoint (`fit` over a `ttf.data.Reader`);
+- full and delta checkpoints, each process writing its own rows, and resume;
+- a stream's position in the same checkpoint, so a restart neither skips nor repeats
+  (`follow`), and a rollback when a lost worker's step was run again;
+- the NaN guard (a step with a NaN/Inf loss or gradient is skipped whole and counted);
+- the precision switch (fp32, bf16, or the loss-driven one);
+- publishing deltas to serving while training, event-time TTL;
+- progress lines, TensorBoard scalars and the rolling AUC;
+- SIGTERM/SIGINT finish the step, checkpoint and return.
+
+Example (one process; the same script is the chief of a cluster with
+`topology=ttf.distribute.ParameterServers(cluster)`):
+
+    topology = ttf.distribute.OneProcess()
+    with topology.scope():
+        model = make_model()                       # ttf.FusedEmbedding inside; returns logits
+        optimizer = ttf.optimizers.Adam(1e-3)
+    job = ttf.distribute.Job(model, optimizer, topology=topology,
+                             config=ttf.distribute.JobConfig(batch_size=1024, epochs=1, checkpoint_dir="ck"))
+    job.fit(ttf.data.Reader(["day_0.tsv"], "criteo"))
+    print(job.evaluate(ttf.data.Reader(["day_1.tsv"], "criteo")))
+"""
+import contextlib
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from ttf import summary as _summary
+from ttf.checkpoint import CheckpointManager
+from ttf.data import InputPosition, best_auc, zero_features
+from ttf.distribute import _errors
+from ttf.distribute._attempts import StepAttempts
+from ttf.distribute._config import JobConfig
+from ttf.distribute._stop import StopOnSignal
+from ttf.distribute._topology import OneProcess
+from ttf.embedding import EventTimeTTL, tables_in
+from ttf.precision import NonFiniteGuard, NonFiniteTrainingError, low_precision, make_train_step, policy_for
+
+
+def sigmoid_cross_entropy(labels, logits):
+    """The examples' losses of a binary model that outputs logits."""
+    return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.cast(labels, logits.dtype), logits=logits)
+
+
+def _print(message):
+    print(f"[ttf] {message}", flush=True)
+
+
+class Job:
+    """Trains, follows a stream with, and evaluates a Keras model with ttf tables.
+
+    Args:
+      model: a built or unbuilt Keras model (Keras 2 or 3), made inside `topology.scope()`;
+        `model(features, training=...)` returns one logit per example [B] or [B, 1] (or see
+        `forward`). It is checkpointed as "model".
+      optimizer: a ttf optimizer (ttf.optimizers) or a Keras one, made inside the scope.
+      loss: `loss(labels, outputs) -> per-example losses [B]` (default: sigmoid
+        cross-entropy on logits). The job averages it over every process's examples.
+      forward: what training and evaluation run instead of `model` (a Keras layer sharing
+        its weights, e.g. one returning logits where the model returns probabilities).
+      topology: OneProcess() (default), ParameterServers(cluster) or HorovodRanks().
+      config: a JobConfig.
+      log: `log(message)` for progress lines; called on the chief only (default: print with
+        a "[ttf] " prefix).
+      checkpoint_extras: {name: trackable} saved and restored with the job (e.g. a learning
+        rate schedule's state).
+
+    Raises (from fit / follow / evaluate): BadInputError, LostParameterServerError,
+    LostRankError, SaveFailedError, NonFiniteTrainingError (ttf.distribute / ttf.precision).
+    """
+
+    def __init__(self, model, optimizer, loss=None, *, forward=None, topology=None, config=None, log=None,
+                 checkpoint_extras=None):
+        self.topology = topology or OneProcess()
+        self.config = config or JobConfig()
+        if not isinstance(self.config, JobConfig):
+            raise ValueError(f"config must be a ttf.distribute.JobConfig, got {type(self.config).__name__}")
+        self.model = model
+        self.forward = forward or model
+        self.loss = loss or sigmoid_cross_entropy
+        self._log = log or _print
+        with self.topology.scope():
+            self.optimizer = self.topology.prepare(model, optimizer)
+            self.position = InputPosition(self.topology.num_shares)
+            self.precision = policy_for(self.config.precision)
+            self.auc_window = _summary.RollingAUC(self.config.auc_window) if self.config.logdir else None
+        self._extras = dict(checkpoint_extras or {})
+        self.stream = self.event_ttl = self.manager = self.publisher = self.train_step = self.guard = None
+        self.stop = None
+        self._ready = False
+        self._last_checkpoint = -1
+        self._summary = None
+        self._low_steps = 0  # parameter-server job: steps run with the dense part in bf16
+        self.timed_cpu = None
+
+    # ---- set-up: variables, checkpoint, resume (once, by fit or follow) ----
+
+    def log(self, message):
+        if self.topology.is_chief:
+            self._log(message)
+
+    def _setup(self, sample_features, stream=None):
+        if self._ready:
+            return
+        config, topology = self.config, self.topology
+        with topology.scope():
+            if not self.model.built:
+                self.model(sample_features, training=False)  # variables (on the ps tasks in a cluster)
+            parts = {"model": self.model, "optimizer": self.optimizer, "input_position": self.position}
+            if stream is not None:
+                parts["stream_position"] = stream
+            if config.ttl_seconds:  # its notes (table step at event time) go with the tables they describe
+                self.event_ttl = EventTimeTTL(tables_in(self.model), config.ttl_seconds)
+                parts["event_ttl"] = self.event_ttl
+            if self.auc_window is not None:  # a resumed job continues its window
+                parts["auc_window"] = self.auc_window
+            if self.precision is not None:
+                parts["precision"] = self.precision
+            if topology.coordinated:  # a worker's step is written here; the guard protects it
+                self.guard = NonFiniteGuard(config.max_non_finite_steps)
+                self.guard.build(self.optimizer, self.forward.trainable_variables)
+                parts["non_finite_guard"] = self.guard
+            else:
+                self.train_step = make_train_step(self.forward, self._loss_fn(), self.optimizer, self.precision,
+                                                  max_non_finite_steps=config.max_non_finite_steps,
+                                                  finite_across=topology.finite_across())
+                parts["train_step"] = self.train_step
+            parts.update(self._extras)
+            self.checkpoint = tf.train.Checkpoint(**parts)
+        if config.checkpoint_dir:
+            self.manager = CheckpointManager(self.checkpoint, config.checkpoint_dir, full_every=config.full_every,
+                                             max_to_keep=config.max_to_keep)
+            self._check_auc_window()
+            if self.manager.restore_latest() is not None:
+                self.log(f"resumed from {self.manager.latest} at step {self.step()}")
+                self.log("input position: " + ", ".join(
+                    f"share {i} at epoch {e}, line {line} + {k} batch(es)" if line >= 0 else f"share {i} not started"
+                    for i, (e, _, _, line, k) in enumerate(self.position.state.numpy()))
+                    + f"; {self.position.examples_trained()} examples trained so far")
+                if stream is not None:
+                    self.log(f"stream position: {stream.describe()}")
+            if stream is not None:  # each rank takes its share of the merged position
+                stream.adopt_share()
+        topology.broadcast_model(self.model)  # the chief's dense weights everywhere
+        self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
+        self.examples_before = self.position.examples_trained()
+        # Only the chief writes; the others' calls do nothing.
+        self._summary = _summary.JobSummary(config.logdir, writer=topology.is_chief) if config.logdir else None
+        self.step_before = self.step()
+        self._ready = True
+
+    def _loss_fn(self):
+        """The step's loss: the mean of the examples' losses over every process's batch (so
+        the averaged gradients are the global batch's), after recording the AUC window."""
+        mean = self.topology.mean_loss() or tf.reduce_mean
+
+        def loss_fn(labels, outputs):
+            outputs = tf.reshape(outputs, tf.shape(labels))
+            loss = mean(self.loss(labels, outputs))
+            if self.auc_window is None:
+                return loss
+            with tf.control_dependencies([self.auc_window.record(labels, outputs)]):
+                return tf.identity(loss)
+        return loss_fn
+
+    def _check_auc_window(self):
+        """auc_window must be the size the checkpoint's window was saved with."""
+        if self.auc_window is None or self.manager.latest is None:
+            return
+        shapes = tf.train.load_checkpoint(self.manager.latest).get_variable_to_shape_map()
+        saved = shapes.get("auc_window/_probs/.ATTRIBUTES/VARIABLE_VALUE")
+        if saved is not None and saved != [self.auc_window.capacity]:
+            raise ValueError(f"auc_window={self.auc_window.capacity} differs from the {saved[0]} rows of the window "
+                             f"saved in {self.manager.latest}: give auc_window={saved[0]} (or a new checkpoint_dir)")
+
+    # ---- counters ----
+
+    def step(self):
+        """The global step: steps applied, plus steps skipped as non-finite."""
+        return int(self.optimizer.iterations.numpy()) + self.skipped_steps()
+
+    def skipped_steps(self):
+        counter = self.train_step or self.guard
+        return int(counter.skipped_steps.numpy()) if counter else 0
+
+    def bf16_fraction(self, steps_run):
+        if self.train_step:
+            low = int(self.train_step.low_precision_steps.numpy()) - self.low_steps_before
+        else:
+            low = self._low_steps
+        return low / max(steps_run, 1)
+
+    def examples_trained(self):
+        """(rows trained over every run restored into this one, rows trained by this run)."""
+        self.topology.sync_positions(self.position)
+        total = self.position.examples_trained()
+        return total, total - self.examples_before
+
+    def table_summary(self):
+        """(ids stored, checksum, value sum) over every shard of the model's ttf tables, or None."""
+        return self.topology.table_summary(self.model) if tables_in(self.model) else None
+
+    def table_progress(self):
+        """', table rows R (E evicted)' for bounded ttf tables, the tiers for tiered ones, else
+        '': of every parameter server's shard (numbers only travel), of this rank's on Horovod."""
+        tables = [t for layer in tables_in(self.model) for t in layer.tables]
+        if not any(t.capacity or t.evict_policy == "ttl" or t.dram_budget for t in tables):
+            return ""
+        shard = " (this rank's table shards)" if self.topology.name == "horovod" else ""
+        if any(t.dram_budget for t in tables):
+            return tier_progress([t.tier_stats() for t in tables], sum(t.dram_budget for t in tables)) + shard
+        rows = sum(int(t.size()) for t in tables)
+        evicted = sum(int(t.stats().rows_evicted) for t in tables)
+        return f", table rows {rows} ({evicted} evicted){shard}"
+
+    # ---- checkpoints, publishing, summaries ----
+
+    def save(self, step=None):
+        """Saves a checkpoint now (every process calls it; each writes its own rows). Raises
+        SaveFailedError naming the last complete checkpoint when the save fails."""
+        step = self.step() if step is None else step
+        saving = self.manager.last_step != step  # (on Horovod only rank 0's manager knows and prints)
+        if saving:
+            self.log(f"checkpoint at step {step}: saving ({'full' if self.manager.delta_plan() is None else 'delta'})")
+        started = time.perf_counter()
+        self.topology.sync_positions(self.position, self.stream)
+        try:
+            self.topology.save(self.manager, step)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError):
+            raise  # a lost task, not a failed write: the caller's error
+        except (OSError, RuntimeError, tf.errors.OpError) as err:
+            if isinstance(err, NonFiniteTrainingError):
+                raise
+            raise _errors.SaveFailedError(
+                f"the checkpoint of step {step} was not saved ({_errors.error_summary(err)}); nothing was recorded: "
+                f"the last complete checkpoint is {self.manager.latest or 'none'}") from err
+        if saving:
+            self.log(f"checkpoint at step {step}: saved in {time.perf_counter() - started:.2f} s")
+
+    def _maybe_checkpoint(self, step, every_chunk=False):
+        every = self.config.checkpoint_every
+        if self.manager is None or not (every_chunk or step % every == 0):
+            return
+        if every_chunk and step // every == self._last_checkpoint:
+            return
+        self._last_checkpoint = step // every
+        self.save(step)
+
+    def _save_at_end(self):
+        if self.manager is None:
+            return
+        # Not again at a step already saved (on Horovod every rank asks rank 0, in topology.save).
+        if self.topology.name == "horovod" or self.manager.last_step != self.step():
+            self.save(self.step())
+
+    def maybe_publish(self, final=False):
+        """A base, then a delta every `publish.every` seconds (each process writes its own
+        rows); final: publish now. A full disk pauses publishing with one line, never stops
+        training. Returns (base version, sequence) when something was published."""
+        publish = self.config.publish
+        if publish is None:
+            return None
+        if self.publisher is None:
+            self.publisher = self.topology.publisher(
+                self.model, publish.base, publish_every=publish.every, dense_publish_every=publish.dense_every,
+                rebase_every=publish.rebase_every, row_dtype=_row_dtype(publish.row_dtype))
+        published = self.publisher.publish() if final else self.publisher.maybe_publish()
+        if published is not None and final:
+            self.log(f"published to {publish.base}: base {published[0]}, sequence {published[1]}")
+        return published
+
+    def write_summary(self, step, loss, steps_per_sec=0.0, extra=None):
+        """The scalars of a progress line (ttf.summary) plus `extra` ({tag: number}). Every
+        process calls it (the table counts may be a collective); the chief writes."""
+        if self._summary is None:
+            return
+        values = {_summary.LOSS: loss, _summary.AUC: self.auc_window.auc(),
+                  _summary.EXAMPLES_PER_SEC: steps_per_sec * self.config.batch_size * self.topology.size,
+                  _summary.BF16_SHARE: self.bf16_fraction(step - self.step_before),
+                  _summary.SKIPPED_STEPS: self.skipped_steps()}
+        if self.publisher is not None and self.publisher.version is not None:
+            values["publish/sequence"] = self.publisher.sequence
+        values.update(extra or {})
+        layers = tables_in(self.model)
+        if layers:
+            values.update(self.topology.sum_counts(_summary.table_scalars(layers)))
+        self._summary.scalars(values, step)
+
+    def export_for_serving(self, base, row_dtype="fp32"):
+        """Writes the next serving version base/<N>/ (stock TF ops only; each process freezes
+        its own rows) and returns its folder (None on ranks other than 0)."""
+        return self.topology.export_for_serving(self.model, base, _row_dtype(row_dtype))
+
+    # ---- training ----
+
+    def fit(self, data, split="all"):
+        """Trains on `data` to config.steps (or for config.epochs); then checkpoints and
+        publishes a last time. Returns {"steps", "timed_steps", "seconds", ...} of this run.
+
+        Args:
+          data: a ttf.data.Reader (each worker or rank reads its own share; the position is
+            checkpointed), or a tf.data.Dataset of (features, labels) batches (one process
+            and Horovod ranks; each rank keeps its slice of every batch).
+          split: "all", "train" (every 5th line held out) of a Reader.
+        """
+        from ttf.distribute import _loops  # noqa: PLC0415
+
+        config = self.config
+        if config.steps is None and config.epochs is None:
+            raise ValueError("JobConfig needs steps or epochs for fit (follow runs a stream until stopped)")
+        if isinstance(data, tf.data.Dataset):
+            if self.topology.coordinated:
+                raise ValueError("a parameter-server job reads a ttf.data.Reader (each worker its own share, its "
+                                 "position checkpointed); pass fit() a Reader instead of a tf.data.Dataset")
+            if config.steps_per_call > 1:
+                raise ValueError("steps_per_call > 1 needs a ttf.data.Reader; give steps_per_call=1 with a "
+                                 "tf.data.Dataset")
+            first = lambda: next(iter(data))[0]  # noqa: E731
+            dataset = lambda share: self.topology.slice_batches(data, config.batch_size)  # noqa: E731
+        else:
+            first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
+            dataset = lambda share: data.share_dataset(  # noqa: E731
+                config.batch_size, share, self.topology.num_shares, position=self.position, seed=config.seed,
+                split=split, num_epochs=None if config.steps else config.epochs)
+        with self._errors():
+            self._setup(first())
+            start = self.step()
+            if self.topology.coordinated:
+                steps, seconds = _loops.fit_coordinated(self, dataset)
+            else:
+                steps, seconds = _loops.fit_local(self, dataset)
+            self._save_at_end()
+            if self.manager is not None:
+                self.log(f"checkpoint {self.manager.latest}")
+            self.maybe_publish(final=True)
+        return self._result(start, steps, seconds)
+
+    def follow(self, spec, schema="criteo", strict=True, poll_seconds=1.0, kafka_config=None):
+        """Trains on a stream until SIGTERM/SIGINT (or config.steps): folder:DIR or
+        kafka:HOST:PORT/TOPIC (ttf.data.open_stream). Each batch's position is committed after
+        its update, so every checkpoint pairs the model with the stream position it has seen;
+        on a stop it publishes and checkpoints, then returns this run's numbers. Each worker
+        or rank trains its share (Kafka partitions, folder files by name)."""
+        from ttf.distribute import _loops  # noqa: PLC0415
+
+        if self.config.epochs is not None:
+            raise ValueError("follow runs a stream until stopped (or JobConfig.steps): drop JobConfig.epochs")
+        with self._errors():
+            with self.topology.scope():  # its position lives where the job's variables do
+                self.stream = self.topology.open_stream(spec, schema=schema, strict=strict, poll_seconds=poll_seconds,
+                                                        kafka_config=kafka_config)
+            self.stream.on_idle = self.maybe_publish  # an idle stream still publishes its last steps' rows
+            self._setup(zero_features(schema), self.stream)
+            start = self.step()
+            if self.topology.coordinated:
+                steps, seconds = _loops.follow_coordinated(self)
+            else:
+                steps, seconds = _loops.follow_local(self)
+            self.maybe_publish(final=True)
+            self._save_at_end()
+        progress, _ = self.topology.stream_progress(self.stream)
+        result = self._result(start, steps, seconds)
+        result.update(examples_trained=progress["examples"], stream_progress=progress,
+                      stopped_by=self.stop.signal_name if self.stop else None)
+        return result
+
+    def _result(self, start, steps, seconds):
+        steps_run = self.step() - start
+        return {"steps": self.step(), "steps_run": steps_run, "timed_steps": steps, "seconds": seconds,
+                "steps_per_sec": steps / seconds if seconds > 0 else float("nan"),
+                "bf16_fraction": self.bf16_fraction(steps_run), "skipped_steps": self.skipped_steps(),
+                "cpu_seconds_per_step": self.timed_cpu / steps if self.timed_cpu is not None and steps else None}
+
+    def evaluate(self, data, split="all", batch_size=None):
+        """AUC and logloss of the model on `data` (a ttf.data.Reader, its `split` of "all" or
+        "eval", or a tf.data.Dataset of (features, labels)). Returns {"auc", "logloss", "rows"}."""
+        topology = self.topology
+        batch = topology.eval_batch_size(batch_size or self.config.batch_size)
+        dataset = data if isinstance(data, tf.data.Dataset) else data.dataset(batch, shuffle=False, split=split)
+        dataset = topology.slice_batches(dataset, batch_size or self.config.batch_size)
+        predict = tf.function(lambda features: tf.sigmoid(tf.reshape(self.forward(features, training=False), [-1])))
+        labels, probs = [], []
+        with self._errors():
+            for features, y in dataset:
+                labels.append(np.reshape(y.numpy(), [-1]))
+                probs.append(predict(features).numpy())
+        labels, probs = np.concatenate(labels), np.concatenate(probs)
+        labels, probs = topology.gather_rows(labels, "eval_labels"), topology.gather_rows(probs, "eval_probs")
+        probs = np.clip(probs, 1e-7, 1 - 1e-7)
+        logloss = float(-np.mean(labels * np.log(probs) + (1 - labels) * np.log(1 - probs)))
+        auc = best_auc(labels, probs) if 0 < labels.sum() < len(labels) else float("nan")
+        if self._summary is not None:  # the eval numbers beside the training curves
+            self._summary.scalars({"eval/auc": auc, "eval/logloss": logloss}, self.step())
+        return {"auc": auc, "logloss": logloss, "rows": len(labels)}
+
+    def close(self):
+        """Flushes and closes the TensorBoard writer."""
+        if self._summary is not None:
+            self._summary.close()
+
+    @contextlib.contextmanager
+    def _errors(self):
+        """TensorFlow's errors of a job as ttf's typed ones (the message names the cause)."""
+        try:
+            yield
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
+            if self.topology.name == "ps":
+                raise _errors.lost_parameter_server(err, self.topology.cluster.ps_hosts) from err
+            if self.topology.name == "single":
+                raise
+            raise _errors.lost_rank(err, self.topology.rank, self.topology.runtime) from err
+        except tf.errors.InvalidArgumentError as err:
+            bad = _errors.bad_input(err)
+            if bad is None:
+                raise
+            raise bad from err
+        except tf.errors.OpError as err:
+            if self.topology.name in ("single", "ps"):
+                raise
+            raise _errors.lost_rank(err, self.topology.rank, self.topology.runtime) from err
+
+    # ---- the parameter-server worker's step pieces ----
+
+    def replica_grads(self, compute_dtype, features, labels):
+        """A parameter-server worker's forward and backward: (loss, gradients)."""
+        variables = self.forward.trainable_variables
+        loss_fn = self._loss_fn()
+        with tf.GradientTape() as tape:
+            if compute_dtype == tf.float32:
+                outputs = self.forward(features, training=True)
+            else:
+                with low_precision(self.forward, compute_dtype):
+                    outputs = self.forward(features, training=True)
+            loss = loss_fn(labels, tf.cast(outputs, tf.float32))
+        return loss, tape.gradient(loss, variables)
+
+    def use_bf16(self, loss):
+        """A parameter-server job's precision for the next chunk: fixed, or the switch's call."""
+        if self.precision is None:
+            return False
+        return self.precision.enable_mixed_precision(self.step(), loss=loss)
+
+    def step_attempts(self):
+        with self.topology.scope():  # on a ps: counts update starts, to see a lost worker's step run again
+            return StepAttempts()
+
+
+def _row_dtype(name):
+    return tf.float16 if name == "fp16" else tf.float32
+
+
+def tier_progress(stats, dram_budget):
+    """', rows D DRAM + S disk, DRAM hit rate H% (since start), W% of disk reads from the
+    device, B bytes of RAM a key' over the tier stats of some tables (TtfTableTierStats) whose
+    budgets add up to dram_budget; and a warning while a lock shard's disk index takes over half
+    of its share of the budget (tier_stats' crowded_shards)."""
+    total = {name: sum(s[name] for s in stats) for name in stats[0]}
+    rows = total["dram_rows"] + total["disk_rows"]
+    lookups = total["dram_hits"] + total["disk_hits"]
+    hit_rate = 100.0 * total["dram_hits"] / lookups if lookups else 100.0
+    waited = 100.0 * total["disk_waits"] / total["disk_hits"] if total["disk_hits"] else 0.0
+    ram_per_key = (total["dram_bytes"] + total["disk_index_bytes"]) / max(rows, 1)
+    crowded = total["crowded_shards"] > 0
+    return (f", rows {total['dram_rows']} DRAM + {total['disk_rows']} disk, DRAM hit rate {hit_rate:.1f}% since start, "
+            f"{waited:.0f}% of disk reads from the device (the rest page cache), {ram_per_key:.0f} bytes of RAM a key"
+            + (f"; the disk index takes {total['disk_index_bytes']} of the {dram_budget} bytes of dram_budget, "
+               "leaving few rows in DRAM: raise dram_budget" if crowded else ""))
