@@ -21,12 +21,13 @@ MODULE_ATTRS = [
     ("tensorflow.python.saved_model.nested_structure_coder", "decode_proto", "ttf/embedding/_table.py"),
     ("tensorflow.python.saved_model.registration", "register_serializable", "ttf/embedding/_table.py"),
     ("tensorflow", "keras.optimizers.legacy.Optimizer", "ttf/_keras.py"),
+    ("tensorflow.python.framework.func_graph", "FuncGraph.capture_call_time_value", "ttf/distribute/_collectives.py"),
 ]
 # Private members of a functional tf.keras model: (attribute, the ttf modules that use it)
 MODEL_ATTRS = [
-    ("_flatten_layers", "ttf/_keras.py (tables_in, used by ttf/serving), ttf/_accelerate.py, ttf/distribute/horovod.py, ttf/precision/_train_step.py"),
-    ("_nodes_by_depth", "ttf/_accelerate.py, ttf/distribute/horovod.py"),
-    ("_run_internal_graph", "ttf/distribute/horovod.py"),
+    ("_flatten_layers", "ttf/_keras.py (tables_in, used by ttf/serving), ttf/_accelerate.py, ttf/distribute/_table_sharding.py, ttf/precision/_train_step.py"),
+    ("_nodes_by_depth", "ttf/_accelerate.py, ttf/distribute/_table_sharding.py"),
+    ("_run_internal_graph", "ttf/distribute/_table_sharding.py"),
 ]
 
 

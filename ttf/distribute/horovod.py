@@ -67,20 +67,15 @@ except ImportError as err:  # pragma: no cover (depends on the environment)
     ) from err
 
 from ttf._keras import KERAS3
-from ttf._ops import ops
 from ttf.data import open_stream as _open_stream
-from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
+from ttf.distribute import _table_sharding
+from ttf.distribute._collectives import CollectiveMisuseError, Collectives
+from ttf.distribute._wire import COMPRESSIONS, wire_dtype as _check_compression
+from ttf.embedding import tables_in
 from ttf.serving import Publisher as _Publisher
 from ttf.serving._publish import exported_steps
 
-COMPRESSIONS = ("none", "fp16", "bf16")
-_WIRE_DTYPES = {"none": tf.float32, "fp16": tf.float16, "bf16": tf.bfloat16}
-_wire_bytes = []  # one int64 counter variable, made on first use
-
-
-class CollectiveMisuseError(RuntimeError):
-    """A Horovod collective was called on some ranks only (or the ranks disagree on what
-    they restored): raised on every rank instead of hanging."""
+_wire_bytes = []  # the [wire, payload] int64 counter variables of the Horovod collectives, made on first use
 
 
 @contextlib.contextmanager
@@ -126,232 +121,86 @@ def collective(what, timeout=None):
                           RuntimeWarning, stacklevel=3)
 
 
-def _check_compression(compression):
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    return _WIRE_DTYPES[compression]
+class HorovodCollectives(Collectives):
+    """The collectives interface (ttf/distribute/_collectives.py) over Horovod, so table
+    sharding, the dense allreduce and broadcast_variables are written once for both
+    backends. Horovod's alltoall takes variable splits itself: nothing is padded."""
+
+    workers_name = "Horovod ranks"
+    export_hint = ("Use ttf.distribute.horovod.export_for_serving(model, path) on every rank for serving, or "
+                   "ttf.distribute.horovod.save_checkpoint(manager, step) on every rank for a checkpoint")
+    _OPS = {"sum": "Sum", "mean": "Average", "min": "Min", "max": "Max"}
+
+    def __init__(self):
+        super().__init__()
+        self._counters = _wire_bytes  # the module's counters (models read tdh._wire_bytes)
+        self.rank, self.size = hvd.rank(), hvd.size()
+
+    def alltoall(self, tensor, splits, name="ttf_alltoall", all_splits=None, count=False):
+        del all_splits  # Horovod exchanges the splits itself
+        received, received_splits = hvd.alltoall(tensor, splits=splits, name=name)
+        if count:  # what leaves this rank: every row but its own block
+            row_bytes = tf.reduce_prod(tf.shape(tensor)[1:]) * tensor.dtype.size
+            received = self._counted(received, (tf.reduce_sum(splits) - splits[self.rank]) * row_bytes)
+        return received, received_splits
+
+    def alltoall_even(self, tensor, name="ttf_alltoall", count=False):
+        received = hvd.alltoall(tensor, name=name)
+        if count:
+            received = self._counted(received, tf.size(tensor) // self.size * (self.size - 1) * tensor.dtype.size)
+        return received
+
+    def allreduce(self, tensor, op="sum", name="ttf_allreduce", count=False):
+        out = hvd.allreduce(tensor, op=getattr(hvd, self._OPS[op]), name=name)
+        if count:  # a ring allreduce sends 2 (n - 1) / n of the buffer
+            out = self._counted(out, 2 * (self.size - 1) * tf.size(tensor, tf.int64) * tensor.dtype.size // self.size)
+        return out
+
+    def allgather(self, tensor, name="ttf_allgather", count=False, same_shape=False):
+        del same_shape
+        out = hvd.allgather(tensor, name=name)
+        if count:
+            out = self._counted(out, (self.size - 1) * tf.size(tensor) * tensor.dtype.size)
+        return out
+
+    def broadcast(self, tensor, root=0, name="ttf_broadcast"):
+        return hvd.broadcast(tensor, root_rank=root, name=name)
+
+    def allgather_object(self, obj, name="ttf_object"):
+        return hvd.allgather_object(obj, name=name)
+
+    def broadcast_object(self, obj, root=0, name="ttf_object"):
+        return hvd.broadcast_object(obj, root_rank=root, name=name)
+
+    def broadcast_variables(self, variables, root=0):
+        hvd.broadcast_variables(variables, root_rank=root)
+
+    def guard(self, what, timeout=None):
+        return collective(what, timeout)
 
 
-def _counter():
-    if not _wire_bytes:
-        with tf.init_scope():
-            _wire_bytes.append(tf.Variable(0, dtype=tf.int64, trainable=False, name="ttf_hvd_wire_bytes"))
-    return _wire_bytes[0]
+_collectives = []  # the HorovodCollectives, made after hvd.init()
+
+
+def _backend():
+    if not _collectives:
+        _collectives.append(HorovodCollectives())
+    return _collectives[0]
 
 
 def wire_bytes():
     """Bytes this rank has sent to other ranks so far (ids, rows, row gradients and the dense
     allreduce, in their wire precision; the ring allreduce counted as 2 (n - 1) / n of the buffer)."""
-    return int(_counter().numpy())
+    return _backend().wire_bytes()
 
 
-def _count(nbytes):
-    return _counter().assign_add(tf.cast(nbytes, tf.int64))
-
-
-def _to_wire(values, dtype):
-    """float32 -> what crosses the wire. Horovod's alltoall and allgather move bytes but take
-    no bfloat16, so bfloat16 travels bit-cast as int16."""
-    if dtype == tf.float32:
-        return values
-    values = tf.cast(values, dtype)
-    return tf.bitcast(values, tf.int16) if dtype == tf.bfloat16 else values
-
-
-def _from_wire(values, dtype):
-    if dtype == tf.bfloat16:
-        values = tf.bitcast(values, tf.bfloat16)
-    return tf.cast(values, tf.float32)
-
-
-def _itemsize(dtype):
-    return 4 if dtype == tf.float32 else 2
-
-
-def _exchange_name(layers):
-    return f"ttf_{layers[0].name}" if len(layers) == 1 else f"ttf_{len(layers)}_tables"
-
-
-def _row_slots(offsets, dim):
-    """[N] offsets of rows in a flat buffer -> [N, dim] indices of their elements."""
-    return tf.cast(offsets, tf.int32)[:, None] + tf.range(dim)[None, :]
-
-
-class TableSharding:
+class TableSharding(_table_sharding.TableSharding):
     """Makes a ttf embedding layer's table one shard of a table spread over the Horovod
-    ranks: this rank holds the ids with shard_of(id, size) == rank. Set by shard_tables."""
+    ranks: this rank holds the ids with shard_of(id, size) == rank. Set by shard_tables.
+    (ttf.distribute.sync.TableSharding over HorovodCollectives.)"""
 
     def __init__(self, compression="none"):
-        self.wire_dtype = _check_compression(compression)
-        self.compression = compression
-        self.rank, self.size = hvd.rank(), hvd.size()
-        self._restores = {}  # layer name -> restores on this rank
-        self._grouped = {}  # id(layer) -> [(training, keys shape, embeddings)] while a grouped model runs
-
-    def lookup(self, layer, keys, row_splits, training):
-        """The layer's lookup of `keys` (a flat id list with row_splits for ragged ids, else
-        any shape), through the owners; training: new ids read their initial rows and gradients are routed
-        (the owners' fused update inserts the rows).
-        Inside a model grouped by shard_tables, the model's one exchange has already
-        brought this call's rows."""
-        queue = self._grouped.get(id(layer))
-        if queue and queue[0][0] == training:
-            _, shape, embeddings = queue.pop(0)
-            if not keys.shape.is_compatible_with(shape):
-                raise RuntimeError(f"{layer.name}: the grouped exchange looked up ids of shape {shape}, the layer "
-                                   f"was called with {keys.shape}; report this as a ttf bug")
-            return embeddings
-        return self.exchange([(layer, keys, row_splits)], training)[0]
-
-    def exchange(self, requests, training):
-        """Looks up every request (layer, keys, row_splits) through the owners with one
-        alltoall per direction for all of them: ids out, rows back and, in the backward
-        pass, row gradients out. Returns each request's embeddings."""
-        layers = list({id(layer): layer for layer, _, _ in requests}.values())
-        if not training:
-            return self._forward(requests, layers, training=False)[0]
-        for layer in layers:
-            if not layer.built:
-                layer.build(None)
-
-        @tf.custom_gradient
-        def lookup(*anchors):
-            del anchors  # connect the tape to the layers' anchor variables; their values are unused
-            embeddings, route = self._forward(requests, layers, training=True)
-
-            def grad(*upstream):
-                return self._route_gradients(requests, layers, upstream, route)
-
-            return embeddings, grad
-
-        return lookup(*[tf.convert_to_tensor(layer.anchor) for layer in layers])
-
-    def _forward(self, requests, layers, training):
-        """Rank r's ids travel as one block: the count of each table's ids, then table 0's ids,
-        table 1's, ...; the rows come back as one flat float buffer, each id's row (its
-        table's width) in the place of the id."""
-        num_tables, size = len(layers), self.size
-        table_of = {id(layer): t for t, layer in enumerate(layers)}
-        dims = tf.constant([layer.dim for layer in layers], tf.int32)
-        # Each table's ids de-duplicated over all its requests (a shared layer's calls too).
-        flat = [[] for _ in layers]
-        for layer, keys, _ in requests:
-            flat[table_of[id(layer)]].append(tf.reshape(keys, [-1]))
-        unique = [tf.unique(tf.concat(parts, 0), out_idx=tf.int32) for parts in flat]
-        counts = tf.stack([tf.size(u.y) for u in unique])
-        tags = tf.repeat(tf.range(num_tables), counts)
-        all_keys = tf.concat([u.y for u in unique], 0)
-        bucket = shard_of(all_keys, size) * num_tables + tags  # (owner, table)
-        order = tf.argsort(bucket, stable=True)
-        pair_counts = tf.reshape(tf.math.bincount(bucket, minlength=size * num_tables,
-                                                  maxlength=size * num_tables, dtype=tf.int32), [size, num_tables])
-        send = tf.concat([tf.RaggedTensor.from_tensor(tf.cast(pair_counts, tf.int64)),
-                          tf.RaggedTensor.from_row_lengths(tf.gather(all_keys, order),
-                                                            tf.reduce_sum(tf.cast(pair_counts, tf.int64), 1))],
-                         axis=1)
-        received, received_splits = hvd.alltoall(send.values, splits=tf.cast(send.row_lengths(), tf.int32),
-                                                 name=f"{_exchange_name(layers)}_ids")
-        received = tf.RaggedTensor.from_row_lengths(received, received_splits)
-        received_counts = tf.cast(received[:, :num_tables].to_tensor(shape=[size, num_tables]), tf.int32)
-        received_keys = received[:, num_tables:].values
-        received_tags = tf.repeat(tf.tile(tf.range(num_tables), [size]), tf.reshape(received_counts, [-1]))
-        # The owner: each table probes its ids once (the same id can come from several ranks)
-        # and writes the rows where the ids were.
-        widths = tf.gather(dims, received_tags)
-        received_offsets = tf.cumsum(widths, exclusive=True)
-        owned, slots, rows = [], [], []
-        for t, layer in enumerate(layers):
-            where = tf.where(tf.equal(received_tags, t))[:, 0]
-            keys_t, index_t = tf.unique(tf.gather(received_keys, where), out_idx=tf.int32)
-            slots_t = _row_slots(tf.gather(received_offsets, where), layer.dim)
-            owned.append((keys_t, index_t, slots_t))
-            slots.append(tf.reshape(slots_t, [-1]))
-            rows.append(tf.reshape(tf.gather(layer.tables[0].lookup(keys_t, training), index_t), [-1]))
-        rows_out = tf.math.unsorted_segment_sum(widths, tf.repeat(tf.range(size), tf.reduce_sum(received_counts, 1)),
-                                                size)
-        flat_rows, rows_in = hvd.alltoall(_to_wire(tf.dynamic_stitch(slots, rows), self.wire_dtype),
-                                          splits=rows_out, name=f"{_exchange_name(layers)}_rows")
-        flat_rows = _from_wire(flat_rows, self.wire_dtype)
-        # The requester: table t's unique ids sit in `send` at these places.
-        sent_offsets = tf.cumsum(tf.gather(dims, tf.gather(tags, order)), exclusive=True)
-        places = tf.split(tf.math.invert_permutation(order), counts, num=num_tables)
-        unique_slots = [_row_slots(tf.gather(sent_offsets, places[t]), layer.dim) for t, layer in enumerate(layers)]
-        embeddings, start = [], [0] * num_tables
-        for layer, keys, row_splits in requests:
-            t = table_of[id(layer)]
-            n = tf.size(keys)
-            per_key = tf.gather(flat_rows, tf.gather(unique_slots[t], unique[t].idx[start[t]:start[t] + n]))
-            start[t] += n
-            embeddings.append(layer._combine(per_key, keys, row_splits))  # pylint: disable=protected-access
-        route = dict(unique=unique, unique_slots=unique_slots, rows_in=rows_in, owned=owned)
-        if training:
-            off_rank_ids = tf.size(all_keys) - tf.reduce_sum(pair_counts[self.rank]) + (size - 1) * num_tables
-            off_rank_floats = tf.reduce_sum(rows_out) - rows_out[self.rank]
-            with tf.control_dependencies([_count(8 * off_rank_ids + off_rank_floats * _itemsize(self.wire_dtype))]):
-                embeddings = [tf.identity(e) for e in embeddings]
-        return embeddings, route
-
-    def _route_gradients(self, requests, layers, upstream, route):
-        """The requests' row gradients -> their owners in one alltoall (the rows' way back) ->
-        summed over the ranks per owned id: one IndexedSlices per layer's anchor."""
-        table_of = {id(layer): t for t, layer in enumerate(layers)}
-        per_key = [[] for _ in layers]
-        for (layer, _, row_splits), up in zip(requests, upstream):
-            up = tf.cast(tf.convert_to_tensor(up), tf.float32)
-            per_key[table_of[id(layer)]].append(
-                tf.reshape(layer._per_key_gradient(up, row_splits), [-1, layer.dim]))  # pylint: disable=protected-access
-        unique_grads = [ops().ttf_embedding_grad(tf.concat(per_key[t], 0), route["unique"][t].idx, route["unique"][t].y)
-                        for t in range(len(layers))]
-        flat = tf.dynamic_stitch([tf.reshape(s, [-1]) for s in route["unique_slots"]],
-                                 [tf.reshape(g, [-1]) for g in unique_grads])
-        received, _ = hvd.alltoall(_to_wire(flat, self.wire_dtype), splits=route["rows_in"],
-                                   name=f"{_exchange_name(layers)}_grads")
-        received = _from_wire(received, self.wire_dtype)
-        off_rank = tf.size(flat) - route["rows_in"][self.rank]
-        grads = []
-        with tf.control_dependencies([_count(off_rank * _itemsize(self.wire_dtype))]):
-            for keys_t, index_t, slots_t in route["owned"]:
-                # Sum each owned id's gradient over the ranks; / size averages like the dense allreduce.
-                summed = tf.math.unsorted_segment_sum(tf.gather(received, slots_t), index_t, tf.size(keys_t))
-                grads.append(tf.IndexedSlices(summed / self.size, keys_t))
-        return grads
-
-    # -- checkpoints: each rank writes and reads its own part (save_checkpoint, ttf/checkpoint/_format.py)
-
-    def note_restore(self, layer):
-        """Counts restores of `layer` on this rank (broadcast_variables checks every rank restored)."""
-        self._restores[layer.name] = self._restores.get(layer.name, 0) + 1
-
-    def export_table(self, layer, since_step=None, reset_deleted=False):
-        """The logical table of `layer` (every rank's ids), for tf.saved_model.save's refusal,
-        export_for_serving and model.save: gathered now (a collective). A checkpoint does not
-        come here: each rank writes its own part (save_checkpoint)."""
-        return self.gather_export(layer, since_step, reset_deleted)
-
-    def import_table(self, layer, tensors):
-        """Restores this rank's part of a logical table written by any topology (a full
-        export or a delta): the ids it owns (shard_of(id, size) == rank), filtered by the
-        import op itself."""
-        self.note_restore(layer)
-        return layer.tables[0].restore(tensors, num_partitions=self.size, partition=self.rank)
-
-    def gather_export(self, layer, since_step=None, reset_deleted=False):
-        """The logical table of `layer` (a delta since table step since_step, with every
-        rank's deleted ids): every rank's export concatenated (a collective: every rank must
-        call it, in the same order of layers)."""
-        if not tf.executing_eagerly():  # a SavedModel or a traced function would hold a Horovod op
-            raise ValueError(
-                f"{layer.name} is sharded over {self.size} Horovod ranks: its export gathers every rank's ids (a "
-                "collective) and cannot be traced into a graph. Use ttf.distribute.horovod.export_for_serving(model, "
-                "path) on every rank for serving, or ttf.distribute.horovod.save_checkpoint(manager, step) on "
-                "every rank for a checkpoint")
-        local = layer.tables[0].export(since_step, reset_deleted)
-        gathered = dict(local)
-        with collective(f"gathering {layer.name} (model.save, export_for_serving)"):
-            for field in ("keys", "values", "meta", "candidate_keys", "candidate_meta", "deleted_keys"):
-                if field in local:
-                    gathered[field] = hvd.allgather(local[field], name=f"ttf_{layer.name}_export_{field}")
-        return gathered
+        super().__init__(_backend(), compression)
 
 
 def save_checkpoint(manager, step):
@@ -464,81 +313,17 @@ def shard_tables(model, compression="none"):
         raise ValueError(f"ttf.distribute.horovod.shard_tables: {model.name} is a Keras 3 model; ttf shards tables over "
                          "Horovod ranks in tf_keras (Keras 2) models only. Set TF_USE_LEGACY_KERAS=1 before TensorFlow "
                          "is imported, with tf_keras installed (before TensorFlow is imported)")
-    layers = ttf_layers(model)
-    if not layers:
-        raise ValueError(f"{model.name} has no ttf embedding layer (ttf.FusedEmbedding / ttf.DynamicEmbedding) "
-                         "to shard")
-    sharding = TableSharding(compression)
-    for layer in layers:
-        if len(layer.tables) != 1:
-            raise ValueError(f"{layer.name} is sharded over {len(layer.tables)} devices (shard_devices); "
-                             "on Horovod build it without shard_devices")
-        layer.sharding = sharding  # its export_table/import_table now gather / keep this rank's ids
-        if tf.executing_eagerly() and int(layer.tables[0].size()) > 0:
-            # Rows already there (ttf.accelerate's, a restore before sharding): keep the owned ones.
-            sharding.import_table(layer, layer.tables[0].export())
-    grouped = _group_lookups(model, sharding)
-    apart = [layer.name for layer in layers if id(layer) not in grouped]
-    if len(layers) > 1 and apart:
-        warnings.warn(
-            f"ttf: {len(apart)} of the {len(layers)} ttf tables of {model.name} ({', '.join(apart)}) each make "
-            "their own Horovod exchange per step, since they are not called at the top level of a functional "
-            "model (subclassed or nested models): more, smaller alltoalls. Build the model functionally to "
-            "exchange every table's ids, rows and gradients in one alltoall each.", stacklevel=2)
-    return layers
+    return _table_sharding.shard_tables(model, _backend(), compression,
+                                        group=lambda m, sharding: _group_lookups(m, sharding),
+                                        make_sharding=lambda: TableSharding(compression))
 
 
-def _group_lookups(model, sharding):
-    """Makes a functional model look up all its ttf tables in one exchange: each call first
-    computes the ids of every ttf layer call (a sub-model from the inputs to those ids),
-    exchanges them all at once, and the layers then take their rows from that exchange.
-    Returns the ids of the grouped layers (none for a subclassed model, or one ttf call)."""
-    if not hasattr(model, "_nodes_by_depth"):
-        return set()
-    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)  # the order _run_internal_graph runs
-             for node in model._nodes_by_depth[depth]  # pylint: disable=protected-access
-             if not node.is_input and isinstance(node.layer, DynamicEmbedding) and node.layer.sharding is sharding]
-    if len(nodes) < 2:
-        return set()
-    ids_structure = [node.call_args[0] if node.call_args else node.call_kwargs.get("ids") for node in nodes]
-    try:
-        if any(ids is None for ids in ids_structure):
-            raise ValueError("a ttf layer was called without its ids as the first argument")
-        ids_model = tf.keras.Model(model._nested_inputs, tf.nest.flatten(ids_structure),  # pylint: disable=protected-access
-                                   name=f"{model.name}_ttf_ids")
-    except (ValueError, TypeError) as err:
-        warnings.warn(f"ttf: cannot group the ttf lookups of {model.name} into one Horovod exchange ({err}); "
-                      "each table makes its own", stacklevel=3)
-        return set()
-    run = model._run_internal_graph  # pylint: disable=protected-access
-
-    def grouped_run(inputs, training=None, mask=None):
-        if any(node.layer._serving_table is not None for node in nodes):  # pylint: disable=protected-access
-            return run(inputs, training=training, mask=mask)  # export_for_serving is tracing: no exchange
-        flat_ids = ids_model(inputs)
-        ids = tf.nest.pack_sequence_as(ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
-        requests = [(node.layer, *node.layer.keys_of(x)) for node, x in zip(nodes, ids)]
-        trains = [node.layer.trains(training) for node in nodes]
-        queues = {}
-        for flag in sorted(set(trains)):  # a frozen table takes part in a find-only exchange
-            chosen = [request for request, trained in zip(requests, trains) if trained == flag]
-            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(chosen, flag)):
-                queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
-        outer, sharding._grouped = sharding._grouped, queues  # pylint: disable=protected-access
-        try:
-            return run(inputs, training=training, mask=mask)
-        finally:
-            sharding._grouped = outer  # pylint: disable=protected-access
-
-    model._run_internal_graph = grouped_run  # pylint: disable=protected-access
-    return {id(node.layer) for node in nodes}
+_group_lookups = _table_sharding._group_lookups  # pylint: disable=protected-access (benchmarks swap it)
 
 
 def table_size(model):
     """Ids stored over all ranks, summed over the model's ttf tables (a collective)."""
-    local = tf.add_n([tf.cast(layer.size(), tf.int64) for layer in ttf_layers(model)])
-    with collective("table_size"):
-        return int(hvd.allreduce(local, op=hvd.Sum, name="ttf_table_size"))
+    return _table_sharding.table_size(model, _backend())
 
 
 def broadcast_variables(variables, root_rank=0):
@@ -551,26 +336,7 @@ def broadcast_variables(variables, root_rank=0):
         owns, 1/N of the table). Restore the checkpoint on every rank instead: each keeps
         the ids it owns.
     """
-    variables = list(variables)
-    layers = {}
-    for variable in variables:
-        layer = embedding_of(variable)
-        if layer is not None and getattr(layer, "sharding", None) is not None:
-            layers[layer.name] = layer
-    if layers:
-        with collective("broadcast_variables"):
-            counts = hvd.allgather_object({name: layer.sharding._restores.get(name, 0)  # pylint: disable=protected-access
-                                           for name, layer in sorted(layers.items())}, name="ttf_restore_counts")
-        uneven = sorted(name for name in layers if len({c.get(name) for c in counts}) > 1)
-        if uneven:
-            restored_on = [rank for rank, c in enumerate(counts) if c.get(uneven[0])]
-            raise CollectiveMisuseError(
-                f"ttf: {', '.join(uneven)} was restored on rank(s) {restored_on} only, then broadcast: a table sharded "
-                "over Horovod ranks keeps on each rank only the ids that rank owns, and broadcast_variables cannot "
-                "send rows (tables are not variables), so 1/N of the table would survive. Restore the checkpoint "
-                "on every rank (each keeps the ids it owns), then broadcast the dense variables.")
-    with collective("broadcast_variables"):
-        hvd.broadcast_variables(variables, root_rank=root_rank)
+    _table_sharding.broadcast_variables(variables, _backend(), root_rank)
 
 
 def export_for_serving(model, base, **kwargs):
@@ -760,29 +526,7 @@ def allreduce_dense(grads, compression="none", name="ttf_dense"):
     float32: one Horovod allreduce. 16-bit: a reduce-scatter (alltoall of the 16-bit buffer,
     summed in float32 by each slice's owner) then an allgather of the 16-bit sums: the bytes of
     a ring allreduce in 16 bits, without summing in 16 bits (Horovod has no bfloat16 allreduce)."""
-    dtype = _check_compression(compression)
-    size = hvd.size()
-    if not grads:
-        return []
-    flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in grads], 0)
-    n = int(flat.shape[0])
-    _count_static = int(2 * (size - 1) * n * _itemsize(dtype) // size)
-    if dtype == tf.float32:
-        reduced = hvd.allreduce(flat, op=hvd.Average, name=f"{name}_allreduce")
-    else:
-        chunk = -(-n // size)
-        padded = tf.pad(flat, [[0, chunk * size - n]])
-        received = hvd.alltoall(_to_wire(padded, dtype), name=f"{name}_reduce_scatter")
-        mine = tf.reduce_sum(tf.reshape(_from_wire(received, dtype), [size, chunk]), 0) / size
-        reduced = _from_wire(hvd.allgather(_to_wire(mine, dtype), name=f"{name}_allgather"), dtype)[:n]
-    with tf.control_dependencies([_count(_count_static)]):
-        reduced = tf.identity(reduced)
-    out, offset = [], 0
-    for g in grads:
-        count = int(tf.size(g)) if g.shape.num_elements() is None else g.shape.num_elements()
-        out.append(tf.cast(tf.reshape(reduced[offset:offset + count], tf.shape(g)), g.dtype))
-        offset += count
-    return out
+    return _table_sharding.allreduce_dense(grads, _backend(), compression, name)
 
 
 def DistributedOptimizer(optimizer, compression="none"):  # noqa: N802 (named like hvd.DistributedOptimizer)
@@ -790,24 +534,7 @@ def DistributedOptimizer(optimizer, compression="none"):  # noqa: N802 (named li
     dense gradients over the ranks (one fused allreduce) and hands ttf table gradients, which
     the sharded lookup has already summed on their owners, to the fused table update.
     Works with model.compile/fit and with tape.gradient + apply_gradients."""
-    _check_compression(compression)
-    base = type(optimizer)
-
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        dense = [i for i, (g, v) in enumerate(grads_and_vars) if g is not None and embedding_of(v) is None]
-        for i in dense:
-            if isinstance(grads_and_vars[i][0], tf.IndexedSlices):
-                raise TypeError(f"{grads_and_vars[i][1].name} has a sparse gradient: on Horovod, use ttf "
-                                "embedding layers for sparse features (or horovod's own DistributedOptimizer)")
-        reduced = allreduce_dense([grads_and_vars[i][0] for i in dense], compression)
-        for i, g in zip(dense, reduced):
-            grads_and_vars[i] = (g, grads_and_vars[i][1])
-        return base.apply_gradients(self, grads_and_vars, *args, **kwargs)
-
-    cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
-    object.__setattr__(optimizer, "__class__", cls)  # same state and config; only apply_gradients changes
-    return optimizer
+    return _table_sharding.DistributedOptimizer(optimizer, _backend(), compression)
 
 
 def rank_slice(dataset, batch_size):
@@ -953,4 +680,4 @@ def check_same_config(config, what="flags"):
 __all__ = ["Publisher", "agree", "gather_stream_position", "mean_over_examples", "open_stream", "stream_batches",
            "stream_progress", "COMPRESSIONS", "SAVE_TIMEOUT_SECONDS", "SHUTDOWN_WAIT_SECONDS", "CollectiveMisuseError", "DistributedOptimizer", "collective", "export_for_serving", "TableSharding", "allreduce_dense", "broadcast_variables",
            "all_ranks", "check_same_config", "gather_rows", "mean_over_ranks", "rank_slice", "save_checkpoint", "shard_tables", "table_size",
-           "ttf_layers", "wire_bytes"]
+           "ttf_layers", "wire_bytes", "HorovodCollectives"]

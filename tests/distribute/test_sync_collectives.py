@@ -1,0 +1,63 @@
+"""TFCollectives, the collectives of a synchronous job on TensorFlow's own collective ops:
+every method on 2 real workers on loopback (sync_collectives.py checks each against NumPy),
+and its argument errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ttf.distribute import TFCollectives, free_ports
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run_workers(script, out, *args, count=2, env=None, timeout=600):
+    """Starts `count` workers of `script` on loopback; returns their Popen objects."""
+    hosts = ",".join(f"127.0.0.1:{p}" for p in free_ports(count))
+    return [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "distribute", script),
+                              f"{out}.{i}.json", hosts, str(i), *args], cwd=ROOT, env=env or ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i in range(count)]
+
+
+def finish(procs, timeout=600):
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return outputs
+
+
+@pytest.mark.slow
+def test_every_method_on_two_workers(tmp_path):
+    procs = run_workers("sync_collectives.py", tmp_path / "out")
+    outputs = finish(procs)
+    for proc, output in zip(procs, outputs):
+        assert proc.returncode == 0, output[-4000:]
+    for rank in (0, 1):
+        checks = json.loads((tmp_path / f"out.{rank}.json").read_text())
+        assert checks["rank"] == rank and checks["size"] == 2
+        assert all(checks[k] is True for k in ("alltoall", "allgather", "sixteen_bit", "allreduce", "broadcast",
+                                               "objects", "mean_over_examples")), checks
+        # The counted alltoalls: padded blocks and the count exchange on the wire, the rows as payload.
+        assert checks["wire_bytes"] >= checks["payload_bytes"] > 0, checks
+
+
+def test_a_cluster_is_required(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="TFCollectives needs a cluster: pass worker_hosts= and task_index="):
+        TFCollectives()
+
+
+def test_a_task_index_outside_the_workers_is_refused():
+    with pytest.raises(ValueError, match=r"task_index must be in \[0, 2\)"):
+        TFCollectives(worker_hosts="127.0.0.1:1,127.0.0.1:2", task_index=2)
+    with pytest.raises(ValueError, match="a task address must be host:port"):
+        TFCollectives(worker_hosts="127.0.0.1", task_index=0)

@@ -1,0 +1,401 @@
+"""ttf tables sharded over the workers of a synchronous job, written once over the
+collectives interface (ttf/distribute/_collectives.py): TensorFlow's collectives or Horovod.
+
+Every worker runs the whole model on its slice of the global batch. Each id of a ttf table
+lives on exactly one worker, `ttf.embedding.shard_of(id, size)`. A training step:
+
+  forward:  each worker de-duplicates its batch's ids (per table, over all its fields and
+            calls) and one alltoall sends each id to its owner; the owner finds the rows (a
+            new id: the row its update will insert) and one alltoall brings them back;
+  backward: one alltoall carries each id's row gradient to its owner, which sums it over
+            the workers and applies the fused optimizer once per id (ttf.optimizers);
+            dense gradients are allreduced (averaged, fused into one buffer).
+
+Table gradients are averaged over the workers like dense ones, so with every worker's loss
+the mean over its slice, N workers of batch B compute what one process computes on the
+global batch of N x B. A backend whose alltoall has fixed sizes (TensorFlow's) pads each
+block to the largest; the one small gather of every worker's id counts per step lets every
+worker compute all three alltoalls' sizes, so none needs its own count exchange.
+"""
+import warnings
+
+import tensorflow as tf
+
+from ttf._keras import KERAS3
+from ttf._ops import ops
+from ttf.distribute._collectives import CollectiveMisuseError
+from ttf.distribute._wire import from_wire, itemsize, to_wire, wire_dtype
+from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
+
+
+def _exchange_name(layers):
+    return f"ttf_{layers[0].name}" if len(layers) == 1 else f"ttf_{len(layers)}_tables"
+
+
+def _row_slots(offsets, dim):
+    """[N] offsets of rows in a flat buffer -> [N, dim] indices of their elements."""
+    return tf.cast(offsets, tf.int32)[:, None] + tf.range(dim)[None, :]
+
+
+class TableSharding:
+    """Makes a ttf embedding layer's table one shard of a table spread over the workers of
+    `collectives`: this worker holds the ids with shard_of(id, size) == rank. Set by shard_tables.
+
+    Args:
+      collectives: a ttf.distribute Collectives (TFCollectives, HorovodCollectives).
+      compression: "none", "fp16" or "bf16": the precision rows and row gradients travel in.
+    """
+
+    def __init__(self, collectives, compression="none"):
+        self.collectives = collectives
+        self.wire_dtype = wire_dtype(compression)
+        self.compression = compression
+        self.rank, self.size = collectives.rank, collectives.size
+        self._restores = {}  # layer name -> restores on this worker
+        self._grouped = {}  # id(layer) -> [(training, keys shape, embeddings)] while a grouped model runs
+
+    def lookup(self, layer, keys, row_splits, training):
+        """The layer's lookup of `keys` (a flat id list with row_splits for ragged ids, else
+        any shape), through the owners; training: new ids read their initial rows and gradients are routed
+        (the owners' fused update inserts the rows).
+        Inside a model grouped by shard_tables, the model's one exchange has already
+        brought this call's rows."""
+        queue = self._grouped.get(id(layer))
+        if queue and queue[0][0] == training:
+            _, shape, embeddings = queue.pop(0)
+            if not keys.shape.is_compatible_with(shape):
+                raise RuntimeError(f"{layer.name}: the grouped exchange looked up ids of shape {shape}, the layer "
+                                   f"was called with {keys.shape}; report this as a ttf bug")
+            return embeddings
+        return self.exchange([(layer, keys, row_splits)], training)[0]
+
+    def exchange(self, requests, training):
+        """Looks up every request (layer, keys, row_splits) through the owners with one
+        alltoall per direction for all of them: ids out, rows back and, in the backward
+        pass, row gradients out. Returns each request's embeddings."""
+        layers = list({id(layer): layer for layer, _, _ in requests}.values())
+        if not training:
+            return self._forward(requests, layers, training=False)[0]
+        for layer in layers:
+            if not layer.built:
+                layer.build(None)
+
+        @tf.custom_gradient
+        def lookup(*anchors):
+            del anchors  # connect the tape to the layers' anchor variables; their values are unused
+            embeddings, route = self._forward(requests, layers, training=True)
+
+            def grad(*upstream):
+                return self._route_gradients(requests, layers, upstream, route)
+
+            return embeddings, grad
+
+        return lookup(*[tf.convert_to_tensor(layer.anchor) for layer in layers])
+
+    def _forward(self, requests, layers, training):
+        """Worker r's ids travel as one block: the count of each table's ids, then table 0's
+        ids, table 1's, ...; the rows come back as one flat float buffer, each id's row (its
+        table's width) in the place of the id."""
+        coll, num_tables, size = self.collectives, len(layers), self.size
+        name = _exchange_name(layers)
+        table_of = {id(layer): t for t, layer in enumerate(layers)}
+        dims = tf.constant([layer.dim for layer in layers], tf.int32)
+        # Each table's ids de-duplicated over all its requests (a shared layer's calls too).
+        flat = [[] for _ in layers]
+        for layer, keys, _ in requests:
+            flat[table_of[id(layer)]].append(tf.reshape(keys, [-1]))
+        unique = [tf.unique(tf.concat(parts, 0), out_idx=tf.int32) for parts in flat]
+        counts = tf.stack([tf.size(u.y) for u in unique])
+        tags = tf.repeat(tf.range(num_tables), counts)
+        all_keys = tf.concat([u.y for u in unique], 0)
+        bucket = shard_of(all_keys, size) * num_tables + tags  # (owner, table)
+        order = tf.argsort(bucket, stable=True)
+        pair_counts = tf.reshape(tf.math.bincount(bucket, minlength=size * num_tables,
+                                                  maxlength=size * num_tables, dtype=tf.int32), [size, num_tables])
+        # Every worker's counts [sender, owner, table], for a backend that pads its alltoalls.
+        every_counts = (coll.allgather(pair_counts[None], f"{name}_counts", count=training, same_shape=True)
+                        if coll.pads_alltoall else None)
+        send = tf.concat([tf.RaggedTensor.from_tensor(tf.cast(pair_counts, tf.int64)),
+                          tf.RaggedTensor.from_row_lengths(tf.gather(all_keys, order),
+                                                            tf.reduce_sum(tf.cast(pair_counts, tf.int64), 1))],
+                         axis=1)
+        received, received_splits = coll.alltoall(
+            send.values, tf.cast(send.row_lengths(), tf.int32), f"{name}_ids", count=training,
+            all_splits=None if every_counts is None else num_tables + tf.reduce_sum(every_counts, 2))
+        received = tf.RaggedTensor.from_row_lengths(received, tf.cast(received_splits, tf.int64))
+        received_counts = tf.cast(received[:, :num_tables].to_tensor(shape=[size, num_tables]), tf.int32)
+        received_keys = received[:, num_tables:].values
+        received_tags = tf.repeat(tf.tile(tf.range(num_tables), [size]), tf.reshape(received_counts, [-1]))
+        # The owner: each table probes its ids once (the same id can come from several workers)
+        # and writes the rows where the ids were.
+        widths = tf.gather(dims, received_tags)
+        received_offsets = tf.cumsum(widths, exclusive=True)
+        owned, slots, rows = [], [], []
+        for t, layer in enumerate(layers):
+            where = tf.where(tf.equal(received_tags, t))[:, 0]
+            keys_t, index_t = tf.unique(tf.gather(received_keys, where), out_idx=tf.int32)
+            slots_t = _row_slots(tf.gather(received_offsets, where), layer.dim)
+            owned.append((keys_t, index_t, slots_t))
+            slots.append(tf.reshape(slots_t, [-1]))
+            rows.append(tf.reshape(tf.gather(layer.tables[0].lookup(keys_t, training), index_t), [-1]))
+        rows_out = tf.math.unsorted_segment_sum(widths, tf.repeat(tf.range(size), tf.reduce_sum(received_counts, 1)),
+                                                size)
+        # Floats each requester sends each owner (row gradients), = rows each owner sends back, transposed.
+        float_counts = None if every_counts is None else tf.reduce_sum(every_counts * dims, 2)
+        flat_rows, rows_in = coll.alltoall(
+            to_wire(tf.dynamic_stitch(slots, rows), self.wire_dtype), rows_out, f"{name}_rows", count=training,
+            all_splits=None if float_counts is None else tf.transpose(float_counts))
+        flat_rows = from_wire(flat_rows, self.wire_dtype)
+        # The requester: table t's unique ids sit in `send` at these places.
+        sent_offsets = tf.cumsum(tf.gather(dims, tf.gather(tags, order)), exclusive=True)
+        places = tf.split(tf.math.invert_permutation(order), counts, num=num_tables)
+        unique_slots = [_row_slots(tf.gather(sent_offsets, places[t]), layer.dim) for t, layer in enumerate(layers)]
+        embeddings, start = [], [0] * num_tables
+        for layer, keys, row_splits in requests:
+            t = table_of[id(layer)]
+            n = tf.size(keys)
+            per_key = tf.gather(flat_rows, tf.gather(unique_slots[t], unique[t].idx[start[t]:start[t] + n]))
+            start[t] += n
+            embeddings.append(layer._combine(per_key, keys, row_splits))  # pylint: disable=protected-access
+        route = dict(unique=unique, unique_slots=unique_slots, rows_in=rows_in, owned=owned,
+                     float_counts=float_counts, name=name)
+        return embeddings, route
+
+    def _route_gradients(self, requests, layers, upstream, route):
+        """The requests' row gradients -> their owners in one alltoall (the rows' way back) ->
+        summed over the workers per owned id: one IndexedSlices per layer's anchor."""
+        table_of = {id(layer): t for t, layer in enumerate(layers)}
+        per_key = [[] for _ in layers]
+        for (layer, _, row_splits), up in zip(requests, upstream):
+            up = tf.cast(tf.convert_to_tensor(up), tf.float32)
+            per_key[table_of[id(layer)]].append(
+                tf.reshape(layer._per_key_gradient(up, row_splits), [-1, layer.dim]))  # pylint: disable=protected-access
+        unique_grads = [ops().ttf_embedding_grad(tf.concat(per_key[t], 0), route["unique"][t].idx, route["unique"][t].y)
+                        for t in range(len(layers))]
+        flat = tf.dynamic_stitch([tf.reshape(s, [-1]) for s in route["unique_slots"]],
+                                 [tf.reshape(g, [-1]) for g in unique_grads])
+        received, _ = self.collectives.alltoall(to_wire(flat, self.wire_dtype), route["rows_in"],
+                                                f"{route['name']}_grads", all_splits=route["float_counts"], count=True)
+        received = from_wire(received, self.wire_dtype)
+        grads = []
+        for keys_t, index_t, slots_t in route["owned"]:
+            # Sum each owned id's gradient over the workers; / size averages like the dense allreduce.
+            summed = tf.math.unsorted_segment_sum(tf.gather(received, slots_t), index_t, tf.size(keys_t))
+            grads.append(tf.IndexedSlices(summed / self.size, keys_t))
+        return grads
+
+    # -- checkpoints: each worker writes and reads its own part
+
+    def note_restore(self, layer):
+        """Counts restores of `layer` on this worker (broadcast_variables checks every worker restored)."""
+        self._restores[layer.name] = self._restores.get(layer.name, 0) + 1
+
+    def export_table(self, layer, since_step=None, reset_deleted=False):
+        """The logical table of `layer` (every worker's ids), for tf.saved_model.save's refusal,
+        export_for_serving and model.save: gathered now (a collective). A sharded checkpoint
+        does not come here: each worker writes its own part."""
+        return self.gather_export(layer, since_step, reset_deleted)
+
+    def import_table(self, layer, tensors):
+        """Restores this worker's part of a logical table written by any topology (a full
+        export or a delta): the ids it owns (shard_of(id, size) == rank), filtered by the
+        import op itself."""
+        self.note_restore(layer)
+        return layer.tables[0].restore(tensors, num_partitions=self.size, partition=self.rank)
+
+    def gather_export(self, layer, since_step=None, reset_deleted=False):
+        """The logical table of `layer` (a delta since table step since_step, with every
+        worker's deleted ids): every worker's export concatenated (a collective: every worker
+        must call it, in the same order of layers)."""
+        if not tf.executing_eagerly():  # a SavedModel or a traced function would hold a collective op
+            raise ValueError(
+                f"{layer.name} is sharded over {self.size} {self.collectives.workers_name}: its export gathers every "
+                f"worker's ids (a collective) and cannot be traced into a graph. {self.collectives.export_hint}")
+        local = layer.tables[0].export(since_step, reset_deleted)
+        gathered = dict(local)
+        with self.collectives.guard(f"gathering {layer.name} (model.save, export_for_serving)"):
+            for field in ("keys", "values", "meta", "candidate_keys", "candidate_meta", "deleted_keys"):
+                if field in local:
+                    gathered[field] = self.collectives.allgather(local[field], f"ttf_{layer.name}_export_{field}")
+        return gathered
+
+
+def shard_tables(model, collectives, compression="none", group=None, make_sharding=None):
+    """Shards every ttf table of `model` over the workers of `collectives` (create it before
+    the model). Returns the sharded layers. A layer already sharded over parameter servers
+    (shard_devices) cannot also be sharded over workers. A functional tf_keras model makes
+    one exchange per step for all its tables; a Keras 3 or subclassed model one per table.
+    (group, make_sharding: a backend's own grouping function and TableSharding maker.)"""
+    layers = tables_in(model)
+    if not layers:
+        raise ValueError(f"{model.name} has no ttf embedding layer (ttf.FusedEmbedding / ttf.DynamicEmbedding) "
+                         "to shard")
+    sharding = make_sharding() if make_sharding is not None else TableSharding(collectives, compression)
+    for layer in layers:
+        if len(layer.tables) != 1:
+            raise ValueError(f"{layer.name} is sharded over {len(layer.tables)} devices (shard_devices); "
+                             f"to shard it over {collectives.workers_name}, build it without shard_devices")
+        layer.sharding = sharding  # its export_table/import_table now gather / keep this worker's ids
+        if tf.executing_eagerly() and int(layer.tables[0].size()) > 0:
+            # Rows already there (ttf.accelerate's, a restore before sharding): keep the owned ones.
+            sharding.import_table(layer, layer.tables[0].export())
+    grouped = set() if KERAS3 else (group or _group_lookups)(model, sharding)
+    apart = [layer.name for layer in layers if id(layer) not in grouped]
+    if len(layers) > 1 and apart:
+        why = ("it is a Keras 3 model (ttf groups the lookups of functional tf_keras models)" if KERAS3 else
+               "they are not called at the top level of a functional model (subclassed or nested models)")
+        warnings.warn(
+            f"ttf: {len(apart)} of the {len(layers)} ttf tables of {model.name} ({', '.join(apart)}) each make "
+            f"their own exchange per step, since {why}: more, smaller alltoalls. Build the model functionally "
+            "(tf_keras) to exchange every table's ids, rows and gradients in one alltoall each.", stacklevel=2)
+    return layers
+
+
+def _group_lookups(model, sharding):
+    """Makes a functional model look up all its ttf tables in one exchange: each call first
+    computes the ids of every ttf layer call (a sub-model from the inputs to those ids),
+    exchanges them all at once, and the layers then take their rows from that exchange.
+    Returns the ids of the grouped layers (none for a subclassed model, or one ttf call)."""
+    if not hasattr(model, "_nodes_by_depth"):
+        return set()
+    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)  # the order _run_internal_graph runs
+             for node in model._nodes_by_depth[depth]  # pylint: disable=protected-access
+             if not node.is_input and isinstance(node.layer, DynamicEmbedding) and node.layer.sharding is sharding]
+    if len(nodes) < 2:
+        return set()
+    ids_structure = [node.call_args[0] if node.call_args else node.call_kwargs.get("ids") for node in nodes]
+    try:
+        if any(ids is None for ids in ids_structure):
+            raise ValueError("a ttf layer was called without its ids as the first argument")
+        ids_model = tf.keras.Model(model._nested_inputs, tf.nest.flatten(ids_structure),  # pylint: disable=protected-access
+                                   name=f"{model.name}_ttf_ids")
+    except (ValueError, TypeError) as err:
+        warnings.warn(f"ttf: cannot group the ttf lookups of {model.name} into one exchange ({err}); "
+                      "each table makes its own", stacklevel=3)
+        return set()
+    run = model._run_internal_graph  # pylint: disable=protected-access
+
+    def grouped_run(inputs, training=None, mask=None):
+        if any(node.layer._serving_table is not None for node in nodes):  # pylint: disable=protected-access
+            return run(inputs, training=training, mask=mask)  # export_for_serving is tracing: no exchange
+        flat_ids = ids_model(inputs)
+        ids = tf.nest.pack_sequence_as(ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
+        requests = [(node.layer, *node.layer.keys_of(x)) for node, x in zip(nodes, ids)]
+        trains = [node.layer.trains(training) for node in nodes]
+        queues = {}
+        for flag in sorted(set(trains)):  # a frozen table takes part in a find-only exchange
+            chosen = [request for request, trained in zip(requests, trains) if trained == flag]
+            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(chosen, flag)):
+                queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
+        outer, sharding._grouped = sharding._grouped, queues  # pylint: disable=protected-access
+        try:
+            return run(inputs, training=training, mask=mask)
+        finally:
+            sharding._grouped = outer  # pylint: disable=protected-access
+
+    model._run_internal_graph = grouped_run  # pylint: disable=protected-access
+    return {id(node.layer) for node in nodes}
+
+
+def table_size(model, collectives):
+    """Ids stored over all workers, summed over the model's ttf tables (a collective)."""
+    local = tf.add_n([tf.cast(layer.size(), tf.int64) for layer in tables_in(model)])
+    with collectives.guard("table_size"):
+        return int(collectives.allreduce(local, "sum", "ttf_table_size"))
+
+
+def broadcast_variables(variables, collectives, root=0):
+    """Worker `root`'s values of `variables` (e.g. model.variables after building) everywhere.
+    ttf tables are not variables and are not broadcast: each worker owns its own ids.
+
+    Raises:
+      CollectiveMisuseError (on every worker): a sharded table among `variables` was restored
+        on some workers only ("restore on worker 0, then broadcast" would keep the ids worker
+        0 owns, 1/N of the table). Restore the checkpoint on every worker instead: each keeps
+        the ids it owns.
+    """
+    variables = list(variables)
+    layers = {}
+    for variable in variables:
+        layer = embedding_of(variable)
+        if layer is not None and getattr(layer, "sharding", None) is not None:
+            layers[layer.name] = layer
+    who = collectives.workers_name
+    if layers:
+        with collectives.guard("broadcast_variables"):
+            counts = collectives.allgather_object({name: layer.sharding._restores.get(name, 0)  # pylint: disable=protected-access
+                                                   for name, layer in sorted(layers.items())}, "ttf_restore_counts")
+        uneven = sorted(name for name in layers if len({c.get(name) for c in counts}) > 1)
+        if uneven:
+            restored_on = [rank for rank, c in enumerate(counts) if c.get(uneven[0])]
+            raise CollectiveMisuseError(
+                f"ttf: {', '.join(uneven)} was restored on {who} {restored_on} only, then broadcast: a table sharded "
+                f"over {who} keeps on each only the ids it owns, and broadcast_variables cannot "
+                "send rows (tables are not variables), so 1/N of the table would survive. Restore the checkpoint "
+                "everywhere (each keeps the ids it owns), then broadcast the dense variables.")
+    with collectives.guard("broadcast_variables"):
+        collectives.broadcast_variables(variables, root)
+
+
+def allreduce_dense(grads, collectives, compression="none", name="ttf_dense"):
+    """Averages a list of dense gradient tensors over the workers, fused into one buffer.
+
+    float32: one allreduce. 16-bit: a reduce-scatter (alltoall of the 16-bit buffer, summed
+    in float32 by each slice's owner) then an allgather of the 16-bit sums: the bytes of a
+    ring allreduce in 16 bits, without summing in 16 bits."""
+    dtype = wire_dtype(compression)
+    size = collectives.size
+    if not grads:
+        return []
+    flat = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in grads], 0)
+    n = int(flat.shape[0])
+    if dtype == tf.float32:
+        reduced = collectives.allreduce(flat, "mean", f"{name}_allreduce", count=True)
+    else:
+        chunk = -(-n // size)
+        padded = tf.pad(flat, [[0, chunk * size - n]])
+        received = collectives.alltoall_even(to_wire(padded, dtype), f"{name}_reduce_scatter", count=True)
+        mine = tf.reduce_sum(tf.reshape(from_wire(received, dtype), [size, chunk]), 0) / size
+        reduced = from_wire(collectives.allgather(to_wire(mine, dtype), f"{name}_allgather", count=True,
+                                                  same_shape=True), dtype)[:n]
+    out, offset = [], 0
+    for g in grads:
+        count = int(tf.size(g)) if g.shape.num_elements() is None else g.shape.num_elements()
+        out.append(tf.cast(tf.reshape(reduced[offset:offset + count], tf.shape(g)), g.dtype))
+        offset += count
+    return out
+
+
+def DistributedOptimizer(optimizer, collectives, compression="none"):  # noqa: N802 (named like hvd.DistributedOptimizer)
+    """Wraps a ttf (or Keras) optimizer for a synchronous job: apply_gradients averages the
+    dense gradients over the workers (one fused allreduce) and hands ttf table gradients,
+    which the sharded lookup has already summed on their owners, to the fused table update.
+    Works with model.compile/fit and with tape.gradient + apply_gradients."""
+    wire_dtype(compression)
+    base = type(optimizer)
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        if KERAS3 and not self.built:
+            # Keras 3 makes its slots in the first traced step, and TensorFlow then runs that
+            # step through a conditional initialisation that cannot feed the collectives'
+            # per-call instance keys: make them now, outside the function.
+            with tf.init_scope():
+                self.build([v for _, v in grads_and_vars])
+        dense = [i for i, (g, v) in enumerate(grads_and_vars) if g is not None and embedding_of(v) is None]
+        for i in dense:
+            if isinstance(grads_and_vars[i][0], tf.IndexedSlices):
+                raise TypeError(f"{grads_and_vars[i][1].name} has a sparse gradient: in a synchronous job, use ttf "
+                                "embedding layers for sparse features")
+        reduced = allreduce_dense([grads_and_vars[i][0] for i in dense], collectives, compression)
+        for i, g in zip(dense, reduced):
+            grads_and_vars[i] = (g, grads_and_vars[i][1])
+        return base.apply_gradients(self, grads_and_vars, *args, **kwargs)
+
+    cls = type(base.__name__, (base,), {"apply_gradients": apply_gradients, "__module__": base.__module__})
+    object.__setattr__(optimizer, "__class__", cls)  # same state and config; only apply_gradients changes
+    return optimizer
+
+
+__all__ = ["DistributedOptimizer", "TableSharding", "allreduce_dense", "broadcast_variables", "shard_tables",
+           "table_size"]
