@@ -15,7 +15,7 @@ else:
 from ttf._ops import ops
 from ttf.data._schema import FIELD_SHIFT
 from ttf.embedding import DynamicEmbedding, RowInitializer
-from ttf.optimizers import from_keras
+from ttf.optimizers import from_keras, not_reaching_rows
 
 _VALUE_MASK = (1 << FIELD_SHIFT) - 1  # the id part of a key: the tag sits above it, as the parser's field
 _MAX_TAGS = 256
@@ -57,65 +57,75 @@ def _tagged(keys, tags):
 
 @tf.keras.utils.register_keras_serializable(package="ttf")
 class FusedLookup(DynamicEmbedding):
-    """N single-id features, each [B] or [B, 1], looked up in one table with one op call.
+    """N id tensors (columns) of any dense shape, looked up in one table with one op call.
 
     Column j's ids become keys (int: as they are, string: a 64-bit hash) tagged with
-    tags[j], so columns with equal tags share rows (a shared Keras Embedding) and others
-    never collide. Returns the N embeddings, each shaped as a Keras Embedding would
-    ([B, dim] or [B, 1, dim]). Made by ttf.accelerate.
+    tags[j] in the top 8 bits, so columns with equal tags share rows (one Keras Embedding
+    called on several inputs) and others never collide; a column whose tag is None keys its
+    ids untagged (the single column of a table saved as a TableLookup). Returns one embedding
+    per column, shaped as a Keras Embedding would return it (ids [B] -> [B, dim], [B, L] ->
+    [B, L, dim]), with the Keras mask (ids != mask_values[j]) where mask_values[j] is set (the
+    Embedding had mask_zero). Called with one tensor (a single column), returns one tensor.
+    Made by ttf.accelerate.
     """
 
-    def __init__(self, dim, tags, key_kinds, **kwargs):
+    def __init__(self, dim, tags, key_kinds, mask_values=None, **kwargs):
         super().__init__(dim, **kwargs)
-        if len(tags) != len(key_kinds) or not all(0 <= t < _MAX_TAGS for t in tags):
-            raise ValueError(f"tags must be N ints in [0, {_MAX_TAGS}) with N key_kinds, got {tags}, {key_kinds}")
-        self.tags, self.key_kinds = list(tags), list(key_kinds)
+        mask_values = [None] * len(tags) if mask_values is None else list(mask_values)
+        if len(tags) != len(key_kinds) or len(tags) != len(mask_values) or not all(
+                t is None or 0 <= t < _MAX_TAGS for t in tags):
+            raise ValueError(f"tags must be N ints in [0, {_MAX_TAGS}) or None, with N key_kinds and N mask_values; "
+                             f"got {tags}, {key_kinds}, {mask_values}")
+        self.tags, self.key_kinds, self.mask_values = list(tags), list(key_kinds), mask_values
+
+    def _columns(self, ids):
+        return _id_list(ids, len(self.tags), self.name)
 
     def keys_of(self, ids):
-        ids = _id_list(ids, len(self.tags), self.name)
-        columns = [tf.reshape(_keys(x, kind), [-1, 1]) for x, kind in zip(ids, self.key_kinds)]
-        return _tagged(tf.concat(columns, axis=1), self.tags), None
+        """-> (flat keys [sum of the columns' sizes] int64, None), column after column."""
+        flat = []
+        for x, kind, tag in zip(self._columns(ids), self.key_kinds, self.tags):
+            keys = tf.reshape(_keys(x, kind), [-1])
+            flat.append(keys if tag is None else _tagged(keys, [tag]))
+        return tf.concat(flat, axis=0), None
 
     def call(self, ids, training=None):
-        ids = _id_list(ids, len(self.tags), self.name)
-        rows = self._lookup(self.keys_of(ids)[0], None, self.trains(training))
+        columns = self._columns(ids)
+        rows = self._lookup(self.keys_of(columns)[0], None, self.trains(training))
         # One split (its gradient is one concat), not N slices (N zero-padded gradients summed).
-        parts = tf.split(rows, len(ids), axis=1)
-        return [tf.squeeze(part, 1) if len(x.shape) == 1 else part for part, x in zip(parts, ids)]
+        parts = tf.split(rows, [tf.size(x) for x in columns], axis=0) if len(columns) > 1 else [rows]
+        out = [tf.reshape(part, tf.concat([tf.shape(x), [self.dim]], 0)) for part, x in zip(parts, columns)]
+        for o, x in zip(out, columns):
+            o.set_shape(x.shape.concatenate([self.dim]))
+        return out if isinstance(ids, (list, tuple)) else out[0]
 
     def compute_mask(self, inputs, mask=None):
-        return [None] * len(self.tags)
+        columns = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+        masks = [None if value is None else _not_equal(x, value) for x, value in zip(columns, self.mask_values)]
+        return masks if isinstance(inputs, (list, tuple)) else masks[0]
 
     def get_config(self):
         config = super().get_config()
-        config.update(tags=self.tags, key_kinds=self.key_kinds)
+        config.update(tags=self.tags, key_kinds=self.key_kinds, mask_values=self.mask_values)
         return config
+
+
+def _not_equal(ids, value):
+    if KERAS3:  # Keras 3 asks for the mask of symbolic inputs too, which only keras.ops take
+        import keras  # pylint: disable=import-outside-toplevel
+        return keras.ops.not_equal(ids, value)
+    return tf.not_equal(ids, value)
 
 
 @tf.keras.utils.register_keras_serializable(package="ttf")
-class TableLookup(DynamicEmbedding):
-    """A Keras Embedding's place for ids of any shape ([B, L] sequences, ...), with the
-    Keras mask (ids != mask_value) when the Embedding had mask_zero. Made by ttf.accelerate."""
+class TableLookup(FusedLookup):
+    """A FusedLookup of one untagged column: the name models saved by ttf <= 0.2's
+    accelerate use (ids of any shape, key_kind, mask_value); loads them unchanged."""
 
     def __init__(self, dim, key_kind="int", mask_value=None, **kwargs):
-        super().__init__(dim, **kwargs)
-        self.key_kind, self.mask_value = key_kind, mask_value
-
-    def keys_of(self, ids):
-        return _keys(ids, self.key_kind), None
-
-    def compute_mask(self, inputs, mask=None):
-        if self.mask_value is None:
-            return None
-        if KERAS3:  # Keras 3 asks for the mask of symbolic inputs too, which only keras.ops take
-            import keras  # pylint: disable=import-outside-toplevel
-            return keras.ops.not_equal(inputs, self.mask_value)
-        return tf.not_equal(inputs, self.mask_value)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(key_kind=self.key_kind, mask_value=self.mask_value)
-        return config
+        for name in ("tags", "key_kinds", "mask_values"):  # a FusedLookup config: one column, as written
+            kwargs.pop(name, None)
+        super().__init__(dim, [None], [key_kind], [mask_value], **kwargs)
 
 
 @dataclasses.dataclass
@@ -211,20 +221,26 @@ class _Converter:
         ids = _graph.inputs(node)[0]
         producer, node_index = _graph.producer(ids)
         kind = "string" if _is_string(ids) else "int"
-        if isinstance(producer, _LOOKUPS) and self._lookup_feeds_only_tables(ids):
+        if _is_lookup(producer) and self._lookup_feeds_only_tables(ids):
             lookup_node = producer._inbound_nodes[node_index]
             raw = _graph.inputs(lookup_node)[0]
-            if isinstance(producer, tf.keras.layers.Hashing):
-                self.warnings["Hashing dropped: rows are not carried over (many inputs shared a bucket); "
-                              "the table keys each raw value"].append(producer.name)
+            if not _has_vocabulary(producer):
+                self.warnings["Hashing dropped: rows are not carried over (many inputs shared a bucket), so "
+                              "predictions differ until trained; the table keys each raw value, without collisions "
+                              "(keep=[its name] keeps the bucketing and the rows)"].append(producer.name)
                 vocabulary = None
             else:
                 vocabulary = producer
+                self.warnings["lookup dropped: out-of-vocabulary inputs, which read the lookup's OOV row in the "
+                              "original model, now read the table's default row (zeros) until trained, so their "
+                              "predictions differ; in-vocabulary inputs keep their rows"].append(producer.name)
             return _Source(raw, "string" if _is_string(raw) else "int", vocabulary, lookup_node)
         return _Source(ids, kind)
 
     def _lookup_feeds_only_tables(self, ids):
         layer = _graph.producer(ids)[0]
+        if layer.name in self.keep:  # the user keeps its vocabulary or bucketing
+            return False
         if getattr(layer, "output_mode", "int") != "int" or getattr(layer, "invert", False):
             return False
         if len(layer._inbound_nodes) != 1 or id(ids) in self.model_outputs:
@@ -232,16 +248,17 @@ class _Converter:
         return all(isinstance(_graph.layer(c), tf.keras.layers.Embedding) and _graph.layer(c).name not in self.keep
                    for c in self.consumers[id(ids)])
 
-    def fusible(self, layer, sources):
-        """All of an Embedding's calls take one id per example from a model input."""
-        if layer.mask_zero:
-            return False
-        for src in sources:
-            shape = src.tensor.shape
-            single = len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)
-            if not (single and id(src.tensor) in self.model_inputs and _graph.is_dense(src.tensor)):
-                return False
-        return True
+    def downstream(self, embedding_nodes):
+        """ids of the nodes that read an Embedding call's output, directly or not (the calls included)."""
+        reached, todo = set(), list(embedding_nodes)
+        while todo:
+            node = todo.pop()
+            if id(node) in reached:
+                continue
+            reached.add(id(node))
+            for kt in _graph.outputs(node):
+                todo += self.consumers[id(kt)]
+        return reached
 
     # -- conversion
 
@@ -252,37 +269,37 @@ class _Converter:
         for layer in embeddings:
             self._check_embedding(layer)
         skipped = {id(s.skipped) for s in sources.values() if s.skipped is not None}
+        late = self.downstream([n for layer in embeddings for n in calls[layer]])
 
         new_inputs = [_graph.new_input(t) for t in self.graph.inputs]
         tensors = {id(old): new for old, new in zip(self.graph.inputs, new_inputs)}
 
-        # Fused groups: equal dim, initializer and trainability; at most 256 embeddings each.
+        # Fused groups: equal dim, initializer and trainability, ids computed before any
+        # Embedding's output is read (model inputs, or a Hashing inside the model) so one op
+        # call can take them all; at most 256 embeddings each. Others get a lookup each.
         groups = collections.defaultdict(list)
-        unfused = []
+        alone = []
         for layer in embeddings:
             srcs = [sources[id(n)] for n in calls[layer]]
-            if self.fusible(layer, srcs):
+            if all(_graph.is_dense(src.tensor) and id(self._producer_node(src.tensor)) not in late for src in srcs):
                 groups[(layer.output_dim, self._initializer(layer), layer.trainable)].append(layer)
             else:
-                unfused.append(layer)
+                alone.append(layer)
+        tables = {layer: self._single_lookup(layer, sources[id(calls[layer][0])]) for layer in alone}
+
+        # Nodes no Embedding output reaches first (the fused lookups' ids among them), then the
+        # fused lookups, then the rest: a topological order in which each fused call sees all its ids.
         outputs_of = {}  # id(Embedding node) -> new tensor
+        for node in self.nodes:
+            if id(node) not in late:
+                self._rebuild(node, skipped, outputs_of, tables, sources, tensors)
         for (dim, initializer, trainable), layers in groups.items():
             for start in range(0, len(layers), _MAX_TAGS):
                 self._fuse(layers[start:start + _MAX_TAGS], dim, initializer, trainable, calls, sources, tensors,
                            outputs_of)
-        tables = {layer: self._table_lookup(layer, sources[id(calls[layer][0])]) for layer in unfused}
-
         for node in self.nodes:
-            if node.is_input or id(node) in skipped:
-                continue
-            if id(node) in outputs_of:
-                new_out = outputs_of[id(node)]
-            elif _graph.layer(node) in tables:
-                new_out = tables[_graph.layer(node)](tensors[id(sources[id(node)].tensor)])
-            else:
-                new_out = _graph.call(node, self._clone(_graph.layer(node)), tensors)
-            for kt, new in zip(_graph.outputs(node), tf.nest.flatten(new_out)):
-                tensors[id(kt)] = new
+            if id(node) in late:
+                self._rebuild(node, skipped, outputs_of, tables, sources, tensors)
         for layer in list(self.clones):
             if hasattr(layer, "get_weights"):  # Keras 3 graphs hold weightless keras.ops Operations too
                 self.clones[layer].set_weights(layer.get_weights())
@@ -298,6 +315,23 @@ class _Converter:
         if config is not None:
             _compile_like(fast, self.model, config)
         return fast
+
+    def _rebuild(self, node, skipped, outputs_of, tables, sources, tensors):
+        """Maps one node of the original graph into the new model (tensors: id(old) -> new)."""
+        if node.is_input or id(node) in skipped:
+            return
+        if id(node) in outputs_of:
+            new_out = outputs_of[id(node)]
+        elif _graph.layer(node) in tables:
+            new_out = tables[_graph.layer(node)](tensors[id(sources[id(node)].tensor)])
+        else:
+            new_out = _graph.call(node, self._clone(_graph.layer(node)), tensors)
+        for kt, new in zip(_graph.outputs(node), tf.nest.flatten(new_out)):
+            tensors[id(kt)] = new
+
+    def _producer_node(self, tensor):
+        layer, node_index = _graph.producer(tensor)
+        return layer._inbound_nodes[node_index]  # pylint: disable=protected-access
 
     def _node_set(self):
         if not hasattr(self, "_nodes"):
@@ -333,9 +367,10 @@ class _Converter:
     def _fuse(self, layers, dim, initializer, trainable, calls, sources, tensors, outputs_of):
         tags = {layer: i for i, layer in enumerate(layers)}
         columns = [(layer, node) for layer in layers for node in calls[layer]]
-        kinds = [sources[id(node)].key_kind for _, node in columns]
-        fused = FusedLookup(dim, [tags[layer] for layer, _ in columns], kinds, initializer=initializer,
-                            seed=self._seed(layers[0]), trainable=trainable,
+        fused = FusedLookup(dim, [tags[layer] for layer, _ in columns],
+                            [sources[id(node)].key_kind for _, node in columns],
+                            [self._mask_value(layer, sources[id(node)]) for layer, node in columns],
+                            initializer=initializer, seed=self._seed(layers[0]), trainable=trainable,
                             name=f"ttf_fused_{dim}d_{len(self.carried)}")
         results = fused([tensors[id(sources[id(node)].tensor)] for _, node in columns])
         for (layer, node), out in zip(columns, results):
@@ -344,25 +379,30 @@ class _Converter:
         for layer in layers:
             source = next(sources[id(n)] for n in calls[layer])
             layer_keys, layer_rows = self._rows(layer, source)
-            keys.append(_tagged(tf.constant(layer_keys)[:, None], [tags[layer]]).numpy()[:, 0])
+            keys.append(_tagged(tf.constant(layer_keys), [tags[layer]]).numpy())
             rows.append(layer_rows)
         self.carried[fused] = (np.concatenate(keys), np.concatenate(rows))
 
-    def _table_lookup(self, layer, source):
-        mask_value = None
-        if layer.mask_zero:
-            if source.vocabulary is None:
-                mask_value = "" if source.key_kind == "string" else 0
-            elif source.vocabulary.mask_token is not None:
-                mask_value = source.vocabulary.mask_token
-            else:
-                self.warnings["mask_zero over a lookup without mask_token: index 0 (out of vocabulary) is no "
-                              "longer masked"].append(layer.name)
-        table = TableLookup(layer.output_dim, source.key_kind, mask_value, initializer=self._initializer(layer),
-                            seed=self._seed(layer), trainable=layer.trainable, name=layer.name)
-        keys, rows = self._rows(layer, source)
-        self.carried[table] = (keys, rows)
+    def _single_lookup(self, layer, source):
+        """A lookup of its own (untagged keys) for an Embedding whose ids are computed from
+        another Embedding's output, or are not a dense tensor."""
+        table = FusedLookup(layer.output_dim, [None], [source.key_kind], [self._mask_value(layer, source)],
+                            initializer=self._initializer(layer), seed=self._seed(layer), trainable=layer.trainable,
+                            name=layer.name)
+        self.carried[table] = self._rows(layer, source)
         return table
+
+    def _mask_value(self, layer, source):
+        """The raw id the Keras mask of a mask_zero Embedding hides (index 0 once looked up)."""
+        if not layer.mask_zero:
+            return None
+        if source.skipped is None:
+            return "" if source.key_kind == "string" else 0
+        if source.vocabulary is not None and source.vocabulary.mask_token is not None:
+            return source.vocabulary.mask_token
+        self.warnings["mask_zero over a dropped lookup without mask_token: the inputs it mapped to index 0 are no "
+                      "longer masked"].append(layer.name)
+        return None
 
     def _rows(self, layer, source):
         """(keys [N] int64 before tagging, rows [N, dim]) that carry the Embedding's rows over."""
@@ -402,12 +442,34 @@ def _import_rows(layer, keys, rows):
                            "", np.zeros([0], np.float32), 0)
 
 
+def _is_lookup(layer):
+    """A layer that maps raw ids to Embedding rows and that a table keyed by the raw id replaces:
+    Keras' StringLookup, IntegerLookup, Hashing, or a hashing layer of the same contract
+    (DeepCTR's Hash, use_hash=True: num_buckets, no vocabulary file, no mask)."""
+    if isinstance(layer, _LOOKUPS):
+        return True
+    return (type(layer).__name__ == "Hash" and isinstance(getattr(layer, "num_buckets", None), int)
+            and not getattr(layer, "mask_zero", True) and getattr(layer, "vocabulary_path", None) is None)
+
+
+def _has_vocabulary(layer):
+    return isinstance(layer, (tf.keras.layers.StringLookup, tf.keras.layers.IntegerLookup))
+
+
 def _is_string(tensor):
     return tf.as_dtype(tensor.dtype) == tf.string  # Keras 3 spells dtypes as strings
 
 
 def _compile_like(fast, model, config):
     config["optimizer"] = from_keras(model.optimizer)
+    unreached = not_reaching_rows(config["optimizer"])
+    if unreached:
+        warnings.warn(f"ttf.accelerate: {model.name}'s optimizer settings {unreached} act on dense variables only, "
+                      "not on the ttf tables' rows", stacklevel=3)
+    if config.get("jit_compile") is True:
+        warnings.warn(f"ttf.accelerate: jit_compile=True dropped for {fast.name}: ttf tables' ops run outside XLA "
+                      "(XLA cannot compile a step that holds them)", stacklevel=3)
+        config["jit_compile"] = False
     for name in ("loss", "metrics", "weighted_metrics"):
         config[name] = tf.nest.map_structure(_fresh, config.get(name))
     print(f"ttf.accelerate: {fast.name} compiled like {model.name}, with ttf.optimizers."
