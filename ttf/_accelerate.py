@@ -137,7 +137,7 @@ class _Source:
     skipped: object = None  # the lookup node replaced by the key transform
 
 
-def accelerate(model, keep=()):
+def accelerate(model, keep=(), sample=None):
     """Returns `model` with every tf.keras Embedding turned into a ttf table (tf_keras or Keras 3).
 
     The new model has the same inputs and outputs and computes the same function:
@@ -155,14 +155,28 @@ def accelerate(model, keep=()):
       model leaves `model` as it was;
     - if `model` is compiled, the new one is compiled with the same loss, metrics and
       loss weights and the optimizer converted by ttf.optimizers.from_keras.
-    What changes behaviour is warned about by layer name (a dropped embedding regularizer
-    or constraint, Hashing rows that cannot carry over, an initializer ttf lacks); what
-    cannot work raises ValueError naming the layer (a layer reading an Embedding's
-    `.embeddings` matrix: keep that Embedding with `keep`).
+    A subclassed model (a keras.Model or tfrs.Model subclass, already called on a batch) is
+    rebuilt as `type(model).from_config(model.get_config())`, called once on `sample` (or
+    on zeros of the input spec tf_keras recorded), given the model's weights, and then each
+    Embedding it holds (an attribute, in a list or dict, in a nested layer) becomes a ttf
+    table, and each nested functional or Sequential block holding Embeddings (TFRS'
+    `Sequential([StringLookup, Embedding])`) is converted as above; `model` is not changed.
+
+    What changes behaviour is warned about by layer name (a dropped lookup: out-of-vocabulary
+    inputs read a zero row until trained; a dropped embedding regularizer or constraint,
+    Hashing rows that cannot carry over, an initializer ttf lacks, optimizer settings that
+    act on dense variables only, jit_compile=True dropped); what cannot work raises
+    ValueError naming the layer (a layer reading an Embedding's `.embeddings` matrix: keep
+    that Embedding with `keep`).
 
     Args:
-      model: a built tf.keras functional or Sequential model.
-      keep: names of Embedding layers to leave as Keras Embeddings.
+      model: a built tf.keras functional, Sequential or subclassed model.
+      keep: names of Embedding layers to leave as Keras Embeddings, and of Hashing /
+        StringLookup / IntegerLookup layers to keep (their bucketing or vocabulary stays and
+        the table keys their output).
+      sample: a subclassed model only: one batch of inputs, as model(sample) takes them, to
+        build the new model with (default: zeros of the input spec tf_keras recorded at the
+        model's first call; Keras 3 records none, so it needs `sample`).
 
     Returns: the new tf.keras.Model.
 
@@ -176,15 +190,14 @@ def accelerate(model, keep=()):
     """
     graph = _graph.functional(model)
     if graph is None:
-        raise ValueError(f"ttf.accelerate takes a built functional or Sequential tf.keras model with known inputs; "
-                         f"{model.name} is a subclassed or unbuilt model (build it from tf.keras.Input, or swap its "
-                         "Embedding layers for ttf.DynamicEmbedding by hand)")
+        return _Subclassed(model, set(keep), sample).run()
     return _Converter(model, graph, set(keep)).run()
 
 
 class _Converter:
-    def __init__(self, model, graph, keep):
+    def __init__(self, model, graph, keep, compile_model=True):
         self.model, self.graph, self.keep = model, graph, keep  # graph: the Functional behind model
+        self.compile_model = compile_model
         by_depth = _graph.nodes_by_depth(graph)
         self.nodes = [n for depth in sorted(by_depth, reverse=True) for n in by_depth[depth]]
         self.consumers = collections.defaultdict(list)
@@ -312,7 +325,7 @@ class _Converter:
             _import_rows(layer, keys, rows)
         self._report()
         config = _graph.compile_config(self.model)
-        if config is not None:
+        if config is not None and self.compile_model:
             _compile_like(fast, self.model, config)
         return fast
 
@@ -420,6 +433,152 @@ class _Converter:
     def _report(self):
         for what, names in self.warnings.items():
             warnings.warn(f"ttf.accelerate: {what}: {', '.join(dict.fromkeys(names))}", stacklevel=3)
+
+
+class _Subclassed:
+    """ttf.accelerate of a subclassed model: a new instance of its class with its weights, whose
+    Embeddings (and nested functional blocks holding Embeddings) are swapped for ttf tables."""
+
+    def __init__(self, model, keep, sample):
+        self.model, self.keep = model, keep
+        if not model.weights:
+            raise ValueError(f"ttf.accelerate: {model.name} ({type(model).__name__}) has no weights yet; call it once "
+                             "on a batch (model(x)) before accelerating it")
+        self.sample = _sample_from_spec(model) if sample is None else sample
+        self.warnings = collections.defaultdict(list)
+        self.nested_warnings = []  # the messages of the nested blocks' conversions
+        self.twins = {}  # id(layer of the new instance) -> its ttf twin (a layer held twice gets one)
+
+    def run(self):
+        clone = self._new_instance()
+        originals = dict(zip(map(id, clone._flatten_layers(include_self=True)),  # pylint: disable=protected-access
+                             self.model._flatten_layers(include_self=True)))  # pylint: disable=protected-access
+        swapped = 0
+        for parent in list(clone._flatten_layers(include_self=True)):  # pylint: disable=protected-access
+            if isinstance(parent, tf.keras.layers.Embedding) or _graph.functional(parent) is not None:
+                continue  # swapped as a whole by its parent
+            for name, value in list(vars(parent).items()):
+                if name.startswith("_") and not isinstance(value, tf.keras.layers.Layer):
+                    continue  # Keras' own bookkeeping (_layers, _self_tracked_trackables, ...)
+                swapped += self._swap_in(parent, name, value, originals)
+        if not swapped:
+            self.warnings["no Embedding found to convert (the new model equals the original)"].append(clone.name)
+        for message in dict.fromkeys(self.nested_warnings):
+            warnings.warn(message, stacklevel=3)
+        for what, names in self.warnings.items():
+            warnings.warn(f"ttf.accelerate: {what}: {', '.join(dict.fromkeys(names))}", stacklevel=3)
+        clone(self.sample)  # builds the new tables' anchors
+        config = _graph.compile_config(self.model)
+        if config is not None:
+            _compile_like(clone, self.model, config)
+        return clone
+
+    def _new_instance(self):
+        cls = type(self.model)
+        try:
+            clone = cls.from_config(self.model.get_config())
+            clone(self.sample)
+        except Exception as err:  # noqa: BLE001  (the user's class: say what to fix)
+            raise ValueError(
+                f"ttf.accelerate: cannot make a new {cls.__name__} to convert (the original stays unchanged): "
+                f"{cls.__name__}.from_config({self.model.name}.get_config()) then a call on the sample failed with "
+                f"{type(err).__name__}: {str(err).splitlines()[0][:200]}. Give {cls.__name__} a get_config() that "
+                "returns its constructor's arguments (Keras 3 does it for arguments of basic types), or pass "
+                "sample= (one batch of inputs)") from None
+        old, new = self.model.weights, clone.weights
+        if [tuple(w.shape) for w in old] != [tuple(w.shape) for w in new]:
+            raise ValueError(f"ttf.accelerate: {cls.__name__}.from_config({self.model.name}.get_config()) builds other "
+                             f"weights than {self.model.name} has ({len(new)} vs {len(old)}, or other shapes): its "
+                             "get_config() must return the constructor's arguments")
+        for target, value in zip(new, old):
+            target.assign(value)
+        return clone
+
+    def _swap_in(self, parent, name, value, originals):
+        """Replaces an Embedding / a functional block with Embeddings held in parent.name (or in
+        the list or dict it holds) by its ttf twin. Returns how many were replaced."""
+        if isinstance(value, (list, tuple)) and not isinstance(value, tf.keras.layers.Layer):
+            count = 0
+            for index, item in enumerate(list(value)):
+                new = self._twin(item, originals)
+                if new is not None:
+                    _replace_item(value, index, item, new)
+                    count += 1
+            return count
+        if isinstance(value, dict):
+            count = 0
+            for key, item in list(value.items()):
+                new = self._twin(item, originals)
+                if new is not None:
+                    value[key] = new
+                    count += 1
+            return count
+        new = self._twin(value, originals)
+        if new is None:
+            return 0
+        tracker = getattr(parent, "_tracker", None)  # Keras 3 keeps a replaced layer tracked otherwise
+        if tracker is not None:
+            tracker.untrack(value)
+        delattr(parent, name)
+        setattr(parent, name, new)
+        return 1
+
+    def _twin(self, layer, originals):
+        """The ttf twin of an Embedding or of a functional block holding Embeddings, else None."""
+        if not isinstance(layer, tf.keras.layers.Layer) or layer.name in self.keep:
+            return None
+        if id(layer) not in self.twins:
+            self.twins[id(layer)] = self._make_twin(layer, originals)
+        return self.twins[id(layer)]
+
+    def _make_twin(self, layer, originals):
+        if isinstance(layer, tf.keras.layers.Embedding):
+            if _active(layer.embeddings_regularizer) or _active(layer.activity_regularizer):
+                self.warnings["regularizer dropped (ttf tables add no regularization loss)"].append(layer.name)
+            try:
+                initializer = RowInitializer.of(layer.embeddings_initializer)
+            except TypeError:
+                self.warnings["initializer ttf lacks: new ids start from uniform(-0.05, 0.05)"].append(layer.name)
+                initializer = RowInitializer()
+            table = FusedLookup(layer.output_dim, [None], ["int"], [0 if layer.mask_zero else None],
+                                initializer=initializer, trainable=layer.trainable, name=layer.name,
+                                seed=int(getattr(layer.embeddings_initializer, "seed", None) or 0))
+            matrix = layer.get_weights()[0]
+            table.build(None)
+            _import_rows(table, np.arange(len(matrix), dtype=np.int64), matrix)
+            return table
+        graph = _graph.functional(layer)
+        if graph is not None and any(isinstance(inner, tf.keras.layers.Embedding)
+                                     for inner in layer._flatten_layers()):  # pylint: disable=protected-access
+            original = originals.get(id(layer), layer)  # its lookups' vocabularies, adapted or not
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                converted = _Converter(original, _graph.functional(original), self.keep, compile_model=False).run()
+            self.nested_warnings += [str(w.message) for w in caught]
+            return converted
+        return None
+
+
+def _replace_item(items, index, old, new):
+    if hasattr(items, "remove") and hasattr(items, "insert"):  # a tracked list: remove/insert (un)track
+        items.remove(old)
+        items.insert(index, new)
+    else:
+        items[index] = new
+
+
+def _sample_from_spec(model):
+    """A batch of one example of zeros ("" for strings) from the input spec tf_keras recorded."""
+    spec = getattr(model, "_saved_model_inputs_spec", None)
+    if spec is None:
+        raise ValueError(f"ttf.accelerate: {model.name} is a subclassed model whose input spec is unknown (Keras 3 "
+                         "records none): pass sample= (one batch of inputs, as model(sample) takes them)")
+
+    def zeros(s):
+        shape = [1 if d is None else d for d in s.shape]
+        return tf.fill(shape, "") if s.dtype == tf.string else tf.zeros(shape, s.dtype)
+
+    return tf.nest.map_structure(zeros, spec)
 
 
 def _active(regularizer):
