@@ -1,8 +1,11 @@
 """ttf.accelerate: a user's Keras model with its Embedding layers turned into ttf tables."""
 import collections
 import dataclasses
+import inspect
 import sys
+import types
 import warnings
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -454,6 +457,10 @@ class _Subclassed:
         originals = dict(zip(map(id, clone._flatten_layers(include_self=True)),  # pylint: disable=protected-access
                              self.model._flatten_layers(include_self=True)))  # pylint: disable=protected-access
         swapped = 0
+        trackers = [t for t in (getattr(layer, "_tracker", None) for layer in clone._flatten_layers())  # pylint: disable=protected-access
+                    if t is not None and t.locked]
+        for tracker in trackers:  # Keras 3 locks a built layer's state; the swap replaces sublayers
+            tracker.locked = False
         for parent in list(clone._flatten_layers(include_self=True)):  # pylint: disable=protected-access
             if isinstance(parent, tf.keras.layers.Embedding) or _graph.functional(parent) is not None:
                 continue  # swapped as a whole by its parent
@@ -461,6 +468,8 @@ class _Subclassed:
                 if name.startswith("_") and not isinstance(value, tf.keras.layers.Layer):
                     continue  # Keras' own bookkeeping (_layers, _self_tracked_trackables, ...)
                 swapped += self._swap_in(parent, name, value, originals)
+        for tracker in trackers:
+            tracker.locked = True
         if not swapped:
             self.warnings["no Embedding found to convert (the new model equals the original)"].append(clone.name)
         for message in dict.fromkeys(self.nested_warnings):
@@ -479,11 +488,13 @@ class _Subclassed:
             clone = cls.from_config(self.model.get_config())
             clone(self.sample)
         except Exception as err:  # noqa: BLE001  (the user's class: say what to fix)
+            if KERAS3:  # Keras 3 keeps no constructor arguments of a Model subclass: copy the objects
+                return _copy_keras3_model(self.model)
             raise ValueError(
                 f"ttf.accelerate: cannot make a new {cls.__name__} to convert (the original stays unchanged): "
                 f"{cls.__name__}.from_config({self.model.name}.get_config()) then a call on the sample failed with "
-                f"{type(err).__name__}: {str(err).splitlines()[0][:200]}. Give {cls.__name__} a get_config() that "
-                "returns its constructor's arguments (Keras 3 does it for arguments of basic types), or pass "
+                f"{type(err).__name__}: {_first_line(err)}. Give {cls.__name__} a get_config() that "
+                "returns its constructor's arguments (tf_keras does it for arguments of basic types), or pass "
                 "sample= (one batch of inputs)") from None
         old, new = self.model.weights, clone.weights
         if [tuple(w.shape) for w in old] != [tuple(w.shape) for w in new]:
@@ -502,23 +513,23 @@ class _Subclassed:
             for index, item in enumerate(list(value)):
                 new = self._twin(item, originals)
                 if new is not None:
+                    _untrack(parent, item)
                     _replace_item(value, index, item, new)
                     count += 1
             return count
-        if isinstance(value, dict):
+        if isinstance(value, dict) or type(value).__name__ == "_DictWrapper":
             count = 0
             for key, item in list(value.items()):
                 new = self._twin(item, originals)
                 if new is not None:
+                    _untrack(parent, item)
                     value[key] = new
                     count += 1
             return count
         new = self._twin(value, originals)
         if new is None:
             return 0
-        tracker = getattr(parent, "_tracker", None)  # Keras 3 keeps a replaced layer tracked otherwise
-        if tracker is not None:
-            tracker.untrack(value)
+        _untrack(parent, value)
         delattr(parent, name)
         setattr(parent, name, new)
         return 1
@@ -557,6 +568,86 @@ class _Subclassed:
             self.nested_warnings += [str(w.message) for w in caught]
             return converted
         return None
+
+
+# Attributes of a Keras 3 model that hold functions traced for the original (they would run it).
+_TRACED = ("train_function", "test_function", "predict_function", "_jit_compile", "optimizer")
+
+
+def _copy_keras3_model(model):
+    """A copy of a Keras 3 model whose variables are new ones holding the same values: every
+    Python object reachable from the model is copied once (Keras 3 layers are plain Python
+    objects over tf.Variables), functions and classes shared; the traced train/predict
+    functions and the optimizer are not carried (the copy is compiled afresh)."""
+    from keras.src.utils.tracking import Tracker  # pylint: disable=import-outside-toplevel
+    memo = {}
+
+    def copied(obj):
+        if id(obj) in memo:
+            return memo[id(obj)]
+        if isinstance(obj, (str, bytes, int, float, bool, complex, type(None), type, types.FunctionType,
+                            types.BuiltinFunctionType, types.ModuleType, weakref.ref, tf.Tensor, tf.DType,
+                            tf.TensorShape, inspect.Signature)) or callable(obj) and not hasattr(obj, "__dict__"):
+            return obj
+        if isinstance(obj, types.MethodType):
+            return types.MethodType(obj.__func__, copied(obj.__self__))
+        if isinstance(obj, tf.Variable):
+            new = tf.Variable(obj.read_value(), trainable=obj.trainable, name=obj.name.split(":")[0],
+                              synchronization=obj.synchronization, aggregation=obj.aggregation)
+            memo[id(obj)] = new
+            return new
+        if type(obj) in (list, tuple, dict, set, frozenset):
+            if isinstance(obj, list):
+                new = memo[id(obj)] = []
+                new.extend(copied(v) for v in obj)
+            elif isinstance(obj, dict):
+                new = memo[id(obj)] = {}
+                new.update((copied(k), copied(v)) for k, v in obj.items())
+            else:
+                new = memo[id(obj)] = type(obj)(copied(v) for v in obj)
+            return new
+        if obj is not model and _graph.functional(obj) is not None:  # a functional/Sequential block: Keras' clone
+            import keras  # pylint: disable=import-outside-toplevel
+            new = memo[id(obj)] = keras.models.clone_model(obj)
+            new.set_weights(obj.get_weights())
+            return new
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple (a KerasTensor's history, ...)
+            new = memo[id(obj)] = type(obj)(*(copied(v) for v in obj))
+            return new
+        if type(obj).__name__ == "_DictWrapper":  # TensorFlow's tracked dict, a proxy: a new one, same items
+            new = memo[id(obj)] = type(obj)()
+            for key, value in obj.items():
+                new[copied(key)] = copied(value)
+            return new
+        if not hasattr(obj, "__dict__"):
+            return obj  # locks, threading.local and other C-level state: shared
+        base = next((b for b in (list, dict, set) if isinstance(obj, b)), object)
+        new = base.__new__(type(obj))
+        memo[id(obj)] = new
+        if base is list:  # Keras 3's TrackedList: the items live in the list itself
+            list.extend(new, (copied(v) for v in obj))
+        elif base is dict:  # TrackedDict
+            dict.update(new, ((copied(k), copied(v)) for k, v in obj.items()))
+        elif base is set:
+            set.update(new, (copied(v) for v in obj))
+        for name, value in vars(obj).items():
+            object.__setattr__(new, name, None if obj is model and name in _TRACED else copied(value))
+        if isinstance(obj, Tracker):  # it remembers its objects by id: the copies' ids
+            new.stored_ids = {name: {id(v) for v in store} for name, (_, store) in new.config.items()}
+        return new
+
+    return copied(model)
+
+
+def _untrack(parent, layer):
+    """Keras 3 keeps a replaced sublayer in its parent's tracker (its weights would stay the parent's)."""
+    tracker = getattr(parent, "_tracker", None)
+    if tracker is not None:
+        tracker.untrack(layer)
+
+
+def _first_line(err):
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")[:300]
 
 
 def _replace_item(items, index, old, new):
