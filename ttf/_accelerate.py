@@ -150,17 +150,21 @@ def accelerate(model, keep=(), sample=None):
     - the existing rows carry over (id i keeps row i; a vocabulary token keeps its row),
       so predictions before training match the model's (out-of-vocabulary and Hashing
       inputs excepted: they read the table's default row of zeros until trained);
-    - Embeddings of equal dim, initializer and trainability over single ids ([B] or [B, 1]
-      inputs of the model) share one table and one lookup op (a FusedLookup); an Embedding
-      used on several inputs stays shared; others (sequences [B, L], mask_zero, ids
-      computed inside the model) get a TableLookup each;
+    - Embeddings of equal dim, initializer and trainability share one table and one lookup
+      op (a FusedLookup), whatever their ids' shapes ([B], [B, 1], sequences [B, L] with
+      their mask_zero), when the ids are computed before any Embedding's output is read
+      (model inputs, or a Hashing inside the model); an Embedding used on several inputs
+      stays shared; an Embedding over ids computed from another's output, or over ragged
+      ids, gets a lookup of its own;
     - every other layer is cloned with its weights (from get_config), so training the new
       model leaves `model` as it was;
     - if `model` is compiled, the new one is compiled with the same loss, metrics and
       loss weights and the optimizer converted by ttf.optimizers.from_keras.
     A subclassed model (a keras.Model or tfrs.Model subclass, already called on a batch) is
     rebuilt as `type(model).from_config(model.get_config())`, called once on `sample` (or
-    on zeros of the input spec tf_keras recorded), given the model's weights, and then each
+    on zeros of the input spec tf_keras recorded), given the model's weights (on Keras 3,
+    which keeps no constructor arguments of a Model subclass, its objects are copied with
+    new variables instead), and then each
     Embedding it holds (an attribute, in a list or dict, in a nested layer) becomes a ttf
     table, and each nested functional or Sequential block holding Embeddings (TFRS'
     `Sequential([StringLookup, Embedding])`) is converted as above; `model` is not changed.

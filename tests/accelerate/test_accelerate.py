@@ -184,3 +184,20 @@ def test_ids_wider_than_56_bits_are_hashed_never_cut():
         loss = tf.reduce_sum(fast([ids[:2], ids[:2]])[:, 0])
     grad = tape.gradient(loss, fused.anchor)
     assert len(set(grad.indices.numpy().tolist())) == 4  # 5 and 2**56 + 5: two rows per table
+
+
+def test_models_saved_with_table_lookup_still_load():
+    """TableLookup (what accelerate made before FusedLookup took any shape) stays registered:
+    its old config (key_kind, mask_value) and its own get_config both give the same lookup."""
+    from ttf._accelerate import TableLookup  # pylint: disable=import-outside-toplevel
+    written = TableLookup(4, key_kind="string", mask_value="", name="history").get_config()
+    old_style = {k: v for k, v in written.items() if k not in ("tags", "key_kinds", "mask_values")}
+    old_style.update(key_kind="string", mask_value="")
+    ids = tf.constant([["a", ""], ["b", "a"]])
+    for config in (written, old_style):
+        layer = tf.keras.utils.deserialize_keras_object({"class_name": "ttf>TableLookup", "config": config})
+        assert isinstance(layer, FusedLookup) and layer.key_kinds == ["string"] and layer.tags == [None]
+        np.testing.assert_array_equal(layer.keys_of(ids)[0].numpy(),  # untagged, as the saved table's keys
+                                      tf.strings.to_hash_bucket_fast(tf.reshape(ids, [-1]), 1 << 56).numpy())
+        np.testing.assert_array_equal(layer.compute_mask(ids).numpy(), [[True, False], [True, True]])
+        assert layer(ids).shape == (2, 2, 4)
