@@ -122,12 +122,13 @@ def _not_equal(ids, value):
 
 @tf.keras.utils.register_keras_serializable(package="ttf")
 class TableLookup(FusedLookup):
-    """A FusedLookup of one untagged column: the name models saved by ttf <= 0.2's
-    accelerate use (ids of any shape, key_kind, mask_value); loads them unchanged."""
+    """A FusedLookup of one untagged column, under the name accelerate gave a single lookup
+    before FusedLookup took ids of any shape: models saved with it load unchanged."""
 
     def __init__(self, dim, key_kind="int", mask_value=None, **kwargs):
-        for name in ("tags", "key_kinds", "mask_values"):  # a FusedLookup config: one column, as written
-            kwargs.pop(name, None)
+        kwargs.pop("tags", None)  # a config its get_config wrote: FusedLookup's fields, one column
+        key_kind = list(kwargs.pop("key_kinds", [key_kind]))[0]
+        mask_value = list(kwargs.pop("mask_values", [mask_value]))[0]
         super().__init__(dim, [None], [key_kind], [mask_value], **kwargs)
 
 
