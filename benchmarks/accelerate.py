@@ -232,20 +232,29 @@ def predictions(model, x, kind):
 
 def quality(model, x, y, kind):
     score = predictions(model, x, kind)
-    metric = tf.keras.metrics.AUC(num_thresholds=10_000)
-    label = y if kind == "binary" else (y > np.median(y)).astype(np.float32)
-    metric.update_state(label, score)
-    result = {"auc": float(metric.result())}
+    label = y > 0.5 if kind == "binary" else y > np.median(y)
+    ranks = np.argsort(np.argsort(score, kind="stable"), kind="stable") + 1.0  # exact AUC of any score scale
+    positives, negatives = label.sum(), (~label).sum()
+    result = {"auc": float((ranks[label].sum() - positives * (positives + 1) / 2) / (positives * negatives))}
     if kind == "rating":
         result["rmse"] = float(np.sqrt(np.mean((score - y) ** 2)))
     return result
 
 
+def args_model_is_keras3_subclassed(model):
+    return ARGS.model in KERAS3_MODELS and not getattr(model, "_is_graph_network", False) and not hasattr(
+        model, "_functional") and type(model).__name__ != "Functional"
+
+
 def served_difference(fast, x, kind):
     """Largest |served - model| of the export_for_serving SavedModel, loaded back with stock TF."""
     probe = {k: v[:256] for k, v in x.items() if k != "user_rating"}
+    signature = None
+    if args_model_is_keras3_subclassed(fast):  # Keras 3 keeps no input spec of a subclassed model
+        signature = {k: tf.TensorSpec([None, *np.shape(v)[1:]], tf.as_dtype(np.asarray(v).dtype))
+                     for k, v in probe.items()}
     with tempfile.TemporaryDirectory() as tmp:
-        version = ttf.export_for_serving(fast, os.path.join(tmp, "m"))
+        version = ttf.export_for_serving(fast, os.path.join(tmp, "m"), input_signature=signature)
         serve = tf.saved_model.load(version).signatures["serving_default"]
         inputs = {name: tf.constant(probe[name]) for name in serve.structured_input_signature[1]}
         served = list(serve(**inputs).values())[0].numpy().reshape(-1)
@@ -267,7 +276,9 @@ def bench(args):
     batches = tf.data.Dataset.from_tensor_slices(data).batch(args.batch_size).cache()
     paths = {"native": native, "accelerated": fast}
     iterators = {name: iter(batches) for name in paths}
-    train = {name: model.make_train_function() for name, model in paths.items()}
+    for model in paths.values():
+        model.make_train_function()  # tf_keras returns it, Keras 3 only sets it
+    train = {name: model.train_function for name, model in paths.items()}
     rates = {name: [] for name in paths}
     for name in paths:
         for _ in range(args.warmup):

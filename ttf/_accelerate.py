@@ -203,9 +203,10 @@ def accelerate(model, keep=(), sample=None):
 
 
 class _Converter:
-    def __init__(self, model, graph, keep, compile_model=True):
+    def __init__(self, model, graph, keep, compile_model=True, name_prefix=""):
         self.model, self.graph, self.keep = model, graph, keep  # graph: the Functional behind model
         self.compile_model = compile_model
+        self.name_prefix = name_prefix  # a nested block's tables need names of their own (export names tables)
         by_depth = _graph.nodes_by_depth(graph)
         self.nodes = [n for depth in sorted(by_depth, reverse=True) for n in by_depth[depth]]
         self.consumers = collections.defaultdict(list)
@@ -392,7 +393,7 @@ class _Converter:
                             [sources[id(node)].key_kind for _, node in columns],
                             [self._mask_value(layer, sources[id(node)]) for layer, node in columns],
                             initializer=initializer, seed=self._seed(layers[0]), trainable=trainable,
-                            name=f"ttf_fused_{dim}d_{len(self.carried)}")
+                            name=f"{self.name_prefix}ttf_fused_{dim}d_{len(self.carried)}")
         results = fused([tensors[id(sources[id(node)].tensor)] for _, node in columns])
         for (layer, node), out in zip(columns, results):
             outputs_of[id(node)] = out
@@ -569,7 +570,8 @@ class _Subclassed:
             original = originals.get(id(layer), layer)  # its lookups' vocabularies, adapted or not
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                converted = _Converter(original, _graph.functional(original), self.keep, compile_model=False).run()
+                converted = _Converter(original, _graph.functional(original), self.keep, compile_model=False,
+                                       name_prefix=f"{layer.name}_").run()
             self.nested_warnings += [str(w.message) for w in caught]
             return converted
         return None
@@ -624,6 +626,13 @@ def _copy_keras3_model(model):
             for key, value in obj.items():
                 new[copied(key)] = copied(value)
             return new
+        if type(obj).__name__ == "ListWrapper":  # TensorFlow's tracked list
+            new = memo[id(obj)] = type(obj)([])
+            for value in obj:
+                new.append(copied(value))
+            return new
+        if type(obj).__module__.startswith("tensorflow."):
+            return obj  # traced functions and other TensorFlow runtime objects: shared, never half-copied
         if not hasattr(obj, "__dict__"):
             return obj  # locks, threading.local and other C-level state: shared
         base = next((b for b in (list, dict, set) if isinstance(obj, b)), object)

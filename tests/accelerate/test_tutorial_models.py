@@ -67,7 +67,8 @@ def tfrs_ranking_tutorial():
     return model
 
 
-def test_tfrs_ranking_tutorial_converts_matches_and_trains():
+@pytest.mark.slow  # trains both models
+def test_tfrs_ranking_tutorial_converts_matches_trains_and_serves(tmp_path):
     model = tfrs_ranking_tutorial()
     data = ratings()
     features = {k: tf.constant(v) for k, v in data.items() if k != "user_rating"}
@@ -85,7 +86,6 @@ def test_tfrs_ranking_tutorial_converts_matches_and_trains():
     np.testing.assert_allclose(fast(features).numpy(), model(features).numpy(), rtol=1e-5, atol=1e-6)
     assert isinstance(fast.optimizer, ttf.optimizers.Adagrad)
 
-    before = [w.numpy() for w in model.weights]
     dataset = tf.data.Dataset.from_tensor_slices(data).batch(256)
     model.fit(dataset, epochs=3, verbose=0)
     history = fast.fit(dataset, epochs=3, verbose=0)
@@ -94,7 +94,11 @@ def test_tfrs_ranking_tutorial_converts_matches_and_trains():
     assert loss_ttf < 0.6 and abs(loss_ttf - loss_keras) < 0.1, (loss_ttf, loss_keras)
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert all(int(t.size()) > 0 for t in tables)
-    del before
+    probe = {k: v[:64] for k, v in features.items()}
+    serve = tf.saved_model.load(ttf.export_for_serving(fast, str(tmp_path / "ranking"))).signatures["serving_default"]
+    served = serve(**probe)
+    assert list(served) == ["logits"]  # a rating, not a probability
+    np.testing.assert_allclose(served["logits"].numpy(), fast(probe).numpy(), rtol=1e-5, atol=1e-6)
 
 
 class Subclassed(tf.keras.Model):

@@ -57,6 +57,7 @@ class DLRM(keras.Model):
         return self.output_layer(self.top_mlp(x))
 
 
+@pytest.mark.slow  # trains both models
 def test_keras_io_dlrm_subclassed_with_adamw():
     x, y = movielens()
     model = DLRM(dense_num_units_lst=[32, 8], mlp_num_units_lst=[32, 16])
@@ -99,6 +100,7 @@ def dcn_example():
     return keras.Model(inputs, keras.layers.Dense(1)(x))
 
 
+@pytest.mark.slow  # trains and exports
 def test_keras_rs_dcn_example_fuses_trains_and_serves_logits(tmp_path):
     x, y = movielens(1024)
     x = {name: x[name] for name in SPARSE}
