@@ -18,6 +18,7 @@ else:
 from ttf._ops import ops
 from ttf.data._schema import FIELD_SHIFT
 from ttf.embedding import DynamicEmbedding, RowInitializer
+import ttf.optimizers as ttf_optimizers
 from ttf.optimizers import from_keras, not_reaching_rows
 
 _VALUE_MASK = (1 << FIELD_SHIFT) - 1  # the id part of a key: the tag sits above it, as the parser's field
@@ -736,8 +737,15 @@ def _compile_like(fast, model, config):
         config["jit_compile"] = False
     for name in ("loss", "metrics", "weighted_metrics"):
         config[name] = tf.nest.map_structure(_fresh, config.get(name))
-    print(f"ttf.accelerate: {fast.name} compiled like {model.name}, with ttf.optimizers."
-          f"{type(config['optimizer']).__name__}", file=sys.stderr)
+    optimizer = config["optimizer"]
+    # Where Keras' dense update moves rows the batch did not touch (Adam's momentum, any weight
+    # decay, FTRL's l2 shrinkage), the lazy table update differs: said here, once.
+    lazy = "" if not (isinstance(optimizer, ttf_optimizers.Adam) or optimizer.weight_decay or getattr(
+        optimizer, "l2_shrinkage_regularization_strength", 0)) else (
+        " (its table updates are lazy: only the rows a batch touches move, with their optimizer slots, where Keras "
+        "also moves the other rows of an Embedding matrix each step)")
+    print(f"ttf.accelerate: {fast.name} compiled like {model.name}, with ttf.optimizers.{type(optimizer).__name__}"
+          f"{lazy}", file=sys.stderr)
     fast.compile(**config)
 
 

@@ -82,10 +82,32 @@ def test_keras_io_dlrm_subclassed_with_adamw():
     fast.fit(dataset, epochs=3, verbose=0)
     for w0, w1 in zip(before, model.weights):  # the original is untouched: the copy has variables of its own
         np.testing.assert_array_equal(w0, w1.numpy())
-    model.fit(dataset, epochs=3, verbose=0)
-    rmse_keras = model.evaluate(dataset, return_dict=True, verbose=0)["root_mean_squared_error"]
+    rmse_before = model.evaluate(dataset, return_dict=True, verbose=0)["root_mean_squared_error"]
     rmse_ttf = fast.evaluate(dataset, return_dict=True, verbose=0)["root_mean_squared_error"]
-    assert rmse_ttf < 1.5 and abs(rmse_ttf - rmse_keras) < 0.25, (rmse_ttf, rmse_keras)
+    # Lazy Adam (untouched rows keep their m and v) learns rare ids more slowly than Keras'
+    # dense Adam in 3 epochs, so the two are not compared here: SGD below compares them exactly.
+    assert rmse_ttf < 0.8 * rmse_before, (rmse_ttf, rmse_before)
+
+
+@pytest.mark.slow  # trains both models
+def test_keras_io_dlrm_trained_with_sgd_equals_keras():
+    """SGD moves exactly the rows a batch touches in both, so the accelerated DLRM must train
+    to Keras' numbers (float32 order aside: 1e-5). No out-of-vocabulary zip code here: the
+    dropped lookup's OOV row trains differently (warned about)."""
+    x, y = movielens(1024)
+    x["user_zip_code"] = np.where(x["user_zip_code"] == "99999", ZIP_CODES[0], x["user_zip_code"])
+    model = DLRM(dense_num_units_lst=[32, 8], mlp_num_units_lst=[32, 16])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="mse")
+    batch = {k: v[:256] for k, v in x.items()}
+    model(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = ttf.accelerate(model, sample=batch)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(128)
+    fast.fit(dataset, epochs=2, verbose=0)
+    model.fit(dataset, epochs=2, verbose=0)
+    np.testing.assert_allclose(fast(batch).numpy(), model(batch).numpy(), rtol=1e-5, atol=1e-5)
+    assert np.abs(fast(batch).numpy() - model(batch).numpy()).max() < 1e-3 * model(batch).numpy().std()
 
 
 def dcn_example():
