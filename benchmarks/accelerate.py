@@ -307,7 +307,7 @@ def table(args, r):
         kind_rmse = f" {r['native']['rmse']:.4f} | {r['accelerated']['rmse']:.4f} |"
     return "\n".join([
         f"| model | native steps/s | accelerated steps/s | speed-up | native AUC | accelerated AUC |{rmse} "
-        "max |pred diff| before training | max |served - model| | ttf tables | accelerate() s |",
+        "max abs pred diff before training | max abs served - model | ttf tables | accelerate() s |",
         "| --- " * (10 + (2 if rmse else 0)) + "|",
         f"| {args.model} | {r['native']['steps_per_s']:.2f} | {r['accelerated']['steps_per_s']:.2f} | "
         f"{r['ratio']:.2f}x | {r['native']['auc']:.4f} | {r['accelerated']['auc']:.4f} |{kind_rmse} "

@@ -53,10 +53,11 @@ def _below_tag(keys):
     return tf.where(wide, tf.bitwise.bitwise_and(hashed, _VALUE_MASK), keys)
 
 
-def _tagged(keys, tags):
-    """Puts each column's tag in the top 8 bits: columns of different embeddings never share a row."""
+def _tagged(keys, tags, below_tag=False):
+    """Puts each column's tag in the top 8 bits: columns of different embeddings never share a row.
+    below_tag: the keys are already in [0, 2**56) (a string's hash), so no per-key range check."""
     tags = tf.constant([t << FIELD_SHIFT for t in tags], tf.int64)
-    return tf.bitwise.bitwise_or(_below_tag(keys), tags)
+    return tf.bitwise.bitwise_or(keys if below_tag else _below_tag(keys), tags)
 
 
 @tf.keras.utils.register_keras_serializable(package="ttf")
@@ -90,7 +91,7 @@ class FusedLookup(DynamicEmbedding):
         flat = []
         for x, kind, tag in zip(self._columns(ids), self.key_kinds, self.tags):
             keys = tf.reshape(_keys(x, kind), [-1])
-            flat.append(keys if tag is None else _tagged(keys, [tag]))
+            flat.append(keys if tag is None else _tagged(keys, [tag], below_tag=kind == "string"))
         return tf.concat(flat, axis=0), None
 
     def call(self, ids, training=None):

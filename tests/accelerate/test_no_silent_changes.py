@@ -77,8 +77,8 @@ def test_loading_without_import_ttf_fails_as_the_docs_say(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
     keras_error, op_error = [line for line in proc.stdout.splitlines() if line.startswith(("ERROR", "LOADED"))]
     assert "TypeError 'str' object is not callable" in keras_error, keras_error  # tf_keras' own message
-    assert "Op type not registered 'TtfEmbedding" in op_error, op_error
+    assert "Op type not registered 'Ttf" in op_error, op_error  # the first ttf op TensorFlow meets: it varies
     doc = open(os.path.join(ROOT, "docs", "accelerate.md")).read()
     for message in ("'str' object is not callable", "Could not locate class 'FusedLookup'",
-                    "Op type not registered 'TtfEmbeddingLookup'", "Op type not registered 'TtfEmbeddingTable'"):
+                    "Op type not registered 'Ttf", op_error.split("'")[1]):
         assert message in doc, message
