@@ -3,6 +3,9 @@
 // optimizer slots in place. The apply is where the table changes: a key without a row gets
 // one (its initializer row, then the update), each key's count and last-seen step move, and
 // under admission a key not yet admitted is counted as a candidate and its gradient dropped.
+// weight_decay (every op): decoupled decay of the touched rows before the update,
+// row -= row * weight_decay * learning_rate, as Keras' `weight_decay` (AdamW) does to a
+// variable; lazily, as DeepRec and TorchRec's fused optimizers do: untouched rows keep theirs.
 // Kernels: ops/kernels/sparse_apply_kernels.cc.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -35,6 +38,7 @@ REGISTER_OP("TtfTableApplySgd")
     .Input("learning_rate: float")
     .Input("step: int64")
     .Output("updated: int64")
+    .Attr("weight_decay: float = 0.0")
     .SetShapeFn([](InferenceContext* c) { return ApplyShape(c, 1); })
     .Doc("row -= learning_rate * grad for each touched key. Returns the number of rows updated.");
 
@@ -47,6 +51,7 @@ REGISTER_OP("TtfTableApplyAdagrad")
     .Input("step: int64")
     .Output("updated: int64")
     .Attr("initial_accumulator_value: float = 0.1")
+    .Attr("weight_decay: float = 0.0")
     .SetShapeFn([](InferenceContext* c) { return ApplyShape(c, 2); })
     .Doc(R"doc(
 Adagrad as Keras: accum += g^2; row -= learning_rate * g / (sqrt(accum) + epsilon).
@@ -63,6 +68,7 @@ REGISTER_OP("TtfTableApplyAdam")
     .Input("epsilon: float")
     .Input("step: int64")
     .Output("updated: int64")
+    .Attr("weight_decay: float = 0.0")
     .SetShapeFn([](InferenceContext* c) { return ApplyShape(c, 4); })
     .Doc(R"doc(
 Lazy Adam (Kingma & Ba) with Keras' epsilon placement: only touched rows and their slots
@@ -84,6 +90,7 @@ REGISTER_OP("TtfTableApplyFtrl")
     .Input("step: int64")
     .Output("updated: int64")
     .Attr("initial_accumulator_value: float = 0.1")
+    .Attr("weight_decay: float = 0.0")
     .SetShapeFn([](InferenceContext* c) { return ApplyShape(c, 6); })
     .Doc(R"doc(
 FTRL-Proximal (McMahan et al., 2013) as Keras' Ftrl, with slots accumulator (starting at

@@ -156,6 +156,11 @@ class TableApplyOp : public TableOpKernel {
     }
     initial_accumulator_ = initial_accumulator;
     slot_init_ = U::SlotInit(initial_accumulator);
+    if (HasNodeAttr(ctx->def(), "weight_decay")) {  // graphs written before it have none: 0
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("weight_decay", &weight_decay_));
+      OP_REQUIRES(ctx, std::isfinite(weight_decay_) && weight_decay_ >= 0.0f,
+                  errors::InvalidArgument("weight_decay must be finite and >= 0, got ", weight_decay_));
+    }
   }
 
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
@@ -201,6 +206,7 @@ class TableApplyOp : public TableOpKernel {
     summed.resize(grouped.size() * dim);
     SumRowsByIndex(g, grouped.inverse.data(), n, grouped.size(), dim, summed.data());
     const U update(scalars, step);
+    const float decay = weight_decay_ * scalars[0];  // scalars[0] is every optimizer's learning rate
     const int64_t stride = dim * (1 + static_cast<int64_t>(slot_init_.size()));
     std::atomic<int64_t> updated{0};
     std::atomic<bool> relaid{false};
@@ -229,7 +235,11 @@ class TableApplyOp : public TableOpKernel {
           for (int64_t b = 0; b < stride * 4; b += 64) __builtin_prefetch(ahead + b, 1);
         }
         if (ids[i] == KeyIndex::kNone) continue;  // not admitted yet: counted, gradient dropped
-        update.Update(sh.rows.store.row(ids[i]), summed.data() + (begin + i) * dim, dim);
+        float* row = sh.rows.store.row(ids[i]);
+        if (decay != 0.0f) {  // Keras: variable - variable * weight_decay * learning_rate, then the update
+          for (int64_t j = 0; j < dim; ++j) row[j] -= row[j] * weight_decay_ * scalars[0];
+        }
+        update.Update(row, summed.data() + (begin + i) * dim, dim);
         ++done;
       }
       updated += done;
@@ -246,6 +256,7 @@ class TableApplyOp : public TableOpKernel {
 
  private:
   float initial_accumulator_;
+  float weight_decay_ = 0.0f;
   std::vector<float> slot_init_;
 };
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
-from ttf._accelerate import FusedLookup, TableLookup
+from ttf._accelerate import FusedLookup
 
 CITIES = ["paris", "tokyo", "lima", "oslo", "cairo", "delhi"]
 
@@ -46,18 +46,21 @@ def test_string_lookup_model_converts_matches_and_trains(tmp_path):
     model.compile(optimizer=tf.keras.optimizers.Adam(0.02), loss="binary_crossentropy", metrics=["AUC"])
     x, y = data()
     model.fit(x, y, epochs=1, batch_size=256, verbose=0)  # trained rows, to be carried over
-    fast = ttf.accelerate(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = ttf.accelerate(model)
+    oov = [str(w.message) for w in caught if "out-of-vocabulary" in str(w.message)]
+    assert len(oov) == 1 and "city_lookup" in oov[0] and "predictions differ" in oov[0]
     layers = {type(layer).__name__ for layer in fast.layers}
     assert "StringLookup" not in layers and "Embedding" not in layers
-    fused = [layer for layer in fast.layers if isinstance(layer, FusedLookup)]
-    # city_emb (one id per example, from an input) is fused; item_emb's second use takes
-    # ids computed inside the model (a slice of history), so both its uses share one
-    # TableLookup; history_emb (a [B, 4] sequence with mask_zero) gets its own.
-    assert len(fused) == 1 and fused[0].key_kinds == ["string"]
-    tables = {layer.name: layer for layer in fast.layers if isinstance(layer, TableLookup)}
-    assert set(tables) == {"item_emb", "history_emb"} and tables["history_emb"].mask_value == 0
+    # One table, one op call for all three Embeddings (equal dim and initializer): city_emb
+    # keyed by the string's hash, item_emb's two uses (the input, and a slice of history
+    # computed inside the model) sharing a tag, history_emb ([B, 4], mask_zero) masking 0.
+    (fused,) = [layer for layer in fast.layers if isinstance(layer, FusedLookup)]
+    assert sorted(fused.key_kinds) == ["int", "int", "int", "string"] and sorted(set(fused.tags)) == [0, 1, 2]
+    assert [m for m in fused.mask_values if m is not None] == [0]
     np.testing.assert_allclose(fast.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
-    assert int(fused[0].size()) == len(CITIES)  # the vocabulary, keyed by hash: no OOV row
+    assert int(fused.size()) == len(CITIES) + 2 * 50  # the vocabulary, keyed by hash (no OOV row), and ids 0..49
     fast.fit(x, y, epochs=4, batch_size=256, verbose=0)
     assert fast.evaluate(x, y, verbose=0, return_dict=True)["auc"] > 0.9
     unseen = [tf.constant([["berlin"]]), tf.constant([[7]], tf.int64), tf.constant([[7, 0, 0, 0]], tf.int64)]
@@ -151,10 +154,10 @@ def test_from_keras_keeps_hyperparameters_and_schedules():
 
 
 def test_from_keras_refuses_what_ttf_lacks():
-    with pytest.raises(ValueError, match="RMSprop has no ttf twin.*ttf.optimizers.Adam, Adagrad, Ftrl, SGD"):
+    with pytest.raises(ValueError, match="RMSprop has no ttf twin.*ttf.optimizers.Adam, AdamW, Adagrad, Ftrl, SGD"):
         ttf.optimizers.from_keras("rmsprop")
-    with pytest.raises(ValueError, match="AdamW has no ttf twin"):
-        ttf.optimizers.from_keras(tf.keras.optimizers.AdamW())
+    with pytest.raises(ValueError, match="Nadam has no ttf twin"):
+        ttf.optimizers.from_keras(tf.keras.optimizers.Nadam())
     with pytest.raises(ValueError, match="momentum"):
         ttf.optimizers.from_keras(tf.keras.optimizers.SGD(0.1, momentum=0.9))
     with pytest.raises(ValueError, match="amsgrad"):
@@ -171,13 +174,30 @@ def test_ids_wider_than_56_bits_are_hashed_never_cut():
     fast = ttf.accelerate(tf.keras.Model([user, item], out))
     (fused,) = [layer for layer in fast.layers if isinstance(layer, FusedLookup)]
     ids = np.array([[5], [(1 << 56) + 5], [-5], [(1 << 63) - 1], [(1 << 57) + 5]], np.int64)
-    keys = fused.keys_of([ids, ids])[0].numpy()
+    keys = fused.keys_of([ids, ids])[0].numpy().reshape(2, -1).T  # column after column -> [N, 2]
     assert keys[0, 0] == 5 and keys[0, 1] == (1 << 56) | 5  # in range: the id itself, tagged
     assert len(set(keys[:, 0].tolist())) == len(ids)  # no two ids share a row
     assert len(set(keys.ravel().tolist())) == 2 * len(ids)  # nor do the two tables' keys
     np.testing.assert_array_equal(keys[:, 1] >> 56, 1)  # the tag is intact
-    np.testing.assert_array_equal(keys, fused.keys_of([ids, ids])[0].numpy())  # the same keys every call
+    np.testing.assert_array_equal(keys, fused.keys_of([ids, ids])[0].numpy().reshape(2, -1).T)  # the same keys every call
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(fast([ids[:2], ids[:2]])[:, 0])
     grad = tape.gradient(loss, fused.anchor)
     assert len(set(grad.indices.numpy().tolist())) == 4  # 5 and 2**56 + 5: two rows per table
+
+
+def test_models_saved_with_table_lookup_still_load():
+    """TableLookup (what accelerate made before FusedLookup took any shape) stays registered:
+    its old config (key_kind, mask_value) and its own get_config both give the same lookup."""
+    from ttf._accelerate import TableLookup  # pylint: disable=import-outside-toplevel
+    written = TableLookup(4, key_kind="string", mask_value="", name="history").get_config()
+    old_style = {k: v for k, v in written.items() if k not in ("tags", "key_kinds", "mask_values")}
+    old_style.update(key_kind="string", mask_value="")
+    ids = tf.constant([["a", ""], ["b", "a"]])
+    for config in (written, old_style):
+        layer = tf.keras.utils.deserialize_keras_object({"class_name": "ttf>TableLookup", "config": config})
+        assert isinstance(layer, FusedLookup) and layer.key_kinds == ["string"] and layer.tags == [None]
+        np.testing.assert_array_equal(layer.keys_of(ids)[0].numpy(),  # untagged, as the saved table's keys
+                                      tf.strings.to_hash_bucket_fast(tf.reshape(ids, [-1]), 1 << 56).numpy())
+        np.testing.assert_array_equal(layer.compute_mask(ids).numpy(), [[True, False], [True, True]])
+        assert layer(ids).shape == (2, 2, 4)

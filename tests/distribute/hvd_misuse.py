@@ -72,7 +72,7 @@ elif mode == "misc":
                         tf.int64)
     trained = model(probe, training=False).numpy()  # every rank: the sharded lookup is a collective
     if rank == 0:
-        served = tf.saved_model.load(version).signatures["serving_default"](ids=probe)["probability"].numpy()
+        served = tf.saved_model.load(version).signatures["serving_default"](ids=probe)["logits"].numpy()
         result["served_max_diff"] = float(np.abs(served - trained).max())
         result["served_spread"] = float(trained.std())
     with open(f"{prefix}-{rank}.json", "w") as f:

@@ -100,6 +100,6 @@ if rank == 0:
     want = np.stack([expected.get(int(k), np.zeros(DIM, np.float32)) for k in lookup])
     out.update(version=follower.version, sequence=follower.sequence, refused=follower.refused,
                equal=bool(np.array_equal(served, want)), keys=len(lookup), held=len(expected),
-               predict_equal=bool(np.allclose(follower.predict({"ids": probe})["probability"].numpy(), live, atol=1e-6)))
+               predict_equal=bool(np.allclose(follower.predict({"ids": probe})["logits"].numpy(), live, atol=1e-6)))
 with open(f"{prefix}.{rank}.json", "w") as f:
     json.dump(out, f)

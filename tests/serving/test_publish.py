@@ -110,7 +110,7 @@ def test_base_and_deltas_equal_the_trainers_table_deletes_included(tmp_path, row
     # dense weights went out with the deltas at clock 10 and 20: predictions match the live model
     ids = tf.constant(rng.integers(0, 400, size=[8, 2]), tf.int64)
     if row_dtype == tf.float32:
-        np.testing.assert_allclose(follower.predict({"ids": ids})["probability"].numpy(),
+        np.testing.assert_allclose(follower.predict({"ids": ids})["logits"].numpy(),
                                    model(ids, training=False).numpy(), rtol=0, atol=1e-6)
     # the checkpoint's own record of deleted keys was never reset by publishing
     deleted = np.concatenate([t.export(since_step=0)["deleted_keys"].numpy() for t in layer.tables])

@@ -90,6 +90,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                  dram_budget=0, ssd_dir="", admission_sketch_bytes=0, **kwargs):
         kwargs.setdefault("dtype", "float32")  # rows are float32 whatever the model's precision
         super().__init__(name=name, **kwargs)
+        self.supports_jit = False  # Keras 3's jit_compile="auto": the table ops have no XLA kernels
         if combiner not in (None, "sum", "mean"):
             raise ValueError(f"combiner must be None, 'sum' or 'mean', got {combiner!r}")
         if shard_devices is not None and not shard_devices:

@@ -5,24 +5,26 @@ import tensorflow as tf
 
 import ttf.optimizers as ttf_optimizers
 
-_TWINS = ("Adam", "Adagrad", "Ftrl", "SGD")
+_TWINS = ("Adam", "AdamW", "Adagrad", "Ftrl", "SGD")
 
 
 def from_keras(optimizer):
     """Returns the ttf optimizer equal to a stock tf.keras one, for models with ttf tables.
 
-    Adam, Adagrad, Ftrl and SGD (tf.keras.optimizers.X or tf.keras.optimizers.legacy.X, or
-    their names as compile() takes them: "adam", "sgd", ...) become ttf.optimizers.X with
+    Adam, AdamW, Adagrad, Ftrl and SGD (tf.keras.optimizers.X or tf.keras.optimizers.legacy.X,
+    or their names as compile() takes them: "adam", "adamw", "sgd", ...) become ttf.optimizers.X with
     every hyperparameter: the learning rate (a float, its current value if it was changed,
     or the same LearningRateSchedule object; a legacy `decay` becomes the equivalent
-    InverseTimeDecay), betas, epsilon, accumulators, FTRL's l1/l2/beta/power, clipping,
-    weight decay, EMA. The step counter carries over, so a schedule continues where it
+    InverseTimeDecay), betas, epsilon, accumulators, FTRL's l1/l2/beta/power, clipping and
+    weight decay (both reach the tables' rows), EMA (dense variables only: see
+    ttf.optimizers.not_reaching_rows). The step counter carries over, so a schedule continues where it
     was; the dense optimizer slots (Adam's m and v, ...) start at zero. A ttf optimizer is
     returned as it is.
 
     Raises:
-      ValueError: the optimizer has no ttf twin (RMSprop, Nadam, AdamW, a subclass, ...),
-        or uses what ttf tables cannot do (SGD momentum/nesterov, Adam amsgrad).
+      ValueError: the optimizer has no ttf twin (RMSprop, Nadam, Lion, a subclass, ...),
+        or uses what ttf tables cannot do (SGD momentum/nesterov, Adam amsgrad,
+        gradient_accumulation_steps).
 
     Example:
       >>> import ttf, tensorflow as tf
@@ -46,6 +48,9 @@ def from_keras(optimizer):
         raise ValueError(f"ttf.optimizers.from_keras: {type(optimizer).__name__} arguments {unknown} have no "
                          f"equivalent in ttf.optimizers.{twin.__name__}")
     converted = twin(**{k: v for k, v in config.items() if k in accepted})
+    for name, value in vars(optimizer).items():  # exclude_from_weight_decay's choices, not in the config
+        if name.startswith("_exclude_from_weight_decay") and "cache" not in name:
+            setattr(converted, name, value)
     converted._check_table_support()
     with tf.init_scope():
         converted.iterations.assign(tf.cast(optimizer.iterations, converted.iterations.dtype))
@@ -61,7 +66,7 @@ def _twin_class(optimizer):
     raise ValueError(
         f"ttf.optimizers.from_keras: {type(optimizer).__module__}.{type(optimizer).__name__} has no ttf twin; "
         f"models with ttf tables train with ttf.optimizers.{', '.join(_TWINS)} (pass one of them, or a stock "
-        "tf.keras Adam/Adagrad/Ftrl/SGD, to compile)")
+        "tf.keras Adam/AdamW/Adagrad/Ftrl/SGD, to compile)")
 
 
 def _learning_rate(optimizer, config):

@@ -279,10 +279,22 @@ def versions(base):
     return sorted(int(name) for name in os.listdir(base) if name.isdigit() and os.path.isdir(os.path.join(base, name)))
 
 
+_SHAPE_ONLY = {"Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "IdentityN"}
+
+
+def _output_kind(output):
+    """"probability" when a (traced) output comes from a sigmoid or softmax, looking through
+    ops that only reshape or cast it; else "logits"."""
+    op = getattr(output, "op", None)
+    while op is not None and op.type in _SHAPE_ONLY and op.inputs:
+        op = op.inputs[0].op
+    return "probability" if op is not None and op.type in ("Sigmoid", "Softmax") else "logits"
+
+
 SERVING_INFO = "assets.extra/ttf_serving.json"  # what DeltaFollower needs to know of a version
 
 
-def export_for_serving(model, base, version=None, input_signature=None, output_name="probability",
+def export_for_serving(model, base, version=None, input_signature=None, output_name=None,
                        row_dtype=tf.float32, publish_record=False, _frozen=None, _finish=None):
     """Writes `model` for inference that needs only stock TensorFlow, as version `version`
     of TF Serving's layout: the SavedModel is `base/<version>/`.
@@ -293,7 +305,9 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     held read the layer's default row. The `serving_default` signature takes the model's
     inputs by name (a dict input by its keys, e.g. `ids` int64 [B, 26] and `dense` float32
     [B, 13] for models/ctr.py; a functional model by its Input names) and returns
-    {output_name: model(inputs, training=False)} (or the model's own dict of outputs).
+    {output_name: model(inputs, training=False)} (or the model's own dict of outputs); by
+    default output_name is "probability" when the model ends in a sigmoid or softmax, else
+    "logits" (keras-rs and TFRS models return logits or scores).
 
     Two more signatures let a server follow published deltas without reloading (see
     docs/serving.md, ttf.serving.Publisher and DeltaFollower): `apply_delta` (sequence,
@@ -311,7 +325,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
       version: a positive int; default one more than the largest version in `base` (1 if none).
       input_signature: optional {name: tf.TensorSpec} when the model's inputs are a dict and
         it was never called.
-      output_name: the signature's output key for a single-tensor output.
+      output_name: the signature's output key for a single-tensor output; None: "probability"
+        or "logits", as the model's last op is a sigmoid/softmax or not.
       row_dtype: tf.float32 (default; predictions equal the live model's) or tf.float16.
       publish_record: reset each table shard's "publish" record of deleted keys in the
         export's snapshot (for ttf.serving.Publisher, whose deltas start there).
@@ -356,7 +371,7 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     @tf.function(input_signature=specs, autograph=False)
     def serve(*tensors):
         outputs = model(tf.nest.pack_sequence_as(structure, list(tensors)), training=False)
-        return outputs if isinstance(outputs, dict) else {output_name: outputs}
+        return outputs if isinstance(outputs, dict) else {output_name or _output_kind(outputs): outputs}
 
     for layer, table in zip(layers, frozen):
         # The layers' inference lookups read the frozen tables while tracing. Set past Keras'
