@@ -425,7 +425,7 @@ FULL_DISK = textwrap.dedent("""
         try:
             train_step(table, keys, step)
         except tf.errors.ResourceExhaustedError as err:
-            assert "is full" in str(err) and "--ssd-dir" in str(err), err
+            assert "is full" in str(err) and "ssd_dir=" in str(err) and "--" not in str(err), err
             failed_at = step
             break
     assert failed_at, "the disk never filled"
