@@ -21,8 +21,8 @@
 // per index slot at a load factor between 3/8 and 3/4 (16-32 bytes), i.e. 224-240 bytes
 // against 200 raw bytes (8-byte key + 3 * 16 floats).
 //
-// Concurrency. A shard's lock guards its index, its stores, its rows and its record of
-// deleted keys. Lookups (training and inference: neither changes the table) take it shared;
+// Concurrency. A shard's lock guards its index, its stores, its rows and each concern's state
+// for it (its change log included). Lookups (training and inference: neither changes the table) take it shared;
 // optimizer updates (which insert, count, admit and evict by capacity) and explicit
 // evictions take it exclusive. An operation holds one shard lock at a time, except the
 // whole-table operations, which take all of them in shard order (so they cannot deadlock
