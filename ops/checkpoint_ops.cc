@@ -41,6 +41,7 @@ REGISTER_OP("TtfTableSave")
     .Output("deleted_keys: int64")
     .Attr("delta: bool = false")
     .Attr("piece_bytes: int = 67108864")
+    .Attr("record: int = 0")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
@@ -62,8 +63,9 @@ It copies one lock shard at a time, under that shard's lock held shared: each sh
 consistent snapshot, lookups go on, and an update waits for one shard's copy only (a piece is
 written with no lock held, except when one shard holds more than a piece). Its extra memory is
 one piece, not the table: a tiered table's disk rows are read sequentially from its files.
-With each shard's copy, the shard's checkpoint record of deleted keys is taken, and kept
-until a TtfTableCommitSave (so a save that fails loses none). Returns the pieces' prefixes
+With each shard's copy, the shard's new removed keys of change-log reader `record` (see
+TtfTableExport) are taken, and kept until a TtfTableCommitSave (so a save that fails loses
+none). Returns the pieces' prefixes
 (at least one), the layout (optimizer, slot_init, step = the table step before the first
 shard was copied, stride = the row width with slots) and, with delta, the keys deleted since
 the last committed save. With delta, only rows and candidates last seen after since_step
@@ -72,11 +74,13 @@ the last committed save. With delta, only rows and candidates last seen after si
 
 REGISTER_OP("TtfTableCommitSave")
     .Input("table: resource")
+    .Attr("record: int = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
-A save of the table (TtfTableSave) is durable: forgets the deleted keys saves took with the
-shards' rows. Keys deleted after a shard's copy stay recorded for the next delta.
+A save of the table (TtfTableSave) is durable: forgets the removed keys saves took for
+change-log reader `record` with the shards' rows. Keys removed after a shard's copy stay
+recorded for the next delta.
 )doc");
 
 }  // namespace ttf

@@ -275,7 +275,7 @@ REGISTER_OP("TtfTableExport")
     .Output("slot_init: float")
     .Output("step: int64")
     .Attr("reset_deleted: bool = false")
-    .Attr("record: {'checkpoint', 'publish'} = 'checkpoint'")
+    .Attr("record: int = 0")
     .SetShapeFn(ExportShape)
     .Doc(R"doc(
 Everything a checkpoint needs: keys [N], values [N, dim * (1 + S)] (row then S optimizer
@@ -284,8 +284,9 @@ optimizer owning the slots, the slots' initial values [S] and the table step.
 One consistent snapshot (every shard locked shared while it is taken: writers wait,
 readers go on), written straight into the outputs. reset_deleted=true also clears the
 record of deleted keys in the same snapshot and starts recording (the base of a chain of
-TtfTableExportDelta). record: whose record (each reader keeps its own, reset by it only:
-"checkpoint" for delta checkpoints, "publish" for deltas published to serving).
+TtfTableExportDelta). record: which reader's record of removed keys, in [0, 2): each reader
+of the change log keeps its own, reset by it only, so one reader's chain of deltas never
+disturbs another's (the caller numbers its readers).
 )doc");
 
 REGISTER_OP("TtfTableExportDelta")
@@ -301,7 +302,7 @@ REGISTER_OP("TtfTableExportDelta")
     .Output("step: int64")
     .Output("deleted_keys: int64")
     .Attr("reset_deleted: bool = true")
-    .Attr("record: {'checkpoint', 'publish'} = 'checkpoint'")
+    .Attr("record: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(ScalarInput(c, 1));
       return ExportShape(c);
@@ -314,24 +315,24 @@ distinct; empty until a reset started the record). With reset_deleted the record
 cleared in the same snapshot. Restore = Import of the full export, then per delta:
 TtfTableRemove(deleted_keys), then TtfTableImport(merge=true).
 Lookups after a save at table step t mark rows last-seen t: pass since_step = t - 1 to
-catch every change made after that save. record: whose deleted-key record is read and
-reset ("checkpoint" or "publish", see TtfTableExport).
+catch every change made after that save. record: which reader's record of removed keys is
+read and reset (see TtfTableExport).
 )doc");
 
 REGISTER_OP("TtfTableDeletedKeys")
     .Input("table: resource")
     .Output("deleted_keys: int64")
     .Attr("reset: bool = false")
-    .Attr("record: {'checkpoint', 'publish'} = 'checkpoint'")
+    .Attr("record: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       return OkStatus();
     })
     .Doc(R"doc(
-The keys removed from the table since the record was last reset (sorted, distinct); the
-checkpoint record also loses the keys a committed save took (TtfTableCommitSave). The
-record is off (empty) until the first reset; reset=true clears and starts it. record:
-whose record ("checkpoint" or "publish", see TtfTableExport).
+The keys removed from the table since the record was last reset (sorted, distinct); a record
+also loses the keys a committed save took for it (TtfTableCommitSave). The record is off
+(empty) until the first reset; reset=true clears and starts it. record: which reader's
+record (see TtfTableExport).
 )doc");
 
 REGISTER_OP("TtfTableRemove")

@@ -47,13 +47,13 @@ class TableSummaryOp : public TableOpKernel {
         ++size;
       });
       // A tiered shard's disk rows count the same (read sequentially, same lock).
-      OP_REQUIRES_OK(ctx, sh.disk.ForEachLive([&](int64_t key, const RowMeta& meta, const float* row) {
+      OP_REQUIRES_OK(ctx, sh.tier.disk.ForEachLive([&](int64_t key, const RowMeta& meta, const float* row) {
         checksum += HashEntry(kRowSalt, key, row, stride, meta);
         for (int64_t i = 0; i < stride; ++i) value_sum += row[i];
         ++size;
       }));
-      const RowStore& candidates = sh.candidates.store;
-      sh.candidates.index.ForEach([&](int64_t key, uint32_t id) {
+      const RowStore& candidates = sh.admission.candidates.store;
+      sh.admission.candidates.index.ForEach([&](int64_t key, uint32_t id) {
         checksum += HashEntry(kCandidateSalt, key, nullptr, 0, candidates.meta(id));
       });
     }
@@ -73,6 +73,7 @@ class TableSaveOp : public TableOpKernel {
   explicit TableSaveOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("delta", &delta_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("piece_bytes", &piece_bytes_));
+    OP_REQUIRES_OK(ctx, GetRecordAttr(ctx, &record_));
     OP_REQUIRES(ctx, piece_bytes_ > 0, errors::InvalidArgument("piece_bytes must be > 0, got ", piece_bytes_));
   }
 
@@ -130,7 +131,7 @@ class TableSaveOp : public TableOpKernel {
       return OkStatus();
     };
     std::vector<int64_t> deleted;
-    OP_REQUIRES_OK(ctx, table->Save(since_step, allocate, &deleted));
+    OP_REQUIRES_OK(ctx, table->Save(since_step, allocate, &deleted, record_));
     if (!delta_) deleted.clear();  // a full save's base needs none (the keys stay recorded until a commit)
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(written.size())}), &out));
@@ -150,15 +151,21 @@ class TableSaveOp : public TableOpKernel {
  private:
   bool delta_;
   int64_t piece_bytes_;
+  int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableSave").Device(DEVICE_CPU), TableSaveOp);
 
 class TableCommitSaveOp : public TableOpKernel {
  public:
-  using TableOpKernel::TableOpKernel;
+  explicit TableCommitSaveOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, GetRecordAttr(ctx, &record_));
+  }
 
  protected:
-  void ComputeWithTable(OpKernelContext*, EmbeddingTable* table) override { table->CommitSave(); }
+  void ComputeWithTable(OpKernelContext*, EmbeddingTable* table) override { table->CommitSave(record_); }
+
+ private:
+  int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableCommitSave").Device(DEVICE_CPU), TableCommitSaveOp);
 

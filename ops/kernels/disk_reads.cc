@@ -17,7 +17,7 @@
 #define TTF_HAVE_IO_URING 1
 #endif
 
-#include "embedding_table.h"
+#include "disk_tier.h"  // DiskReadAll
 #include "tensorflow/core/platform/blocking_counter.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/logging.h"

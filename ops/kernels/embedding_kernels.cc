@@ -367,14 +367,6 @@ class TableEvictOp : public TableOpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableEvict").Device(DEVICE_CPU), TableEvictOp);
 
-// The "record" attr: whose deleted-key record an op reads or resets (DeletedRecord).
-Status GetRecordAttr(OpKernelConstruction* ctx, int* record) {
-  std::string name;
-  TF_RETURN_IF_ERROR(ctx->GetAttr("record", &name));
-  *record = name == "publish" ? kPublishRecord : kCheckpointRecord;  // the registration allows only these two
-  return OkStatus();
-}
-
 // Export (all rows, or since a step), writing straight into the outputs.
 void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step, bool with_deleted,
                 bool reset_deleted, int record) {

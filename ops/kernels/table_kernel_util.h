@@ -1,6 +1,6 @@
 // Shared by the table kernels (lookup, apply): summing rows by index and running per-shard
 // work on TensorFlow's CPU pool (the de-dup and grouping by shard, GroupKeys, is the table's:
-// embedding_table.h).
+// group_keys.h).
 #ifndef TTF_OPS_KERNELS_TABLE_KERNEL_UTIL_H_
 #define TTF_OPS_KERNELS_TABLE_KERNEL_UTIL_H_
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "embedding_table.h"
+#include "group_keys.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/blocking_counter.h"
 #include "tensorflow/core/util/work_sharder.h"
@@ -93,6 +94,17 @@ void ForEachShard(OpKernelContext* ctx, const GroupedKeys& grouped, const Embedd
       if (first >= begin && first < end && grouped.offsets[s + 1] > first) fn(s);
     }
   });
+}
+
+// The "record" attr: which reader of the table's change log an op reads, resets or saves for.
+inline Status GetRecordAttr(OpKernelConstruction* ctx, int* record) {
+  int64_t reader = 0;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("record", &reader));
+  if (!ChangeLog::ValidReader(reader))
+    return errors::InvalidArgument("record must be in [0, ", kNumChangeLogReaders,
+                                   "): the change log's reader whose removed keys are read, got ", reader);
+  *record = static_cast<int>(reader);
+  return OkStatus();
 }
 
 // Resolves the table handle in input 0; the caller owns one reference (core::ScopedUnref).

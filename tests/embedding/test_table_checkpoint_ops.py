@@ -218,24 +218,27 @@ def test_import_refuses_non_finite_rows_naming_how_many_and_where(merge):
 
 
 def test_publish_and_checkpoint_records_of_deleted_keys_are_independent():
-    """Each reader (record="checkpoint", record="publish") has its own record of deleted keys,
+    """Each reader of the change log (record=0, ttf's checkpoints; record=1, its publisher) has
+    its own record of deleted keys,
     started and reset only by itself: a publish never clears what the next delta checkpoint
     must carry, and the reverse."""
     h = new_table(2, num_shards=2)
     ops().ttf_table_find_or_insert(h, [1, 2, 3, 4], dim=2)
     ops().ttf_table_deleted_keys(h, reset=True)  # the checkpoint's record starts
     ops().ttf_table_remove(h, [1])
-    assert ops().ttf_table_deleted_keys(h, record="publish").numpy().tolist() == []  # off until its own reset
-    ops().ttf_table_export(h, reset_deleted=True, record="publish")  # a base starts the publish record
+    assert ops().ttf_table_deleted_keys(h, record=1).numpy().tolist() == []  # off until its own reset
+    ops().ttf_table_export(h, reset_deleted=True, record=1)  # a base starts the publish record
     ops().ttf_table_remove(h, [2])
-    published = ops().ttf_table_export_delta(h, -1, reset_deleted=True, record="publish")[8]
+    published = ops().ttf_table_export_delta(h, -1, reset_deleted=True, record=1)[8]
     assert published.numpy().tolist() == [2]
     ops().ttf_table_remove(h, [3])
     assert ops().ttf_table_deleted_keys(h).numpy().tolist() == [1, 2, 3]  # the checkpoint's: untouched
     assert ops().ttf_table_deleted_keys(h, reset=True).numpy().tolist() == [1, 2, 3]
-    assert ops().ttf_table_deleted_keys(h, record="publish").numpy().tolist() == [3]  # the publisher's: untouched
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError, TypeError), match="record"):
-        ops().ttf_table_deleted_keys(h, record="serving")
+    assert ops().ttf_table_deleted_keys(h, record=1).numpy().tolist() == [3]  # the publisher's: untouched
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"record must be in \[0, 2\)"):
+        ops().ttf_table_deleted_keys(h, record=2)
+    with pytest.raises(ValueError, match="record must be one of"):
+        ttf.embedding.EmbeddingTable(2).export(record="serving")
 
 
 def test_a_save_takes_each_shards_deleted_keys_and_only_its_commit_forgets_them(tmp_path):

@@ -425,7 +425,7 @@ FULL_DISK = textwrap.dedent("""
         try:
             train_step(table, keys, step)
         except tf.errors.ResourceExhaustedError as err:
-            assert "is full" in str(err) and "--ssd-dir" in str(err), err
+            assert "is full" in str(err) and "ssd_dir=" in str(err) and "--" not in str(err), err
             failed_at = step
             break
     assert failed_at, "the disk never filled"
@@ -484,3 +484,15 @@ def test_kill_9_of_a_tiered_job_then_a_restart_resumes_from_the_checkpoint(tmp_p
     output = done.stdout + done.stderr
     assert "[train] resumed from" in output, output[-3000:]
     assert " disk, DRAM hit rate" in output, output[-3000:]
+
+
+def test_crowded_disk_index_warns_once_naming_the_library_argument(tmp_path, capfd):
+    """When a shard's disk index takes over half its share of dram_budget, the table says so
+    once (C++ stderr), naming its own argument (dram_budget=), never a CLI's flag."""
+    table = EmbeddingTable(DIM, num_shards=1, dram_budget=4096, ssd_dir=str(tmp_path))
+    for start in range(0, 3000, 500):  # ~3,000 disk keys: an index of ~40 KB against a 4 KB budget
+        ops().ttf_table_find_or_insert(table.resource_handle, np.arange(start, start + 500, dtype=np.int64), dim=DIM)
+    err = capfd.readouterr().err
+    assert err.count("ttf warning: the SSD tier's key index") == 1, err
+    assert "Raise dram_budget=." in err and "--" not in err and "train.py" not in err, err
+    assert table.tier_stats()["crowded_shards"] == 1

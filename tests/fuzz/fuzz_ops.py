@@ -565,7 +565,10 @@ def worker_main(seed, first, count, verbose):
     from ttf._ops import ops
     ops()
     print(json.dumps({"ready": True}), flush=True)
-    abort_at = int(os.environ.get("TTF_FUZZ_ABORT_AT", "-1"))  # the harness's own test: a crash on purpose
+    # The harness's own tests: a crash on purpose before case ABORT_AT, or after case
+    # ABORT_AFTER's record (a process that fails on its way out).
+    abort_at = int(os.environ.get("TTF_FUZZ_ABORT_AT", "-1"))
+    abort_after = int(os.environ.get("TTF_FUZZ_ABORT_AFTER", "-1"))
     for index in range(first, first + count):
         if index == abort_at:
             os.abort()
@@ -574,6 +577,8 @@ def worker_main(seed, first, count, verbose):
         kind, others = classify(case.outcomes)
         print(json.dumps({"case": index, "group": group, "racing": racing, "kind": kind, "others": others,
                           "calls": sum(case.outcomes.values())}), flush=True)
+        if index == abort_after:
+            os.abort()
 
 
 def run_batch(seed, first, count, timeout, verbose=False):
@@ -621,6 +626,16 @@ def run_batch(seed, first, count, timeout, verbose=False):
     return records, failure
 
 
+def run_alone(seed, index, timeout, verbose=False):
+    """Runs one case in a process of its own: (its record, None), or (None, failure) when the
+    process crashed or hung, before or after the case's record (a process that fails on its
+    way out fails its case: the case is counted once, as that failure)."""
+    records, failure = run_batch(seed, index, 1, timeout, verbose)
+    if failure is not None:
+        return None, failure
+    return records[0], None
+
+
 def run(cases, seed, first=0, batch=200, timeout=60.0, verbose=False, log=print):
     """Runs cases first .. first+cases-1; returns the summary dict."""
     summary = {"cases": 0, "racing": 0, "ok": 0, "invalid": 0, "other": 0, "crash": 0, "hang": 0,
@@ -648,16 +663,20 @@ def run(cases, seed, first=0, batch=200, timeout=60.0, verbose=False, log=print)
     while next_case < end:
         count = min(batch, end - next_case)
         records, failure = run_batch(seed, next_case, count, timeout, verbose)
+        if failure is not None and len(records) == count:
+            records.pop()  # every case finished, then the process failed: its last case is rerun alone
         for rec in records:
             record(rec)
         done = next_case + len(records)
         if failure is not None:
-            # Rerun the unfinished cases one per process: the failing one is the one that fails alone.
+            # Rerun the unfinished cases one per process: the failing one is the one that fails
+            # alone. Each case is counted once: a case whose process fails after its record
+            # (on its way out) counts as that failure only, not also as finished.
             for index in range(done, next_case + count):
-                one, one_failure = run_batch(seed, index, 1, timeout, verbose)
-                for rec in one:
-                    record(rec)
-                if one_failure is not None:
+                one, one_failure = run_alone(seed, index, timeout, verbose)
+                if one_failure is None:
+                    record(one)
+                else:
                     fail(index, one_failure[0], one_failure[1], one_failure[2])
         next_case += count
         log(f"[fuzz] {summary['cases']}/{cases} cases ({summary['racing']} racing): {summary['crash']} crashes, "

@@ -26,7 +26,7 @@ import tensorflow as tf
 EXPORT_FIELDS = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
 
 
-# SplitMix64's finaliser (Steele et al., 2014), the same as C++ Mix64 in embedding_table.h.
+# SplitMix64's finaliser (Steele et al., 2014), the same as C++ Mix64 in ops/kernels/table_hash.h.
 _MIX_ADD, _MIX_MUL1, _MIX_MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 

@@ -153,6 +153,18 @@ def check_tier(dram_budget, ssd_dir):
     return budget
 
 
+# The table's change log numbers its readers (the ops' `record` attr); these are ttf's, each
+# with its own record of removed keys, reset only by it. TtfTableSave and TtfTableCommitSave
+# default to 0, the checkpoint's.
+CHANGE_LOG_READERS = {"checkpoint": 0, "publish": 1}
+
+
+def _change_log_reader(record):
+    if record not in CHANGE_LOG_READERS:
+        raise ValueError(f"record must be one of {sorted(CHANGE_LOG_READERS)}, got {record!r}")
+    return CHANGE_LOG_READERS[record]
+
+
 @registration.register_serializable(package="ttf", name="EmbeddingTable")
 class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
     """One dynamic hash table of float32 rows keyed by int64, living on `device`.
@@ -309,12 +321,13 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
           "publish" (deltas published to serving, ttf.serving.Publisher). Each reader keeps
           its own, reset only by it, so publishing never disturbs a checkpoint chain.
         """
+        reader = _change_log_reader(record)
         with tf.device(self._resource_device):
             if since_step is None:
                 return dict(zip(EXPORT_FIELDS, ops().ttf_table_export(self.resource_handle,
-                                                                      reset_deleted=reset_deleted, record=record)))
+                                                                      reset_deleted=reset_deleted, record=reader)))
             exported = ops().ttf_table_export_delta(self.resource_handle, tf.cast(since_step, tf.int64),
-                                                    reset_deleted=reset_deleted, record=record)
+                                                    reset_deleted=reset_deleted, record=reader)
         return dict(zip(EXPORT_FIELDS + ("deleted_keys",), exported))
 
     def restore(self, export, num_partitions=1, partition=0):
@@ -334,13 +347,13 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
     def reset_deleted(self, record="checkpoint"):
         """Clears and (re)starts the record of deleted keys `record` (see export)."""
         with tf.device(self._resource_device):
-            return ops().ttf_table_deleted_keys(self.resource_handle, reset=True, record=record)
+            return ops().ttf_table_deleted_keys(self.resource_handle, reset=True, record=_change_log_reader(record))
 
     def commit_save(self):
         """A checkpoint save of this table is durable: forgets the deleted keys its save took
         with each shard's rows (TtfTableCommitSave); keys deleted since stay recorded."""
         with tf.device(self._resource_device):
-            return ops().ttf_table_commit_save(self.resource_handle)
+            return ops().ttf_table_commit_save(self.resource_handle, record=CHANGE_LOG_READERS["checkpoint"])
 
     # -- SavedModel: a loaded table is a new table (tables are not shared by name)
 
