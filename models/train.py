@@ -401,7 +401,10 @@ def job_config(args):
 
 def make_topology(args):
     if args.horovod:
-        topology = ttf.distribute.HorovodRanks(args.hvd_compression)
+        try:
+            topology = ttf.distribute.HorovodRanks(args.hvd_compression)
+        except ImportError as err:
+            raise SystemExit(f"[train] error: --horovod needs horovod: {err}".replace("\n", " ")) from err
         _LOG_RANK[0] = topology.rank
         # Every flag must agree: a rank with another batch size or seed would silently train another model.
         try:

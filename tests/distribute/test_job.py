@@ -81,10 +81,11 @@ def test_own_dataset_and_the_nan_guard():
 
 
 def test_publishing_serves_the_trained_rows(rows, tmp_path):
-    """A job that publishes while it trains (the dense weights in every delta): a DeltaFollower
-    of its folder predicts what the trained model predicts (the model's own output: logits)."""
+    """A job that publishes while it trains: a DeltaFollower of its folder predicts what the
+    trained model predicts (the model's own output: logits), the job's last publish carrying
+    the dense weights too (they are due only every dense_every = 300 s)."""
     base = tmp_path / "publish"
-    job = make_job(steps=30, publish=ttf.distribute.PublishConfig(str(base), every=0.5, dense_every=0.5))
+    job = make_job(steps=30, publish=ttf.distribute.PublishConfig(str(base), every=0.5))
     job.fit(ttf.data.Reader([rows], "criteo"))
     follower = ttf.serving.DeltaFollower(str(base))
     features, _ = next(iter(ttf.data.Reader([rows], "criteo").dataset(256, shuffle=False)))

@@ -272,7 +272,8 @@ class Job:
             self.publisher = self.topology.publisher(
                 self.model, publish.base, publish_every=publish.every, dense_publish_every=publish.dense_every,
                 rebase_every=publish.rebase_every, row_dtype=_row_dtype(publish.row_dtype))
-        published = self.publisher.publish() if final else self.publisher.maybe_publish()
+        # The last publish carries the dense weights too: serving ends on the job's final model.
+        published = self.publisher.publish(with_dense=True) if final else self.publisher.maybe_publish()
         if published is not None and final:
             self.log(f"published to {publish.base}: base {published[0]}, sequence {published[1]}")
         return published

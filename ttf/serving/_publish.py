@@ -147,16 +147,17 @@ class Publisher:
             return None
         return self.publish()
 
-    def publish(self):
-        """Publishes now (a base if one is due, else a delta); returns (version, sequence), or
-        None when the write failed (see maybe_publish)."""
+    def publish(self, with_dense=False):
+        """Publishes now (a base if one is due, else a delta; with_dense: the delta carries the
+        dense weights whether or not they are due, e.g. a job's last publish); returns
+        (version, sequence), or None when the write failed (see maybe_publish)."""
         now = self.clock()
         self._last_publish = now
         try:
             if self._agree(self._need_base or now - self._last_base >= self.rebase_every):
                 self.publish_base()
             else:
-                self.publish_delta(dense=self._agree(now - self._last_dense >= self.dense_publish_every))
+                self.publish_delta(dense=self._agree(with_dense or now - self._last_dense >= self.dense_publish_every))
         except (OSError, tf.errors.OpError) as error:
             cause = getattr(error, "message", None) or str(error)
             if self.paused is None:
