@@ -14,14 +14,12 @@ Examples:
 Exit codes: 0 done, 1 failure (e.g. a parameter server was lost), 2 bad usage.
 """
 import argparse
-import contextlib
+import dataclasses
 import json
 import math
 import os
-import tempfile
 import re
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -39,9 +37,7 @@ if _stderr is not None:
     with open(os.devnull, "w") as _null:
         os.dup2(_null.fileno(), 2)
 try:
-    import ttf  # noqa: E402
-    import numpy as np  # noqa: E402
-    import tensorflow as tf  # noqa: E402
+    import ttf  # noqa: E402  (imports TensorFlow, quietly here)
 finally:
     if _stderr is not None:
         os.dup2(_stderr, 2)
@@ -408,7 +404,9 @@ def make_topology(args):
         _LOG_RANK[0] = topology.rank
         # Every flag must agree: a rank with another batch size or seed would silently train another model.
         try:
-            topology.check_same_config(vars(args), what="train.py flags")
+            flags = json.loads(json.dumps(vars(args), default=lambda v: dataclasses.asdict(v)  # TableConfig
+                                          if dataclasses.is_dataclass(v) else repr(v)))
+            topology.check_same_config(flags, what="train.py flags")
         except ValueError as err:
             raise SystemExit(f"[train] error (rank {topology.rank}): {err}") from err
         tables = "ttf tables sharded by id" if args.tiacc else "Keras embeddings through horovod's DistributedOptimizer"

@@ -39,7 +39,6 @@ from ttf.data import InputPosition, best_auc, zero_features
 from ttf.distribute import _errors
 from ttf.distribute._attempts import StepAttempts
 from ttf.distribute._config import JobConfig
-from ttf.distribute._stop import StopOnSignal
 from ttf.distribute._topology import OneProcess
 from ttf.embedding import EventTimeTTL, tables_in
 from ttf.precision import NonFiniteGuard, NonFiniteTrainingError, low_precision, make_train_step, policy_for
