@@ -11,9 +11,8 @@ PRECISIONS = ("fp32", "bf16", "loss")
 def _positive(owner, name, value, allow_none=False, number=int):
     if value is None and allow_none:
         return
-    ok = isinstance(value, number) and not isinstance(value, bool) and value > 0
-    if number is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    types = (int, float) if number is float else int  # seconds may be given as an int
+    ok = isinstance(value, types) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     if not ok:
         kind = "a number of seconds" if number is float else "an int"
         raise ValueError(f"{owner}.{name} must be {kind} > 0{' or None' if allow_none else ''}, got {value!r}")

@@ -41,7 +41,7 @@ from ttf.distribute._attempts import StepAttempts
 from ttf.distribute._config import JobConfig
 from ttf.distribute._topology import OneProcess
 from ttf.embedding import EventTimeTTL, tables_in
-from ttf.precision import NonFiniteGuard, NonFiniteTrainingError, low_precision, make_train_step, policy_for
+from ttf.precision import NonFiniteGuard, low_precision, make_train_step, policy_for
 
 
 def sigmoid_cross_entropy(labels, logits):
@@ -236,8 +236,6 @@ class Job:
         except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError):
             raise  # a lost task, not a failed write: the caller's error
         except (OSError, RuntimeError, tf.errors.OpError) as err:
-            if isinstance(err, NonFiniteTrainingError):
-                raise
             raise _errors.SaveFailedError(
                 f"the checkpoint of step {step} was not saved ({_errors.error_summary(err)}); nothing was recorded: "
                 f"the last complete checkpoint is {self.manager.latest or 'none'}") from err
@@ -411,21 +409,13 @@ class Job:
         """TensorFlow's errors of a job as ttf's typed ones (the message names the cause)."""
         try:
             yield
-        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as err:
-            if self.topology.name == "ps":
-                raise _errors.lost_parameter_server(err, self.topology.cluster.ps_hosts) from err
-            if self.topology.name == "single":
-                raise
-            raise _errors.lost_rank(err, self.topology.rank, self.topology.runtime) from err
-        except tf.errors.InvalidArgumentError as err:
-            bad = _errors.bad_input(err)
-            if bad is None:
-                raise
-            raise bad from err
         except tf.errors.OpError as err:
-            if self.topology.name in ("single", "ps"):
+            # A bad input line is the reader's; any other argument error is the caller's own.
+            error = _errors.bad_input(err) or (None if isinstance(err, tf.errors.InvalidArgumentError)
+                                               else self.topology.lost(err))
+            if error is None:
                 raise
-            raise _errors.lost_rank(err, self.topology.rank, self.topology.runtime) from err
+            raise error from err
 
     # ---- the parameter-server worker's step pieces ----
 

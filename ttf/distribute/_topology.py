@@ -18,6 +18,8 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
+from ttf.distribute import _errors
+
 from ttf.data import open_stream as _open_stream
 from ttf.data import stream_batches as _stream_batches
 from ttf.embedding import table_summary as _table_summary
@@ -89,6 +91,12 @@ class OneProcess:
         """`flag -> flag on every process` for the NaN guard, or None (one process)."""
         return None
 
+    def lost(self, error):
+        """The job's typed error for a TensorFlow error that means another process was lost,
+        or None (one process: nothing to lose; the error is raised as it is)."""
+        del error
+        return None
+
     def open_stream(self, spec, **kwargs):
         """This process's share of a stream (ttf.data.open_stream's kwargs)."""
         return _open_stream(spec, **kwargs)
@@ -152,6 +160,11 @@ class ParameterServers(OneProcess):
     def scope(self):
         return self.strategy.scope()
 
+    def lost(self, error):
+        if isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError)):
+            return _errors.lost_parameter_server(error, self.cluster.ps_hosts)
+        return None
+
     def shape(self):
         return self.cluster.shape()
 
@@ -188,6 +201,9 @@ class HorovodRanks(OneProcess):
 
     def broadcast_model(self, model):
         self.tdh.broadcast_variables(model.variables)
+
+    def lost(self, error):  # any failed collective: a peer stopped or the network failed
+        return _errors.lost_rank(error, self.rank, self.runtime)
 
     def all_have(self, flag):
         return bool(self.tdh.all_ranks(tf.constant(flag), name="ttf_have_batch").numpy())
