@@ -71,7 +71,11 @@ Local job (default: a parameter-server cluster on this host):
   --no-isolation       run the local cluster or local Horovod job in this host's network: its servers
                        then listen on every interface, unauthenticated (default: a private network
                        namespace holding only loopback, where the kernel allows one; see SECURITY.md)
-Horovod job (synchronous data parallel; ttf tables sharded over the ranks by id):
+Synchronous job on TensorFlow's own collectives (any TensorFlow, Keras 2 or 3; ttf tables sharded over
+the workers by id, dense gradients allreduced; docs/sync.md):
+  --sync               N workers on this host (N = --workers, default 2), each models/train.py --sync
+                       (needs --tiacc); --hvd-compression sets what crosses the wire
+Horovod job (synchronous data parallel; ttf tables sharded over the ranks by id; TensorFlow 2.16 only):
   --hvd                N ranks on this host through `horovodrun --gloo` (N = --workers, default 2);
                        installs horovod on first use (scripts/setup_horovod.sh, ~6 min build once)
   --hvd-compression C  none | fp16 | bf16: what crosses the wire between ranks (default none)
@@ -96,6 +100,7 @@ Examples:
   ./start_all.sh --fm --single --steps 500           # native DeepFM in one process
   ./start_all.sh --tiacc --single --stream folder:/data/incoming --checkpoint-dir ck  # online, until SIGTERM
   ./start_all.sh --hvd --tiacc --fm                  # DeepFM with ttf on 2 Horovod ranks
+  ./start_all.sh --sync --tiacc --fm                 # the same on TensorFlow's collectives, 2 workers
   ./start_all.sh --role ps --index 0 --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222 \
                  --chief-host 10.0.0.3:2222          # the ps task of a 3-host job
 It prints the ports each task listens on at start-up, global steps/sec and AUC at the end. Logs of a
@@ -117,7 +122,7 @@ die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; e
 given_args=()  # flags train.py takes as they are (and checks: one usage line, exit 2)
 lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data="" logdir=""
 schema="" synthetic_rows="" lenient=0 verbose=0
-extra_train_args=() hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
+extra_train_args=() sync=0 hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 ckpt_every="" full_every="" export_dir="" stream="" steps_given=0
 isolation=1 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
 local_flag="" index_given=0 job_shape=parameter-server
@@ -131,6 +136,7 @@ while [ $# -gt 0 ]; do
     --single) single=1 local_flag=$1 ;;
     --no-isolation) isolation=0 ;;
     --hvd) hvd=1 local_flag=$1 ;;
+    --sync) sync=1 local_flag=$1 ;;
     --hvd-compression) need_value "$@"; hvd_compression=$2; shift ;;
     --hvd-hosts) need_value "$@"; hvd_hosts=$2; shift ;;
     --hvd-host-index) need_value "$@"; hvd_host_index=$2; shift ;;
@@ -204,8 +210,12 @@ if [ "$hvd" = 1 ]; then
   { [ -n "$role" ] || [ "$single" = 1 ] || [ "$path_flag" = --tfra ]; } &&
     die "--hvd runs the native or --tiacc path on Horovod ranks; drop --role/--single/--tfra"
   [ -n "$hvd_hosts" ] && [ -z "$hvd_host_index" ] && die "--hvd-hosts needs --hvd-host-index"
+elif [ "$sync" = 1 ]; then
+  { [ -n "$role" ] || [ "$single" = 1 ] || [ "$path_flag" != --tiacc ]; } &&
+    die "--sync runs the --tiacc path on workers of this host; add --tiacc, drop --role/--single"
+  [ -n "$hvd_hosts$hvd_host_index$hvd_rendezvous$hvd_iface" ] && die "--hvd-hosts and the other --hvd-* flags need --hvd"
 elif [ -n "$hvd_compression$hvd_hosts$hvd_host_index$hvd_rendezvous$hvd_iface" ]; then
-  die "--hvd-compression, --hvd-hosts, --hvd-host-index, --hvd-rendezvous and --hvd-iface need --hvd"
+  die "--hvd-compression needs --hvd or --sync; --hvd-hosts, --hvd-host-index, --hvd-rendezvous and --hvd-iface need --hvd"
 fi
 
 venv=${TTF_VENV:-$PWD/.venv${TTF_TF:+-tf$TTF_TF}}
@@ -320,6 +330,56 @@ if [ "$hvd" = 1 ]; then
     else
       echo "[start_all] the Horovod job failed (exit code $rc); log: $logdir/horovodrun.log" >&2
     fi
+    exit 1
+  fi
+  echo "[start_all] done; logs in $logdir"
+  exit 0
+fi
+
+if [ "$sync" = 1 ]; then  # N workers of a synchronous job on this host, in step over TensorFlow's collectives
+  [ -n "$hvd_compression" ] && train_args+=(--hvd-compression "$hvd_compression")
+  logdir=runs/$(date +%Y%m%d-%H%M%S)-$$-sync
+  mkdir -p "$logdir"
+  read -r -a ports <<<"$("$PY" -c "
+import socket
+socks = [socket.socket() for _ in range($num_workers)]
+for s in socks: s.bind(('127.0.0.1', 0))
+print(*[s.getsockname()[1] for s in socks])")"
+  hosts=$(printf '127.0.0.1:%s,' "${ports[@]}"); hosts=${hosts%,}
+  echo "[start_all] synchronous job: $num_workers worker(s) on TensorFlow's collectives, logs in $logdir;" \
+       "training (${train_args[*]})"
+  network_line "the workers' gRPC ports ${ports[*]}" "TensorFlow gRPC"
+  if [ -z "$data" ] || [ "$data" = synthetic ]; then  # once, before the workers read it
+    "$PY" models/train.py "${train_args[@]}" --prepare-data || exit 1
+  fi
+  pids=()
+  for ((i = 0; i < num_workers; i++)); do
+    if [ "$i" = 0 ]; then  # worker 0 prints the job's lines
+      "$PY" models/train.py "${train_args[@]}" --sync --worker-hosts "$hosts" --task-index 0 \
+        > >(tee "$logdir/worker0.log") 2>"$logdir/worker0.err" &
+    else
+      "$PY" models/train.py "${train_args[@]}" --sync --worker-hosts "$hosts" --task-index "$i" \
+        >"$logdir/worker$i.log" 2>&1 &
+    fi
+    pids+=($!)
+  done
+  stop_workers() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+  trap stop_workers EXIT
+  trap 'echo "[start_all] interrupted: stopping every worker"; exit 130' INT
+  # SIGTERM: every worker finishes its step, publishes and checkpoints (a stream job), then exits 0.
+  trap 'echo "[start_all] SIGTERM: the workers finish their step and checkpoint"; kill -TERM "${pids[@]}" 2>/dev/null || true' TERM
+  rc=0 failed=""
+  for ((i = 0; i < num_workers; i++)); do
+    code=0
+    wait "${pids[i]}" || code=$?
+    while [ "$code" -gt 128 ] && kill -0 "${pids[i]}" 2>/dev/null; do code=0; wait "${pids[i]}" || code=$?; done
+    if [ "$code" != 0 ] && [ -z "$failed" ]; then failed="worker $i (exit code $code)"; rc=$code; fi
+  done
+  trap - EXIT
+  if [ -n "$failed" ]; then
+    echo "[start_all] the synchronous job failed: first $failed; logs in $logdir:" >&2
+    grep -h -v -E "^(WARNING|I0000|W0000|E0000)" "$logdir"/worker*.err "$logdir"/worker[1-9]*.log 2>/dev/null |
+      grep -E "error|Error" | head -n 5 | sed 's/^/    /' >&2
     exit 1
   fi
   echo "[start_all] done; logs in $logdir"

@@ -138,17 +138,25 @@ def parse_args(argv):
     cluster.add_argument("--ps-hosts", default=None, help="comma-separated host:port of the ps tasks")
     cluster.add_argument("--worker-hosts", default=None, help="comma-separated host:port of the worker tasks")
     cluster.add_argument("--chief-host", default=None, help="host:port of this chief")
-    hvd = p.add_argument_group("Horovod job (synchronous; run under horovodrun, e.g. by start_all.sh --hvd)")
-    hvd.add_argument("--horovod", action="store_true",
-                     help="one rank of a Horovod job: each rank trains on its slice of the global batch "
-                          "(--batch-size per rank), ttf tables sharded over the ranks, dense gradients allreduced")
-    hvd.add_argument("--hvd-compression", choices=["none", "fp16", "bf16"], default="none",
-                     help="what crosses the wire between ranks (dense allreduce, embedding rows and their "
-                          "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
+    sync = p.add_argument_group("synchronous job: each rank trains on its slice of the global batch (--batch-size "
+                                "per rank), ttf tables sharded over the ranks, dense gradients allreduced")
+    sync.add_argument("--sync", action="store_true",
+                      help="one worker of a synchronous job on TensorFlow's own collectives (any TensorFlow, Keras 2 "
+                           "or 3; start_all.sh --sync): the workers from --worker-hosts and --task-index, or TF_CONFIG")
+    sync.add_argument("--task-index", type=int, default=None,
+                      help="with --sync: this worker's position in --worker-hosts (its rank)")
+    sync.add_argument("--horovod", action="store_true",
+                      help="one rank of a Horovod job (TensorFlow 2.16, Keras 2; run under horovodrun, e.g. by "
+                           "start_all.sh --hvd)")
+    sync.add_argument("--hvd-compression", "--wire-compression", choices=["none", "fp16", "bf16"], default="none",
+                      help="what crosses the wire between ranks (dense allreduce, embedding rows and their "
+                           "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
     args = p.parse_args(argv)
     # TF_CONFIG (set by cluster launchers) fills the cluster flags not given; --horovod and --prepare-data ignore it
     args.task_role = None
-    if not (args.horovod or args.prepare_data):
+    if args.sync:
+        sync_cluster(p, args)
+    elif not (args.horovod or args.prepare_data):
         try:
             role = ttf.distribute.resolve_task(
                 ttf.distribute.tf_config_from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
@@ -166,8 +174,8 @@ def parse_args(argv):
     if args.horovod and args.epochs and args.steps_per_call > 1:
         p.error("--epochs on Horovod needs --steps-per-call 1: the ranks' shares may end a batch apart, and every "
                 "rank checks before each step that all ranks still have a batch")
-    if args.hvd_compression != "none" and not args.horovod:
-        p.error("--hvd-compression needs --horovod")
+    if args.hvd_compression != "none" and not (args.horovod or args.sync):
+        p.error("--wire-compression needs --sync or --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:
         p.error("--hvd-compression bf16 needs --tiacc (the native path uses horovod's DistributedOptimizer: none or fp16)")
     if args.publish_dir and not args.tiacc:
@@ -176,7 +184,7 @@ def parse_args(argv):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
     cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
-    if any(cluster_flags) and not all(cluster_flags):
+    if any(cluster_flags) and not all(cluster_flags) and not args.sync:
         p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
     for name in ("batch_size", "steps", "epochs", "checkpoint_every", "log_every", "steps_per_call", "full_every",
                  "auc_window"):
@@ -395,22 +403,53 @@ def job_config(args):
         journal=args.stream_journal)
 
 
+def sync_cluster(p, args):
+    """--sync: the workers (chief first, if any) and this worker's rank, from the flags or TF_CONFIG."""
+    if args.horovod or args.ps_hosts or args.chief_host or args.tfra or not args.tiacc:
+        p.error("--sync shards ttf tables over TensorFlow's collectives: give --tiacc, without --horovod, --tfra, "
+                "--ps-hosts and --chief-host")
+    if args.steps_per_call > 1:
+        p.error("--sync runs one step per call (each collective takes a new instance key at each call): "
+                "drop --steps-per-call")
+    try:
+        role = ttf.distribute.resolve_task(
+            ttf.distribute.tf_config_from_env(), worker_hosts=args.worker_hosts,
+            task_type=None if args.task_index is None else "worker", task_index=args.task_index,
+            task_types=("chief", "worker"), shapes=("synchronous",),
+            names={"worker_hosts": "--worker-hosts", "task_index": "--task-index", "task_type": "--sync"})
+    except ttf.distribute.TFConfigError as err:
+        p.error(str(err))
+    if not role.worker_hosts or role.task_type is None:
+        p.error("--sync needs --worker-hosts and --task-index (or TF_CONFIG with this task)")
+    chief = [role.chief_host] if role.chief_host else []
+    args.sync_hosts = chief + role.worker_hosts.split(",")
+    args.sync_index = 0 if role.task_type == "chief" else len(chief) + role.task_index
+    if not 0 <= args.sync_index < len(args.sync_hosts):
+        p.error(f"--task-index {role.task_index} is outside the {len(args.sync_hosts)} workers of --worker-hosts")
+    args.task_role = role.describe()
+
+
 def make_topology(args):
-    if args.horovod:
+    if args.horovod or args.sync:
         try:
-            topology = ttf.distribute.HorovodRanks(args.hvd_compression)
+            topology = (ttf.distribute.SyncWorkers(args.sync_hosts, args.sync_index, args.hvd_compression) if args.sync
+                        else ttf.distribute.HorovodRanks(args.hvd_compression))
         except ImportError as err:
             raise SystemExit(f"[train] error: --horovod needs horovod: {err}".replace("\n", " ")) from err
         _LOG_RANK[0] = topology.rank
-        # Every flag must agree: a rank with another batch size or seed would silently train another model.
+        # Every flag must agree (but the task's own): a rank with another batch size or seed would silently train
+        # another model.
         try:
-            flags = json.loads(json.dumps(vars(args), default=lambda v: dataclasses.asdict(v)  # TableConfig
+            own = ("task_index", "sync_index", "task_role")
+            flags = json.loads(json.dumps({k: v for k, v in vars(args).items() if k not in own},
+                                          default=lambda v: dataclasses.asdict(v)  # TableConfig
                                           if dataclasses.is_dataclass(v) else repr(v)))
             topology.check_same_config(flags, what="train.py flags")
         except ValueError as err:
             raise SystemExit(f"[train] error (rank {topology.rank}): {err}") from err
         tables = "ttf tables sharded by id" if args.tiacc else "Keras embeddings through horovod's DistributedOptimizer"
-        log(f"[train] Horovod job: {topology.size} rank(s), {tables}, compression {args.hvd_compression}")
+        log(f"[train] {topology.runtime} job: {topology.size} rank(s), {tables}, compression {args.hvd_compression}"
+            + (f"; {args.task_role}" if args.sync else ""))
         return topology
     if args.ps_hosts:
         cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
@@ -421,9 +460,9 @@ def make_topology(args):
     return ttf.distribute.OneProcess()
 
 
-def run(args, readers, best_auc=None):
+def run(args, readers, best_auc=None, topology=None):
     """Builds the model and the job, trains (or follows the stream), evaluates; returns the metrics."""
-    topology = make_topology(args)
+    topology = topology or make_topology(args)
     path = "ttf" if args.tiacc else "tfra" if args.tfra else "native"
     spec = ctr.spec_for(args.schema, model=args.model, embedding_dim=args.embedding_dim,
                         native_buckets=args.native_buckets)
@@ -469,10 +508,10 @@ def run(args, readers, best_auc=None):
     summary = job.table_summary()
     if summary:
         metrics["table_size"], metrics["table_checksum"], metrics["table_value_sum"] = summary
-    if args.horovod:
+    if topology.synchronous:
         metrics.update(ranks=topology.size, hvd_compression=args.hvd_compression,
                        wire_bytes_per_step=topology.wire_bytes() / max(result["steps_run"], 1))
-    ranks_note = f" ({topology.size} Horovod ranks)" if args.horovod else ""
+    ranks_note = f" ({topology.size} {topology.runtime} ranks)" if topology.synchronous else ""
     log(f"[train] done: {result['steps']} steps, {result['steps_per_sec']:.2f} global steps/sec, "
         f"AUC {scores['auc']:.4f}, logloss {scores['logloss']:.4f} on {scores['rows']} eval rows{ranks_note}"
         + (f" (best achievable AUC {best_auc:.4f}: the planted model's)" if best_auc is not None else ""))
@@ -485,6 +524,10 @@ def main(argv=None):
     args = parse_args(argv)
     if args.horovod:  # before hvd.init: only rank 0 prints (horovodrun and hvdrun set HOROVOD_RANK)
         _LOG_RANK[0] = int(os.environ.get("HOROVOD_RANK", "0"))
+    topology = None
+    if args.sync:  # TensorFlow enables collectives only before its first op runs
+        _LOG_RANK[0] = args.sync_index
+        topology = make_topology(args)
     best_auc = prepare_synthetic(args) if args.synthetic else None
     if args.prepare_data:
         return 0
@@ -502,7 +545,7 @@ def main(argv=None):
         error(str(err))
         return 2
     try:
-        metrics = run(args, readers, best_auc)
+        metrics = run(args, readers, best_auc, topology)
     except ttf.distribute.BadInputError as err:
         error(f"{err.location} (fix the file or --schema, or pass --lenient to skip and count bad lines)")
         return 2
@@ -512,6 +555,9 @@ def main(argv=None):
     except ttf.distribute.LostRankError as err:
         # Every rank prints this: the peers of a lost rank are the ones still able to say so.
         print(f"[train] error {err}".replace("checkpoint_dir", "--checkpoint-dir"), file=sys.stderr, flush=True)
+        if args.sync:  # TensorFlow's collective runtime can wait for the lost peer at exit: leave now
+            sys.stdout.flush()
+            os._exit(1)
         return 1
     except ttf.precision.NonFiniteTrainingError as err:
         log(f"[train] error: {err}")

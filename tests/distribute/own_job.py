@@ -4,6 +4,7 @@ restarted, as the chief of a parameter-server job), on whichever Keras the env s
 
     python own_job.py fit DATA --checkpoint-dir D [--epochs 1 | --steps N] [--ps-hosts .. --worker-hosts .. --chief-host ..]
     python own_job.py follow folder:DIR --checkpoint-dir D --journal F [--publish BASE]
+    ... [--sync-hosts H:P,H:P --task-index I]   one worker of a synchronous job (TF collectives)
 
 Prints one JSON line of the job's numbers at the end.
 """
@@ -39,8 +40,12 @@ def main(argv):
     p.add_argument("--ps-hosts")
     p.add_argument("--worker-hosts")
     p.add_argument("--chief-host")
+    p.add_argument("--sync-hosts")
+    p.add_argument("--task-index", type=int)
     args = p.parse_args(argv)
-    if args.ps_hosts:
+    if args.sync_hosts:  # made before the model: TensorFlow renames the devices for collectives
+        topology = ttf.distribute.SyncWorkers(args.sync_hosts, args.task_index)
+    elif args.ps_hosts:
         cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
         topology = ttf.distribute.ParameterServers(cluster)
     else:

@@ -184,3 +184,28 @@ def test_own_script_on_two_parameter_server_workers_trains_each_row_once(rows, t
     assert result["examples_trained"] == 3000
     assert 3000 // 128 <= result["steps"] <= 3000 // 128 + 2
     assert result["table_summary"][0] > 0 and 0.5 < result["auc"] <= 1
+
+
+@pytest.mark.slow
+def test_own_script_on_two_sync_workers_checkpoints_publishes_and_restores_in_one_process(rows, tmp_path):
+    """The same script as 2 workers of a synchronous job on TensorFlow's collectives (loopback):
+    each worker reads its own share, one epoch trains every row once, each worker writes its own
+    rows into the checkpoint and the published base; the checkpoint restores into one process
+    with the same ids and checksum."""
+    hosts = ",".join(f"127.0.0.1:{port}" for port in ttf.distribute.free_ports(2))
+    args = ["fit", rows, "--epochs", "1", "--batch-size", "64", "--checkpoint-dir", str(tmp_path / "ck"),
+            "--checkpoint-every", "10", "--publish", str(tmp_path / "serving"), "--sync-hosts", hosts]
+    workers = [subprocess.Popen([sys.executable, OWN_JOB, *args, "--task-index", str(i)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    first, second = (json.loads(out.split("RESULT ")[-1]) for out in outs)
+    assert first["examples_trained"] == 3000  # every row once, over the two shares
+    assert first["table_summary"] == second["table_summary"] and first["auc"] == second["auc"]  # one model
+    assert "(2 ranks)" in outs[0] and "checkpoint at step" in outs[0]
+    assert sorted(os.listdir(tmp_path / "serving"))[0] == "1"  # a base, each worker's rows in it
+
+    one = run_own_job("fit", rows, "--steps", str(first["steps"]), "--checkpoint-dir", str(tmp_path / "ck"))
+    assert one["steps_run"] == 0  # restored at the workers' last step
+    assert one["table_summary"][:2] == first["table_summary"][:2]
+    assert one["auc"] == pytest.approx(first["auc"], abs=1e-6)

@@ -134,6 +134,11 @@ class StreamSource(tf.Module):
         return {"share": self.share, "num_shares": self.num_shares, "position": self._share_position(),
                 "examples": int(self.examples.numpy()) - self._merged_examples}
 
+    @property
+    def merged_examples(self):
+        """Examples every share had trained when the shares last agreed (merge_shares, adopt_share)."""
+        return self._merged_examples
+
     def merge_shares(self, states):
         """Every share's share_state, in share order -> this source's variables hold the
         position of the whole stream and the examples every share trained, so a checkpoint

@@ -53,9 +53,10 @@ def lost_parameter_server(error, ps_hosts):
     return err
 
 
-def lost_rank(error, rank, runtime):
+def lost_rank(error, rank, runtime, detail=None):
+    """detail: what the backend found out (e.g. which worker was lost), in place of the error's summary."""
     err = LostRankError(
-        f"(rank {rank}): a {runtime} collective failed ({error_summary(error)}). Another rank stopped or the network "
-        "failed; restart every rank with the same checkpoint_dir to resume from the last checkpoint.")
+        f"(rank {rank}): a {runtime} collective failed ({detail or error_summary(error)}). Another rank stopped or the "
+        "network failed; restart every rank with the same checkpoint_dir to resume from the last checkpoint.")
     err.cause, err.rank, err.runtime = error_summary(error), rank, runtime
     return err

@@ -65,7 +65,8 @@ class Job:
         cross-entropy on logits). The job averages it over every process's examples.
       forward: what training and evaluation run instead of `model` (a Keras layer sharing
         its weights, e.g. one returning logits where the model returns probabilities).
-      topology: OneProcess() (default), ParameterServers(cluster) or HorovodRanks().
+      topology: OneProcess() (default), ParameterServers(cluster), HorovodRanks() or
+        SyncWorkers(worker_hosts, task_index).
       config: a JobConfig.
       log: `log(message)` for progress lines; called on the chief only (default: print with
         a "[ttf] " prefix).
@@ -73,7 +74,7 @@ class Job:
         rate schedule's state).
 
     Raises (from fit / follow / evaluate): BadInputError, LostParameterServerError,
-    LostRankError, SaveFailedError, NonFiniteTrainingError (ttf.distribute / ttf.precision).
+    LostRankError (another rank of a synchronous job), SaveFailedError, NonFiniteTrainingError (ttf.distribute / ttf.precision).
     """
 
     def __init__(self, model, optimizer, loss=None, *, forward=None, topology=None, config=None, log=None,
@@ -82,6 +83,10 @@ class Job:
         self.config = config or JobConfig()
         if not isinstance(self.config, JobConfig):
             raise ValueError(f"config must be a ttf.distribute.JobConfig, got {type(self.config).__name__}")
+        if self.config.steps_per_call > self.topology.max_steps_per_call:
+            raise ValueError(f"steps_per_call={self.config.steps_per_call}: a {self.topology.name} job runs one step "
+                             f"per call at most {self.topology.max_steps_per_call} (its collectives take a new instance "
+                             "key at each call); give steps_per_call=1")
         self.model = model
         self.forward = forward or model
         self.loss = loss or sigmoid_cross_entropy
@@ -213,7 +218,7 @@ class Job:
         tables = [t for layer in tables_in(self.model) for t in layer.tables]
         if not any(t.capacity or t.evict_policy == "ttl" or t.dram_budget for t in tables):
             return ""
-        shard = " (this rank's table shards)" if self.topology.name == "horovod" else ""
+        shard = " (this rank's table shards)" if self.topology.synchronous else ""
         if any(t.dram_budget for t in tables):
             return tier_progress([t.tier_stats() for t in tables], sum(t.dram_budget for t in tables)) + shard
         rows = sum(int(t.size()) for t in tables)
@@ -254,8 +259,8 @@ class Job:
     def _save_at_end(self):
         if self.manager is None:
             return
-        # Not again at a step already saved (on Horovod every rank asks rank 0, in topology.save).
-        if self.topology.name == "horovod" or self.manager.last_step != self.step():
+        # Not again at a step already saved (in a synchronous job every rank asks rank 0, in topology.save).
+        if self.topology.synchronous or self.manager.last_step != self.step():
             self.save(self.step())
 
     def maybe_publish(self, final=False):

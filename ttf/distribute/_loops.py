@@ -10,7 +10,7 @@ from ttf.distribute._stop import StopOnSignal
 
 
 def _progress_line(job, step, loss, steps_per_sec, skipped):
-    ranks = f" ({job.topology.size} ranks)" if job.topology.name == "horovod" else ""
+    ranks = f" ({job.topology.size} ranks)" if job.topology.synchronous else ""
     job.log(f"step {step}: loss {loss:.4f}, {steps_per_sec:.1f} steps/s"
             + (f", {skipped} skipped as non-finite" if skipped else "") + job.table_progress() + ranks)
 

@@ -9,6 +9,8 @@ own rows; the chief never holds another's).
     OneProcess()                       everything here
     ParameterServers(cluster)          this process is the chief of a PS job (ClusterConfig)
     HorovodRanks(compression="none")   this process is one rank (imports horovod)
+    SyncWorkers(worker_hosts, task_index, compression="none")
+                                       one worker of a synchronous job on TensorFlow's collectives
 
 A parameter-server job's steps run on its workers: `coordinated` is True and `Job` drives
 them through `coordinator`; the other topologies run each step in this process.
@@ -18,7 +20,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from ttf.distribute import _errors
+from ttf.distribute import _errors, _ranks
 
 from ttf.data import open_stream as _open_stream
 from ttf.data import stream_batches as _stream_batches
@@ -31,6 +33,8 @@ class OneProcess:
 
     name = "single"
     coordinated = False
+    synchronous = False  # ranks in step, each holding its own shard of every table
+    max_steps_per_call = 1 << 30
     rank, size, num_shares = 0, 1, 1
     strategy = coordinator = None
     shard_devices = None
@@ -169,10 +173,110 @@ class ParameterServers(OneProcess):
         return self.cluster.shape()
 
 
-class HorovodRanks(OneProcess):
-    """This process is one rank of a Horovod job: ttf tables sharded over the ranks
-    (ttf.distribute.horovod), dense gradients allreduced; each rank reads its own input share
-    and writes its own rows. compression: "none", "fp16" or "bf16" on the wire."""
+class SynchronousRanks(OneProcess):
+    """Ranks of a synchronous job over a Collectives backend (ttf/distribute/_collectives.py):
+    ttf tables sharded over the ranks, dense gradients averaged, each rank reads its own
+    input share and writes its own rows; every mechanic is ttf/distribute/_ranks.py's, written
+    once for every backend. Subclasses make the backend (`self.coll`)."""
+
+    synchronous = True
+    runtime = "collective"
+
+    def __init__(self, coll, compression="none"):
+        from ttf.distribute._wire import wire_dtype  # noqa: PLC0415
+
+        wire_dtype(compression)  # refuses an unknown compression
+        self.coll, self.compression = coll, compression
+        self.rank, self.size = coll.rank, coll.size
+        self.num_shares = self.size
+
+    def prepare(self, model, optimizer):
+        from ttf.distribute import _table_sharding  # noqa: PLC0415
+
+        _table_sharding.shard_tables(model, self.coll, self.compression)
+        return _table_sharding.DistributedOptimizer(optimizer, self.coll, self.compression)
+
+    def broadcast_model(self, model):
+        from ttf.distribute import _table_sharding  # noqa: PLC0415
+
+        with self.coll.guard("broadcast of the model's dense weights"):
+            _table_sharding.broadcast_variables(model.variables, self.coll)
+
+    def lost(self, error):  # any failed collective: a peer stopped or the network failed
+        return _errors.lost_rank(error, self.rank, self.runtime)
+
+    def all_have(self, flag):
+        with self.coll.guard("the end-of-input check"):
+            return bool(_ranks.all_ranks(self.coll, tf.constant(flag), "ttf_have_batch").numpy())
+
+    def agree(self, value, what="agree"):
+        return _ranks.agree(self.coll, value, what)
+
+    def gather_rows(self, array, name):
+        return _ranks.gather_rows(self.coll, np.asarray(array), name)
+
+    def sum_counts(self, counts):
+        return _ranks.summed_counts(self.coll, counts)
+
+    def check_same_config(self, config, what):
+        _ranks.check_same_config(self.coll, config, what)
+
+    def mean_loss(self):
+        from ttf.distribute.sync import mean_over_examples  # noqa: PLC0415
+
+        return lambda losses: mean_over_examples(losses, self.coll, name="ttf_loss")
+
+    def finite_across(self):
+        return lambda flag: _ranks.all_ranks(self.coll, flag)
+
+    def open_stream(self, spec, **kwargs):
+        return _ranks.open_stream(self.coll, spec, **kwargs)
+
+    def stream_batches(self, stream, batch_size, stop, max_steps):
+        return _ranks.stream_batches(self.coll, stream, batch_size, stop, max_steps=max_steps)
+
+    def stream_progress(self, stream):
+        return _ranks.stream_progress(self.coll, stream)
+
+    def sync_positions(self, position, stream=None):
+        _ranks.gather_input_position(self.coll, position)
+        if stream is not None:  # every rank's share of the stream into rank 0's checkpoint
+            _ranks.gather_stream_position(self.coll, stream)
+
+    def save(self, manager, step):
+        # Not again at a step rank 0 has saved already (only its manager knows).
+        with self.coll.guard("save"):
+            saved = self.coll.broadcast_object(manager.last_step == step if self.rank == 0 else None, 0,
+                                               "ttf_save_done")
+        if not saved:
+            _ranks.save_checkpoint(self.coll, manager, step)
+
+    def export_for_serving(self, model, base, row_dtype):
+        return _ranks.export_for_serving(self.coll, model, base, row_dtype=row_dtype)
+
+    def publisher(self, model, base, **kwargs):
+        return _ranks.RankPublisher(self.coll, model, base, **kwargs)
+
+    def table_summary(self, model):
+        with self.coll.guard("table_summary"):
+            return _table_summary(*self.coll.allgather_object(super().table_summary(model), "ttf_table_summary"))
+
+    def slice_batches(self, dataset, batch_size):
+        from ttf.distribute.sync import rank_slice  # noqa: PLC0415
+
+        return rank_slice(dataset, batch_size, self.coll)
+
+    def eval_batch_size(self, batch_size):
+        return batch_size * self.size
+
+    def wire_bytes(self):
+        """Bytes this rank sent to the others (its wire precision), 0 before any step."""
+        return self.coll.wire_bytes()
+
+
+class HorovodRanks(SynchronousRanks):
+    """This process is one rank of a Horovod job (imports horovod; Keras 2, TensorFlow 2.16).
+    compression: "none", "fp16" or "bf16" on the wire."""
 
     name = "horovod"
     runtime = "Horovod"
@@ -184,9 +288,7 @@ class HorovodRanks(OneProcess):
             raise ImportError(str(err).replace("\n", " ")) from err
         tdh.hvd.init()
         self.tdh, self.hvd = tdh, tdh.hvd
-        self.rank, self.size = tdh.hvd.rank(), tdh.hvd.size()
-        self.num_shares = self.size
-        self.compression = compression
+        super().__init__(tdh._backend(), compression)  # pylint: disable=protected-access
 
     def shape(self):
         return {"horovod_ranks": self.size, "compression": self.compression}
@@ -199,70 +301,37 @@ class HorovodRanks(OneProcess):
         compression = self.hvd.Compression.fp16 if self.compression == "fp16" else self.hvd.Compression.none
         return self.hvd.DistributedOptimizer(optimizer, compression=compression)
 
-    def broadcast_model(self, model):
-        self.tdh.broadcast_variables(model.variables)
-
-    def lost(self, error):  # any failed collective: a peer stopped or the network failed
-        return _errors.lost_rank(error, self.rank, self.runtime)
-
-    def all_have(self, flag):
-        return bool(self.tdh.all_ranks(tf.constant(flag), name="ttf_have_batch").numpy())
-
-    def agree(self, value, what="agree"):
-        return self.tdh.agree(value, what)
-
-    def gather_rows(self, array, name):
-        return self.tdh.gather_rows(np.asarray(array), name)
-
-    def sum_counts(self, counts):
-        per_rank = self.hvd.allgather_object(counts)
-        return {name: sum(c[name] for c in per_rank) for name in counts}
-
-    def check_same_config(self, config, what):
-        self.tdh.check_same_config(config, what=what)
-
-    def mean_loss(self):
-        return lambda losses: self.tdh.mean_over_examples(losses, name="ttf_loss")
-
-    def finite_across(self):
-        return self.tdh.all_ranks
-
-    def open_stream(self, spec, **kwargs):
-        return self.tdh.open_stream(spec, **kwargs)
-
-    def stream_batches(self, stream, batch_size, stop, max_steps):
-        return self.tdh.stream_batches(stream, batch_size, stop, max_steps=max_steps)
-
-    def stream_progress(self, stream):
-        return self.tdh.stream_progress(stream)
-
-    def sync_positions(self, position, stream=None):
-        self.tdh.gather_input_position(position)
-        if stream is not None:  # every rank's share of the stream into rank 0's checkpoint
-            self.tdh.gather_stream_position(stream)
-
-    def save(self, manager, step):
-        # None when rank 0 has saved this step already (only its manager knows).
-        saved = self.hvd.broadcast_object(manager.last_step == step if self.rank == 0 else None,
-                                          name="ttf_save_done")
-        if not saved:
-            self.tdh.save_checkpoint(manager, step)
-
-    def export_for_serving(self, model, base, row_dtype):
-        return self.tdh.export_for_serving(model, base, row_dtype=row_dtype)
-
-    def publisher(self, model, base, **kwargs):
-        return self.tdh.Publisher(model, base, **kwargs)
-
-    def table_summary(self, model):
-        return _table_summary(*self.hvd.allgather_object(super().table_summary(model)))
-
-    def slice_batches(self, dataset, batch_size):
-        return self.tdh.rank_slice(dataset, batch_size)
-
-    def eval_batch_size(self, batch_size):
-        return batch_size * self.size
-
     def wire_bytes(self):
-        """Bytes this rank sent to the others (its wire precision), 0 before any step."""
         return self.tdh.wire_bytes() if self.tdh._wire_bytes else 0  # pylint: disable=protected-access
+
+
+class SyncWorkers(SynchronousRanks):
+    """This process is one worker of a synchronous job on TensorFlow's own collectives
+    (MultiWorkerMirroredStrategy's gRPC cluster; any TensorFlow from 2.16, Keras 2 or 3).
+    The cluster comes from `worker_hosts` ("h:p,h:p") and `task_index`, or else TF_CONFIG.
+    Create it first, before the model and its tables (TensorFlow renames this process's
+    devices when it enables collectives). compression: "none", "fp16" or "bf16" on the wire.
+    timeout_seconds: how long a collective waits for the other workers before the job stops
+    with LostRankError (ttf.distribute.sync.COLLECTIVE_TIMEOUT_SECONDS)."""
+
+    name = "sync"
+    runtime = "TensorFlow collective"
+    max_steps_per_call = 1  # a fresh instance key per collective and call: one step per call
+
+    def __init__(self, worker_hosts=None, task_index=None, compression="none", timeout_seconds=None):
+        from ttf.distribute._collectives import COLLECTIVE_TIMEOUT_SECONDS, TFCollectives  # noqa: PLC0415
+
+        coll = TFCollectives(worker_hosts=worker_hosts, task_index=task_index,
+                             timeout_seconds=timeout_seconds or COLLECTIVE_TIMEOUT_SECONDS)
+        super().__init__(coll, compression)
+
+    def shape(self):
+        return {"sync_workers": self.size, "compression": self.compression}
+
+    def lost(self, error):
+        from ttf.distribute._collectives import LostWorkerError  # noqa: PLC0415
+
+        found = self.coll.lost_worker_error("training", error)
+        if not isinstance(found, LostWorkerError):
+            return None  # not a collective's failure: raised as it is
+        return _errors.lost_rank(error, self.rank, self.runtime, detail=str(found))
