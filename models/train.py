@@ -163,7 +163,8 @@ def parse_args(argv):
                 chief_host=args.chief_host, task_type="chief", task_types=("chief",), shapes=("parameter-server",),
                 names={"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host"})
         except ttf.distribute.TFConfigError as err:
-            p.error(str(err))
+            hint = " (add --sync --tiacc for a synchronous job)" if "synchronous job" in str(err) else ""
+            p.error(str(err) + hint)
         args.ps_hosts, args.worker_hosts, args.chief_host = role.ps_hosts or None, role.worker_hosts or None, role.chief_host or None
         args.task_role = role.describe() if role.ps_hosts and role.worker_hosts and role.chief_host else None
     if args.horovod and (args.ps_hosts or args.tfra):
@@ -448,8 +449,8 @@ def make_topology(args):
         except ValueError as err:
             raise SystemExit(f"[train] error (rank {topology.rank}): {err}") from err
         tables = "ttf tables sharded by id" if args.tiacc else "Keras embeddings through horovod's DistributedOptimizer"
-        log(f"[train] {topology.runtime} job: {topology.size} rank(s), {tables}, compression {args.hvd_compression}"
-            + (f"; {args.task_role}" if args.sync else ""))
+        log(f"[train] {topology.runtime} synchronous job: {topology.size} rank(s), {tables}, "
+            f"compression {args.hvd_compression}" + (f"; {args.task_role}" if args.sync else ""))
         return topology
     if args.ps_hosts:
         cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)

@@ -163,3 +163,38 @@ def test_a_parameter_server_role_gives_the_cluster_config_of_the_job_runtime():
     assert cluster.cluster_spec().as_dict() == PS_CLUSTER
     with pytest.raises(TFConfigError, match="a parameter-server job needs ps, worker and chief tasks; TF_CONFIG gives ps"):
         resolve_task(parse_tf_config(tf_config(SYNC_CLUSTER, "worker", 0))).cluster_config()
+
+
+@pytest.mark.parametrize("argv, config, message", [
+    (["--sync"], None, "--sync shards ttf tables over TensorFlow's collectives: give --tiacc"),
+    (["--sync", "--tiacc"], None, "--sync needs --worker-hosts and --task-index (or TF_CONFIG"),
+    (["--sync", "--tiacc", "--worker-hosts", "a:1,b:1", "--task-index", "2"], None, "outside the 2 workers"),
+    (["--sync", "--tiacc", "--worker-hosts", "a:1,b:1", "--task-index", "0", "--steps-per-call", "4"], None,
+     "--sync runs one step per call"),
+    (["--sync", "--tiacc", "--task-index", "0"], ("worker", 1), "TF_CONFIG and --task-index disagree"),
+    (["--tiacc"], ("worker", 1), "(add --sync --tiacc for a synchronous job)"),
+    (["--tiacc", "--wire-compression", "fp16"], None, "--wire-compression needs --sync or --horovod"),
+])
+def test_train_py_sync_flags_refuse_in_one_line(monkeypatch, capsys, argv, config, message):
+    from models import train
+
+    if config:
+        monkeypatch.setenv("TF_CONFIG", tf_config(SYNC_CLUSTER, *config))
+    else:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_train_py_sync_takes_its_rank_from_the_flags_or_tf_config(monkeypatch):
+    from models import train
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    args = train.parse_args(["--sync", "--tiacc", "--worker-hosts", "a:1,b:1,c:1", "--task-index", "2"])
+    assert (args.sync_hosts, args.sync_index) == (["a:1", "b:1", "c:1"], 2)
+    # TF_CONFIG with a chief: the chief is rank 0, worker i rank i + 1
+    monkeypatch.setenv("TF_CONFIG", tf_config({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, "worker", 1))
+    args = train.parse_args(["--sync", "--tiacc"])
+    assert (args.sync_hosts, args.sync_index) == (["c:1", "a:1", "b:1"], 2)
+    assert "synchronous job" in args.task_role

@@ -173,6 +173,11 @@ class ParameterServers(OneProcess):
         return self.cluster.shape()
 
 
+# Seconds a SyncWorkers job's collective waits for the other workers (measured: a loaded 2-core
+# host took over 45 s to trace the first step on one worker while the other waited).
+JOB_COLLECTIVE_TIMEOUT_SECONDS = 600.0
+
+
 class SynchronousRanks(OneProcess):
     """Ranks of a synchronous job over a Collectives backend (ttf/distribute/_collectives.py):
     ttf tables sharded over the ranks, dense gradients averaged, each rank reads its own
@@ -312,17 +317,19 @@ class SyncWorkers(SynchronousRanks):
     Create it first, before the model and its tables (TensorFlow renames this process's
     devices when it enables collectives). compression: "none", "fp16" or "bf16" on the wire.
     timeout_seconds: how long a collective waits for the other workers before the job stops
-    with LostRankError (ttf.distribute.sync.COLLECTIVE_TIMEOUT_SECONDS)."""
+    with LostRankError (default JOB_COLLECTIVE_TIMEOUT_SECONDS: a worker may trace its first
+    step or write its checkpoint part alone for minutes on a busy host; a killed worker is
+    noticed sooner, by the coordination service's heartbeats)."""
 
     name = "sync"
-    runtime = "TensorFlow collective"
+    runtime = "TensorFlow"
     max_steps_per_call = 1  # a fresh instance key per collective and call: one step per call
 
     def __init__(self, worker_hosts=None, task_index=None, compression="none", timeout_seconds=None):
-        from ttf.distribute._collectives import COLLECTIVE_TIMEOUT_SECONDS, TFCollectives  # noqa: PLC0415
+        from ttf.distribute._collectives import TFCollectives  # noqa: PLC0415
 
         coll = TFCollectives(worker_hosts=worker_hosts, task_index=task_index,
-                             timeout_seconds=timeout_seconds or COLLECTIVE_TIMEOUT_SECONDS)
+                             timeout_seconds=timeout_seconds or JOB_COLLECTIVE_TIMEOUT_SECONDS)
         super().__init__(coll, compression)
 
     def shape(self):
