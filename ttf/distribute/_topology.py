@@ -204,15 +204,13 @@ class SynchronousRanks(OneProcess):
     def broadcast_model(self, model):
         from ttf.distribute import _table_sharding  # noqa: PLC0415
 
-        with self.coll.guard("broadcast of the model's dense weights"):
-            _table_sharding.broadcast_variables(model.variables, self.coll)
+        _table_sharding.broadcast_variables(model.variables, self.coll)
 
     def lost(self, error):  # any failed collective: a peer stopped or the network failed
         return _errors.lost_rank(error, self.rank, self.runtime)
 
     def all_have(self, flag):
-        with self.coll.guard("the end-of-input check"):
-            return bool(_ranks.all_ranks(self.coll, tf.constant(flag), "ttf_have_batch").numpy())
+        return bool(_ranks.all_ranks(self.coll, tf.constant(flag), "ttf_have_batch").numpy())
 
     def agree(self, value, what="agree"):
         return _ranks.agree(self.coll, value, what)
@@ -250,9 +248,7 @@ class SynchronousRanks(OneProcess):
 
     def save(self, manager, step):
         # Not again at a step rank 0 has saved already (only its manager knows).
-        with self.coll.guard("save"):
-            saved = self.coll.broadcast_object(manager.last_step == step if self.rank == 0 else None, 0,
-                                               "ttf_save_done")
+        saved = self.coll.broadcast_object(manager.last_step == step if self.rank == 0 else None, 0, "ttf_save_done")
         if not saved:
             _ranks.save_checkpoint(self.coll, manager, step)
 
@@ -263,8 +259,7 @@ class SynchronousRanks(OneProcess):
         return _ranks.RankPublisher(self.coll, model, base, **kwargs)
 
     def table_summary(self, model):
-        with self.coll.guard("table_summary"):
-            return _table_summary(*self.coll.allgather_object(super().table_summary(model), "ttf_table_summary"))
+        return _table_summary(*self.coll.allgather_object(super().table_summary(model), "ttf_table_summary"))
 
     def slice_batches(self, dataset, batch_size):
         from ttf.distribute.sync import rank_slice  # noqa: PLC0415
