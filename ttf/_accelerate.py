@@ -172,6 +172,9 @@ def accelerate(model, keep=(), sample=None):
     Embedding it holds (an attribute, in a list or dict, in a nested layer) becomes a ttf
     table, and each nested functional or Sequential block holding Embeddings (TFRS'
     `Sequential([StringLookup, Embedding])`) is converted as above; `model` is not changed.
+    The new model's class is a subclass of type(model), of the same name, whose get_config
+    records the tables and where they sit, so that a .keras file of it loads back
+    (keras.models.load_model with the class in custom_objects, after `import ttf`).
 
     What changes behaviour is warned about by layer name (a dropped lookup: out-of-vocabulary
     inputs read a zero row until trained; a dropped embedding regularizer or constraint,
