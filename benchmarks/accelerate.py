@@ -358,6 +358,8 @@ def op_table(op_ms, top=14):
     lines += [f"| {k} | {op_ms['native'].get(k, 0):.2f} | {op_ms['accelerated'].get(k, 0):.2f} |" for k in kinds[:top]]
     rest = {n: sum(v for k, v in ms.items() if k in kinds[top:]) for n, ms in op_ms.items()}
     lines.append(f"| the other {len(kinds) - top} op types | {rest['native']:.2f} | {rest['accelerated']:.2f} |")
+    ttf_ops = {n: sum(v for k, v in ms.items() if k.startswith("Ttf")) for n, ms in op_ms.items()}
+    lines.append(f"| of all, ttf's own ops (Ttf*) | {ttf_ops['native']:.2f} | {ttf_ops['accelerated']:.2f} |")
     lines.append(f"| all ops | {sum(op_ms['native'].values()):.2f} | {sum(op_ms['accelerated'].values()):.2f} |")
     return "\n".join(lines)
 
