@@ -25,7 +25,7 @@ of the trained accelerated model's export_for_serving SavedModel (stock TF ops o
     .venv/bin/python benchmarks/accelerate.py --model tfrs
     .venv/bin/python benchmarks/accelerate.py --model dlrm      # Keras 3 (run as its own process)
 
-Results are printed and, unless --no-record, appended to benchmarks/results/accelerate.md
+Results are printed and, unless --no-record, recorded at the top of benchmarks/results/accelerate.md
 with the command, CPU flags, disk and load average.
 """
 import argparse
@@ -400,15 +400,15 @@ def main():
     if not args.no_record:
         cpu, flags, disk = machine()
         keras_name = "Keras 3" if args.model in KERAS3_MODELS else "tf_keras"
-        os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-        with open(os.path.join(ROOT, "benchmarks", "results", "accelerate.md"), "a") as out:
-            out.write(f"\n## {args.model} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-                      f"`.venv/bin/python benchmarks/accelerate.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} "
-                      f"cores ({cpu}; {' '.join(flags)}), TensorFlow {tf.__version__}, {keras_name}; batch "
-                      f"{args.batch_size}; medians of {args.repeats} interleaved blocks of {args.steps} steps after "
-                      f"{args.warmup} warm-up steps; quality on {args.eval_rows:,} held-out rows after the same "
-                      f"{args.warmup + args.repeats * args.steps} steps. Disk: `{disk}`. Load average at the end "
-                      f"(1/5/15 min): {' / '.join(f'{v:.1f}' for v in os.getloadavg())}.\n\n{text}\n")
+        entry = (f"## {args.model} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+                 f"`.venv/bin/python benchmarks/accelerate.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} "
+                 f"cores ({cpu}; {' '.join(flags)}), TensorFlow {tf.__version__}, {keras_name}; batch "
+                 f"{args.batch_size}; medians of {args.repeats} interleaved (ABBA) blocks of {args.steps} steps after "
+                 f"{args.warmup} warm-up steps; quality on {args.eval_rows:,} held-out rows after the same "
+                 f"{args.warmup + args.repeats * args.steps} steps. Disk: `{disk}`. Load average at the end "
+                 f"(1/5/15 min): {' / '.join(f'{v:.1f}' for v in os.getloadavg())}.\n\n{text}\n")
+        from _results import record  # pylint: disable=import-outside-toplevel
+        print(f"[accelerate] recorded in {record('accelerate', entry)}")
     return 0
 
 
