@@ -121,7 +121,7 @@ class Subclassed(tf.keras.Model):
                                     self.by_name["shared"](x["friend"])], axis=1))
 
 
-def test_subclassed_model_embeddings_in_attributes_lists_and_dicts():
+def test_subclassed_model_embeddings_in_attributes_lists_and_dicts(tmp_path):
     rng = np.random.default_rng(2)
     x = {"user": rng.integers(0, 30, 64), "item": rng.integers(0, 50, 64), "friend": rng.integers(0, 30, 64),
          "history": rng.integers(0, 20, (64, 5))}
@@ -140,6 +140,11 @@ def test_subclassed_model_embeddings_in_attributes_lists_and_dicts():
     for w0, w1 in zip(before, model.weights):  # the original is untouched
         np.testing.assert_array_equal(w0, w1.numpy())
     assert int(fast.user.size()) == 30 and not np.allclose(fast(x).numpy(), model(x).numpy())
+    fast.save(str(tmp_path / "subclassed.keras"))  # tables in an attribute, a list and a dict, one held twice
+    loaded = tf.keras.models.load_model(str(tmp_path / "subclassed.keras"), custom_objects={"Subclassed": Subclassed})
+    assert len(ttf.embedding.tables_in(loaded)) == 3 and loaded.user is loaded.by_name["shared"]
+    assert [int(t.size()) for t in ttf.embedding.tables_in(loaded)] == [int(t.size()) for t in tables]
+    np.testing.assert_allclose(loaded(x).numpy(), fast(x).numpy(), rtol=1e-6, atol=1e-7)
 
 
 def test_subclassed_model_that_cannot_be_rebuilt_names_the_fix():
