@@ -18,7 +18,7 @@ else:
     from ttf._keras import FunctionalGraph as _graph
 from ttf._ops import ops
 from ttf.data._schema import FIELD_SHIFT
-from ttf.embedding import DynamicEmbedding, RowInitializer
+from ttf.embedding import DynamicEmbedding, RowInitializer, tables_in
 import ttf.optimizers as ttf_optimizers
 from ttf.optimizers import from_keras, not_reaching_rows
 
@@ -181,7 +181,8 @@ def accelerate(model, keep=(), sample=None):
     Hashing rows that cannot carry over, an initializer ttf lacks, optimizer settings that
     act on dense variables only, jit_compile=True dropped); what cannot work raises
     ValueError naming the layer (a layer reading an Embedding's `.embeddings` matrix: keep
-    that Embedding with `keep`).
+    that Embedding with `keep`; a model that already holds ttf tables, whose copies would
+    start empty).
 
     Args:
       model: a built tf.keras functional, Sequential or subclassed model.
@@ -202,6 +203,10 @@ def accelerate(model, keep=(), sample=None):
       >>> [type(layer).__name__ for layer in fast.layers][:2]
       ['InputLayer', 'FusedLookup']
     """
+    held = [layer.name for layer in tables_in(model)]
+    if held:  # a copy of a table would start empty: its rows live in the table, not in weights
+        raise ValueError(f"ttf.accelerate: {model.name} already holds ttf tables ({', '.join(held)}); accelerate the "
+                         "model that has Keras Embeddings, or use this one as it is")
     graph = _graph.functional(model)
     if graph is None:
         return _Subclassed(model, set(keep), sample).run()
