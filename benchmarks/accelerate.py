@@ -13,8 +13,10 @@ Models (--model), each written as its tutorial or library writes it:
   dcn     keras-rs' DCN example (Keras 3 functional, FeatureCross); Adam, MSE.
 All paths: both models start from the same weights (accelerate carries the rows over) and
 train on the same batches in the same order through Keras' own train function (what
-model.fit runs). The paths alternate in blocks of --steps steps, --repeats times, after
---warmup steps each; the table gives the median steps/sec, the ratio, AUC (binary label;
+model.fit runs), read from memory (the batches are cached by one pass before timing). The
+paths alternate (ABBA) in blocks of --steps steps, --repeats times, after --warmup steps each; the
+table gives the median steps/sec and its ratio, the median CPU time per step (the whole
+process, every thread: what a shared machine's load does not distort) and its ratio, AUC (binary label;
 for ratings, the AUC of the score against rating > median) and RMSE (ratings) on held-out
 rows, the largest |prediction difference| before training, and the largest |served - model|
 of the trained accelerated model's export_for_serving SavedModel (stock TF ops only).
@@ -23,10 +25,11 @@ of the trained accelerated model's export_for_serving SavedModel (stock TF ops o
     .venv/bin/python benchmarks/accelerate.py --model tfrs
     .venv/bin/python benchmarks/accelerate.py --model dlrm      # Keras 3 (run as its own process)
 
-Results are printed and, unless --no-record, appended to benchmarks/results/accelerate.md
+Results are printed and, unless --no-record, recorded at the top of benchmarks/results/accelerate.md
 with the command, CPU flags, disk and load average.
 """
 import argparse
+import collections
 import os
 import platform
 import statistics
@@ -54,10 +57,19 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks per path, interleaved (default 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per path first (default 3)")
     parser.add_argument("--eval-rows", type=int, default=50_000, help="held-out rows for quality (default 50000)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TensorFlow's intra- and inter-op threads (default 0: TensorFlow's choice, one per "
+                             "core); 1 makes the CPU time per step the step's work alone, without thread hand-offs "
+                             "or spinning: the measure a shared machine disturbs least")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after timing, trace STEPS more steps of each path (interleaved, tf.profiler) and "
+                             "give each path's op time per step by op type (default 0: no trace)")
     parser.add_argument("--no-record", action="store_true", help="do not append to benchmarks/results/accelerate.md")
     args = parser.parse_args(argv)
-    if args.vocab < 2 or args.batch_size < 0 or args.steps < 1 or args.repeats < 1 or args.warmup < 0:
-        parser.error("--vocab >= 2, --batch-size >= 0, --steps and --repeats >= 1, --warmup >= 0 are required")
+    if (args.vocab < 2 or args.batch_size < 0 or args.steps < 1 or args.repeats < 1 or args.warmup < 0
+            or args.profile < 0 or args.threads < 0):
+        parser.error("--vocab >= 2, --batch-size >= 0, --steps and --repeats >= 1, --warmup, --profile and "
+                     "--threads >= 0 are required")
     args.batch_size = args.batch_size or (8192 if args.model == "tfrs" else 1024)
     return args
 
@@ -71,6 +83,10 @@ else:
 import numpy as np  # noqa: E402
 import ttf  # noqa: E402  (before deepctr / tfrs: tf.keras must resolve to the Keras chosen above)
 import tensorflow as tf  # noqa: E402
+
+if ARGS.threads:
+    tf.config.threading.set_intra_op_parallelism_threads(ARGS.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(ARGS.threads)
 
 
 # ---------------------------------------------------------------- the models
@@ -264,7 +280,7 @@ def served_difference(fast, x, kind):
 def bench(args):
     print(f"[accelerate] {args.model}: building the model and its ttf twin", flush=True)
     native, rows, kind, sample = BUILDERS[args.model](args)
-    total = args.warmup + args.repeats * args.steps
+    total = args.warmup + args.repeats * args.steps + args.profile
     x, y = rows(total * args.batch_size, 1)
     x_eval, y_eval = rows(args.eval_rows, 2)
     before = predictions(native, x_eval, kind)
@@ -274,30 +290,78 @@ def bench(args):
     before_diff = float(np.abs(predictions(fast, x_eval, kind) - before).max())
     data = x if kind == "rating" and "user_rating" in x else (x, y)
     batches = tf.data.Dataset.from_tensor_slices(data).batch(args.batch_size).cache()
+    for _ in batches:  # fill the cache: timed steps read batches from memory, not the slicing of
+        pass  # rows into batches (TFRS strings: ~20 ms CPU a batch, competing with the step for 2 cores)
     paths = {"native": native, "accelerated": fast}
     iterators = {name: iter(batches) for name in paths}
     for model in paths.values():
         model.make_train_function()  # tf_keras returns it, Keras 3 only sets it
     train = {name: model.train_function for name, model in paths.items()}
     rates = {name: [] for name in paths}
+    cpu_ms = {name: [] for name in paths}  # CPU time of the whole process (all threads) per step
     for name in paths:
         for _ in range(args.warmup):
             train[name](iterators[name])
     for rep in range(args.repeats):
-        for name in paths:
-            t0 = time.perf_counter()
+        for name in list(paths)[::1 if rep % 2 == 0 else -1]:  # ABBA: neither path always runs first
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 logs = train[name](iterators[name])
             float(np.asarray(list(logs.values())[0]))  # wait for the last step
             rates[name].append(args.steps / (time.perf_counter() - t0))
-            print(f"[accelerate] {args.model} block {rep + 1}/{args.repeats} {name}: {rates[name][-1]:.2f} steps/s",
-                  flush=True)
-    result = {name: dict(steps_per_s=statistics.median(r), **quality(paths[name], x_eval, y_eval, kind))
-              for name, r in rates.items()}
-    result.update(ratio=result["accelerated"]["steps_per_s"] / result["native"]["steps_per_s"], convert_s=convert_s,
+            cpu_ms[name].append((time.process_time() - c0) / args.steps * 1e3)
+            print(f"[accelerate] {args.model} block {rep + 1}/{args.repeats} {name}: {rates[name][-1]:.2f} steps/s, "
+                  f"{cpu_ms[name][-1]:.1f} CPU ms/step", flush=True)
+    op_ms = profile_ops(train, iterators, args.profile) if args.profile else None
+    result = {name: dict(steps_per_s=statistics.median(rates[name]), cpu_ms=statistics.median(cpu_ms[name]),
+                         **quality(paths[name], x_eval, y_eval, kind)) for name in paths}
+    result["op_ms"] = op_ms
+    result.update(ratio=result["accelerated"]["steps_per_s"] / result["native"]["steps_per_s"],
+                  cpu_ratio=result["native"]["cpu_ms"] / result["accelerated"]["cpu_ms"], convert_s=convert_s,
                   before_diff=before_diff, served_diff=served_difference(fast, x_eval, kind),
                   tables=len(ttf.embedding.tables_in(fast)), kind=kind)
     return result
+
+
+def profile_ops(train, iterators, steps):
+    """Traces `steps` steps of each path (one path, then the other) -> {path: {op type: ms per
+    step}}: the time each op type's kernels ran, summed over threads (ops that ran in parallel both
+    count). A kernel's time includes any preemption by other processes, so compare op types whose
+    kernels are the same in both paths (the dense layers') to see how much of a gap the load made."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+    op_ms = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in train:
+            tf.profiler.experimental.start(os.path.join(tmp, name))
+            for _ in range(steps):
+                logs = train[name](iterators[name])
+            float(np.asarray(list(logs.values())[0]))
+            tf.profiler.experimental.stop()
+            totals = collections.Counter()
+            for folder, _, files in os.walk(os.path.join(tmp, name)):
+                for file in (f for f in files if f.endswith(".xplane.pb")):
+                    space = xplane_pb2.XSpace.FromString(open(os.path.join(folder, file), "rb").read())
+                    for plane in (p for p in space.planes if p.name == "/host:CPU"):
+                        names = {key: meta.name for key, meta in plane.event_metadata.items()}
+                        for event in (e for line in plane.lines for e in line.events):
+                            op = names[event.metadata_id]  # a kernel's event is "node name:op type"
+                            if op.count(":") == 1 and " " not in op and not op.startswith("Iterator"):
+                                totals[op.rsplit(":", 1)[1]] += event.duration_ps / 1e9 / steps
+            op_ms[name] = totals
+    return op_ms
+
+
+def op_table(op_ms, top=14):
+    kinds = sorted(set(op_ms["native"]) | set(op_ms["accelerated"]),
+                   key=lambda k: -max(op_ms["native"].get(k, 0), op_ms["accelerated"].get(k, 0)))
+    lines = ["| op type | native ms/step | accelerated ms/step |", "| --- | --- | --- |"]
+    lines += [f"| {k} | {op_ms['native'].get(k, 0):.2f} | {op_ms['accelerated'].get(k, 0):.2f} |" for k in kinds[:top]]
+    rest = {n: sum(v for k, v in ms.items() if k in kinds[top:]) for n, ms in op_ms.items()}
+    lines.append(f"| the other {len(kinds) - top} op types | {rest['native']:.2f} | {rest['accelerated']:.2f} |")
+    ttf_ops = {n: sum(v for k, v in ms.items() if k.startswith("Ttf")) for n, ms in op_ms.items()}
+    lines.append(f"| of all, ttf's own ops (Ttf*) | {ttf_ops['native']:.2f} | {ttf_ops['accelerated']:.2f} |")
+    lines.append(f"| all ops | {sum(op_ms['native'].values()):.2f} | {sum(op_ms['accelerated'].values()):.2f} |")
+    return "\n".join(lines)
 
 
 def table(args, r):
@@ -306,11 +370,13 @@ def table(args, r):
         rmse = " native RMSE | accelerated RMSE |"
         kind_rmse = f" {r['native']['rmse']:.4f} | {r['accelerated']['rmse']:.4f} |"
     return "\n".join([
-        f"| model | native steps/s | accelerated steps/s | speed-up | native AUC | accelerated AUC |{rmse} "
+        f"| model | native steps/s | accelerated steps/s | speed-up | native CPU ms/step | accelerated CPU ms/step | "
+        f"CPU speed-up | native AUC | accelerated AUC |{rmse} "
         "max abs pred diff before training | max abs served - model | ttf tables | accelerate() s |",
-        "| --- " * (10 + (2 if rmse else 0)) + "|",
+        "| --- " * (13 + (2 if rmse else 0)) + "|",
         f"| {args.model} | {r['native']['steps_per_s']:.2f} | {r['accelerated']['steps_per_s']:.2f} | "
-        f"{r['ratio']:.2f}x | {r['native']['auc']:.4f} | {r['accelerated']['auc']:.4f} |{kind_rmse} "
+        f"{r['ratio']:.2f}x | {r['native']['cpu_ms']:.1f} | {r['accelerated']['cpu_ms']:.1f} | {r['cpu_ratio']:.2f}x | "
+        f"{r['native']['auc']:.4f} | {r['accelerated']['auc']:.4f} |{kind_rmse} "
         f"{r['before_diff']:.2g} | {r['served_diff']:.2g} | {r['tables']} | {r['convert_s']:.1f} |"])
 
 
@@ -327,19 +393,22 @@ def main():
     args = ARGS
     result = bench(args)
     text = table(args, result)
+    if result["op_ms"]:
+        text += (f"\n\nOp time per step by op type (tf.profiler, {args.profile} more steps of each path, "
+                 f"kernel time summed over threads):\n\n{op_table(result['op_ms'])}")
     print(text)
     if not args.no_record:
         cpu, flags, disk = machine()
         keras_name = "Keras 3" if args.model in KERAS3_MODELS else "tf_keras"
-        os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-        with open(os.path.join(ROOT, "benchmarks", "results", "accelerate.md"), "a") as out:
-            out.write(f"\n## {args.model} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-                      f"`.venv/bin/python benchmarks/accelerate.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} "
-                      f"cores ({cpu}; {' '.join(flags)}), TensorFlow {tf.__version__}, {keras_name}; batch "
-                      f"{args.batch_size}; medians of {args.repeats} interleaved blocks of {args.steps} steps after "
-                      f"{args.warmup} warm-up steps; quality on {args.eval_rows:,} held-out rows after the same "
-                      f"{args.warmup + args.repeats * args.steps} steps. Disk: `{disk}`. Load average at the end "
-                      f"(1/5/15 min): {' / '.join(f'{v:.1f}' for v in os.getloadavg())}.\n\n{text}\n")
+        entry = (f"## {args.model} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+                 f"`.venv/bin/python benchmarks/accelerate.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} "
+                 f"cores ({cpu}; {' '.join(flags)}), TensorFlow {tf.__version__}, {keras_name}; batch "
+                 f"{args.batch_size}; medians of {args.repeats} interleaved (ABBA) blocks of {args.steps} steps after "
+                 f"{args.warmup} warm-up steps; quality on {args.eval_rows:,} held-out rows after the same "
+                 f"{args.warmup + args.repeats * args.steps} steps. Disk: `{disk}`. Load average at the end "
+                 f"(1/5/15 min): {' / '.join(f'{v:.1f}' for v in os.getloadavg())}.\n\n{text}\n")
+        from _results import record  # pylint: disable=import-outside-toplevel
+        print(f"[accelerate] recorded in {record('accelerate', entry)}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """ttf.accelerate: a user's Keras model with its Embedding layers turned into ttf tables."""
 import collections
+import contextlib
 import dataclasses
 import inspect
 import sys
@@ -17,7 +18,7 @@ else:
     from ttf._keras import FunctionalGraph as _graph
 from ttf._ops import ops
 from ttf.data._schema import FIELD_SHIFT
-from ttf.embedding import DynamicEmbedding, RowInitializer
+from ttf.embedding import DynamicEmbedding, RowInitializer, tables_in
 import ttf.optimizers as ttf_optimizers
 from ttf.optimizers import from_keras, not_reaching_rows
 
@@ -171,13 +172,17 @@ def accelerate(model, keep=(), sample=None):
     Embedding it holds (an attribute, in a list or dict, in a nested layer) becomes a ttf
     table, and each nested functional or Sequential block holding Embeddings (TFRS'
     `Sequential([StringLookup, Embedding])`) is converted as above; `model` is not changed.
+    The new model's class is a subclass of type(model), of the same name, whose get_config
+    records the tables and where they sit, so that a .keras file of it loads back
+    (keras.models.load_model with the class in custom_objects, after `import ttf`).
 
     What changes behaviour is warned about by layer name (a dropped lookup: out-of-vocabulary
     inputs read a zero row until trained; a dropped embedding regularizer or constraint,
     Hashing rows that cannot carry over, an initializer ttf lacks, optimizer settings that
     act on dense variables only, jit_compile=True dropped); what cannot work raises
     ValueError naming the layer (a layer reading an Embedding's `.embeddings` matrix: keep
-    that Embedding with `keep`).
+    that Embedding with `keep`; a model that already holds ttf tables, whose copies would
+    start empty).
 
     Args:
       model: a built tf.keras functional, Sequential or subclassed model.
@@ -198,6 +203,10 @@ def accelerate(model, keep=(), sample=None):
       >>> [type(layer).__name__ for layer in fast.layers][:2]
       ['InputLayer', 'FusedLookup']
     """
+    held = [layer.name for layer in tables_in(model)]
+    if held:  # a copy of a table would start empty: its rows live in the table, not in weights
+        raise ValueError(f"ttf.accelerate: {model.name} already holds ttf tables ({', '.join(held)}); accelerate the "
+                         "model that has Keras Embeddings, or use this one as it is")
     graph = _graph.functional(model)
     if graph is None:
         return _Subclassed(model, set(keep), sample).run()
@@ -464,27 +473,25 @@ class _Subclassed:
         clone = self._new_instance()
         originals = dict(zip(map(id, clone._flatten_layers(include_self=True)),  # pylint: disable=protected-access
                              self.model._flatten_layers(include_self=True)))  # pylint: disable=protected-access
-        swapped = 0
-        trackers = [t for t in (getattr(layer, "_tracker", None) for layer in clone._flatten_layers())  # pylint: disable=protected-access
-                    if t is not None and t.locked]
-        for tracker in trackers:  # Keras 3 locks a built layer's state; the swap replaces sublayers
-            tracker.locked = False
-        for parent in list(clone._flatten_layers(include_self=True)):  # pylint: disable=protected-access
-            if isinstance(parent, tf.keras.layers.Embedding) or _graph.functional(parent) is not None:
-                continue  # swapped as a whole by its parent
-            for name, value in list(vars(parent).items()):
-                if name.startswith("_") and not isinstance(value, tf.keras.layers.Layer):
-                    continue  # Keras' own bookkeeping (_layers, _self_tracked_trackables, ...)
-                swapped += self._swap_in(parent, name, value, originals)
-        for tracker in trackers:
-            tracker.locked = True
-        if not swapped:
+        paths = _layer_paths(clone)
+        swaps = []  # where each twin went: its steps from clone (None: no attribute path leads there)
+        with _unlocked(clone):
+            for parent in list(clone._flatten_layers(include_self=True)):  # pylint: disable=protected-access
+                if isinstance(parent, tf.keras.layers.Embedding) or _graph.functional(parent) is not None:
+                    continue  # swapped as a whole by its parent
+                for name, key, layer in list(_held(parent)):
+                    new = self._twin(layer, originals)
+                    if new is not None:
+                        _put(parent, name, key, layer, new)
+                        swaps.append(None if id(parent) not in paths else paths[id(parent)] + [[name, key]])
+        if not swaps:
             self.warnings["no Embedding found to convert (the new model equals the original)"].append(clone.name)
         for message in dict.fromkeys(self.nested_warnings):
             warnings.warn(message, stacklevel=3)
         for what, names in self.warnings.items():
             warnings.warn(f"ttf.accelerate: {what}: {', '.join(dict.fromkeys(names))}", stacklevel=3)
         clone(self.sample)  # builds the new tables' anchors
+        _record_swaps(clone, swaps, _input_spec(self.sample))
         config = _graph.compile_config(self.model)
         if config is not None:
             _compile_like(clone, self.model, config)
@@ -512,35 +519,6 @@ class _Subclassed:
         for target, value in zip(new, old):
             target.assign(value)
         return clone
-
-    def _swap_in(self, parent, name, value, originals):
-        """Replaces an Embedding / a functional block with Embeddings held in parent.name (or in
-        the list or dict it holds) by its ttf twin. Returns how many were replaced."""
-        if isinstance(value, (list, tuple)) and not isinstance(value, tf.keras.layers.Layer):
-            count = 0
-            for index, item in enumerate(list(value)):
-                new = self._twin(item, originals)
-                if new is not None:
-                    _untrack(parent, item)
-                    _replace_item(value, index, item, new)
-                    count += 1
-            return count
-        if isinstance(value, dict) or type(value).__name__ == "_DictWrapper":
-            count = 0
-            for key, item in list(value.items()):
-                new = self._twin(item, originals)
-                if new is not None:
-                    _untrack(parent, item)
-                    value[key] = new
-                    count += 1
-            return count
-        new = self._twin(value, originals)
-        if new is None:
-            return 0
-        _untrack(parent, value)
-        delattr(parent, name)
-        setattr(parent, name, new)
-        return 1
 
     def _twin(self, layer, originals):
         """The ttf twin of an Embedding or of a functional block holding Embeddings, else None."""
@@ -672,6 +650,157 @@ def _replace_item(items, index, old, new):
         items.insert(index, new)
     else:
         items[index] = new
+
+
+def _held(parent):
+    """(attribute, key, layer) of each layer `parent` holds where accelerate looks for Embeddings:
+    in an attribute (key None), or in a list, tuple or dict held in one (key: the index or dict key)."""
+    for name, value in list(vars(parent).items()):
+        if isinstance(value, tf.keras.layers.Layer):
+            yield name, None, value
+        elif name.startswith("_"):
+            continue  # Keras' own bookkeeping (_layers, _self_tracked_trackables, ...)
+        elif isinstance(value, (list, tuple)):
+            yield from ((name, i, item) for i, item in enumerate(value) if isinstance(item, tf.keras.layers.Layer))
+        elif isinstance(value, dict) or type(value).__name__ == "_DictWrapper":  # tf_keras wraps dicts
+            yield from ((name, key, item) for key, item in list(value.items())
+                        if isinstance(item, tf.keras.layers.Layer))
+
+
+def _put(parent, name, key, old, new):
+    """Puts `new` where _held found `old`: in parent.name, or at parent.name[key]."""
+    _untrack(parent, old)
+    if key is None:
+        delattr(parent, name)
+        setattr(parent, name, new)
+    elif isinstance(getattr(parent, name), (list, tuple)):
+        _replace_item(getattr(parent, name), key, old, new)
+    else:
+        getattr(parent, name)[key] = new
+
+
+def _layer_paths(root):
+    """id(layer) -> its steps from root through _held ([attribute, key] pairs), the shortest."""
+    paths, todo = {id(root): []}, collections.deque([root])
+    while todo:
+        parent = todo.popleft()
+        for name, key, layer in _held(parent):
+            if id(layer) not in paths:
+                paths[id(layer)] = paths[id(parent)] + [[name, key]]
+                todo.append(layer)
+    return paths
+
+
+def _at(root, steps):
+    """The layer at `steps` from root (see _layer_paths)."""
+    for name, key in steps:
+        root = getattr(root, name) if key is None else getattr(root, name)[key]
+    return root
+
+
+@contextlib.contextmanager
+def _unlocked(model):
+    """Keras 3 locks a built layer's state (no new sublayers); swapping replaces sublayers."""
+    trackers = [t for t in (getattr(layer, "_tracker", None) for layer in model._flatten_layers())  # pylint: disable=protected-access
+                if t is not None and t.locked]
+    for tracker in trackers:
+        tracker.locked = False
+    try:
+        yield
+    finally:
+        for tracker in trackers:
+            tracker.locked = True
+
+
+def _input_spec(sample):
+    """Each input's dtype and shape after the batch dimension, as "dtype:d1,d2" (a config holds it)."""
+    def spec(x):
+        x = tf.convert_to_tensor(x)
+        return f"{x.dtype.name}:{','.join(str(d) for d in x.shape[1:])}"
+    return tf.nest.map_structure(spec, sample)
+
+
+def _zeros_of(spec):
+    """One example of zeros ("" for strings) of each input of an _input_spec."""
+    def zeros(leaf):
+        dtype, dims = leaf.split(":")
+        shape = [1] + [int(d) for d in dims.split(",") if d]
+        return tf.fill(shape, "") if dtype == "string" else tf.zeros(shape, dtype)
+    return tf.nest.map_structure(zeros, spec)
+
+
+class _Accelerated:
+    """Mixed into the class of an accelerated subclassed model (see _accelerated_class) so that a
+    .keras file of it loads back: its config is the original class's config, the ttf layers
+    accelerate swapped in with where each went (steps from the model), and one example's input
+    spec; from_config makes the original class from its config, swaps the same layers in and
+    calls the model on one example of zeros, which builds every layer (Keras' own build from the
+    recorded shapes feeds floats, which string ids cannot take), and Keras then restores each
+    variable by its usual path."""
+
+    def get_config(self):
+        if any(steps is None for steps in self._ttf_swaps):
+            raise NotImplementedError(
+                f"ttf.accelerate: {self.name} has a ttf table that no attribute, list or dict of the model leads "
+                "to, so its config cannot say where it goes: save the weights (save_weights) instead")
+        layers, swaps = {}, []  # id(layer) -> (index, layer): a layer held twice is saved once
+        for steps in self._ttf_swaps:
+            layer = _at(self, steps)
+            swaps.append([steps, layers.setdefault(id(layer), (len(layers), layer))[0]])
+        accelerated = type(self)
+        original = accelerated._ttf_original  # pylint: disable=no-member
+        self.__class__ = original  # Keras checks whether the class wrote its own get_config: the user's class
+        try:
+            config = self.get_config()
+        finally:
+            self.__class__ = accelerated
+        return {"model": {"module": original.__module__, "class_name": original.__name__,
+                          "registered_name": tf.keras.utils.get_registered_name(original), "config": config},
+                "layers": [tf.keras.utils.serialize_keras_object(layer) for _, layer in layers.values()],
+                "swaps": swaps, "inputs": self._ttf_inputs}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        model = tf.keras.utils.deserialize_keras_object(config["model"], custom_objects=custom_objects)
+        layers = [tf.keras.utils.deserialize_keras_object(layer, custom_objects=custom_objects)
+                  for layer in config["layers"]]
+        with _unlocked(model):
+            for steps, index in config["swaps"]:
+                parent = _at(model, steps[:-1])
+                _put(parent, *steps[-1], _at(parent, steps[-1:]), layers[index])
+        model(_zeros_of(config["inputs"]))
+        _record_swaps(model, [steps for steps, _ in config["swaps"]], config["inputs"])
+        return model
+
+    def build_from_config(self, config):
+        if not self.built:  # from_config built it (tf_keras asks again)
+            super().build_from_config(config)
+
+
+tf.keras.utils.register_keras_serializable(package="ttf", name="AcceleratedModel")(_Accelerated)
+_ACCELERATED_CLASSES = {}  # a user's model class -> its _Accelerated subclass
+
+
+def _accelerated_class(cls):
+    """cls's subclass of the same name with _Accelerated mixed in, registered under
+    "ttf>AcceleratedModel": the name its .keras files carry, whichever class they hold (from_config
+    reads the original class from the config, so any registered one loads any other's)."""
+    if issubclass(cls, _Accelerated):
+        return cls
+    if cls not in _ACCELERATED_CLASSES:
+        accelerated = type(cls.__name__, (_Accelerated, cls),
+                           {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_ttf_original": cls})
+        _ACCELERATED_CLASSES[cls] = tf.keras.utils.register_keras_serializable(
+            package="ttf", name="AcceleratedModel")(accelerated)
+    return _ACCELERATED_CLASSES[cls]
+
+
+def _record_swaps(model, swaps, inputs):
+    """Makes `model` an instance of its class's _Accelerated subclass that knows where its ttf
+    layers went (swaps: their steps from model) and what one example of its inputs is."""
+    model.__class__ = _accelerated_class(type(model))
+    object.__setattr__(model, "_ttf_swaps", list(swaps))  # plain data, kept out of Keras' tracking
+    object.__setattr__(model, "_ttf_inputs", inputs)
 
 
 def _sample_from_spec(model):

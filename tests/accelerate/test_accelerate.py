@@ -100,10 +100,12 @@ def test_what_cannot_convert_is_named():
     model = tf.keras.Model([ids, hashed._keras_history.layer.input], out)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ttf.accelerate(model)
+        fast = ttf.accelerate(model)
     messages = " | ".join(str(w.message) for w in caught)
     assert "regularizer dropped" in messages and "reg_emb" in messages
     assert "Hashing dropped" in messages and "hasher" in messages
+    with pytest.raises(ValueError, match="already holds ttf tables"):  # its copy's tables would start empty
+        ttf.accelerate(fast)
 
     class Tied(tf.keras.layers.Layer):  # reads the Embedding's matrix: weight tying
         def __init__(self, embedding, **kwargs):

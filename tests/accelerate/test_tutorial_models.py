@@ -78,7 +78,7 @@ def test_tfrs_ranking_tutorial_converts_matches_trains_and_serves(tmp_path):
         fast = ttf.accelerate(model)
     messages = " | ".join(str(w.message) for w in caught)
     assert "out-of-vocabulary" in messages  # the two StringLookups were dropped
-    assert type(fast) is type(model) and fast is not model
+    assert isinstance(fast, type(model)) and type(fast).__name__ == type(model).__name__ and fast is not model
     tables = [layer for layer in ttf.embedding.tables_in(fast)]
     assert len(tables) == 2 and all(isinstance(t, FusedLookup) for t in tables)
     assert not any(isinstance(layer, (tf.keras.layers.Embedding, tf.keras.layers.StringLookup))
@@ -99,6 +99,10 @@ def test_tfrs_ranking_tutorial_converts_matches_trains_and_serves(tmp_path):
     served = serve(**probe)
     assert list(served) == ["logits"]  # a rating, not a probability
     np.testing.assert_allclose(served["logits"].numpy(), fast(probe).numpy(), rtol=1e-5, atol=1e-6)
+    fast.save(str(tmp_path / "ranking.keras"))  # the config names the tables and where they go
+    loaded = tf.keras.models.load_model(str(tmp_path / "ranking.keras"), custom_objects={"MovielensModel": type(model)})
+    assert type(loaded) is type(fast) and len(ttf.embedding.tables_in(loaded)) == 2
+    np.testing.assert_allclose(loaded(probe).numpy(), fast(probe).numpy(), rtol=1e-6, atol=1e-6)
 
 
 class Subclassed(tf.keras.Model):
@@ -117,7 +121,7 @@ class Subclassed(tf.keras.Model):
                                     self.by_name["shared"](x["friend"])], axis=1))
 
 
-def test_subclassed_model_embeddings_in_attributes_lists_and_dicts():
+def test_subclassed_model_embeddings_in_attributes_lists_and_dicts(tmp_path):
     rng = np.random.default_rng(2)
     x = {"user": rng.integers(0, 30, 64), "item": rng.integers(0, 50, 64), "friend": rng.integers(0, 30, 64),
          "history": rng.integers(0, 20, (64, 5))}
@@ -136,6 +140,11 @@ def test_subclassed_model_embeddings_in_attributes_lists_and_dicts():
     for w0, w1 in zip(before, model.weights):  # the original is untouched
         np.testing.assert_array_equal(w0, w1.numpy())
     assert int(fast.user.size()) == 30 and not np.allclose(fast(x).numpy(), model(x).numpy())
+    fast.save(str(tmp_path / "subclassed.keras"))  # tables in an attribute, a list and a dict, one held twice
+    loaded = tf.keras.models.load_model(str(tmp_path / "subclassed.keras"), custom_objects={"Subclassed": Subclassed})
+    assert len(ttf.embedding.tables_in(loaded)) == 3 and loaded.user is loaded.by_name["shared"]
+    assert [int(t.size()) for t in ttf.embedding.tables_in(loaded)] == [int(t.size()) for t in tables]
+    np.testing.assert_allclose(loaded(x).numpy(), fast(x).numpy(), rtol=1e-6, atol=1e-7)
 
 
 def test_subclassed_model_that_cannot_be_rebuilt_names_the_fix():
