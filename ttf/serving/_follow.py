@@ -12,7 +12,7 @@ import sys
 import tensorflow as tf
 
 from ttf.serving._export import SERVING_INFO, versions
-from ttf.serving._publish import DELTAS, FORMAT, MANIFEST
+from ttf.serving._publish import DELTAS, FORMAT, FORMAT_INT8, MANIFEST
 
 
 class DeltaFollower:
@@ -87,8 +87,9 @@ class DeltaFollower:
         problem = _manifest_problem(manifest)
         if problem:  # untrusted input: checked before any field is used
             return self._refuse(f"{path}/{MANIFEST}: {problem}")
-        if manifest.get("format") != FORMAT:
-            return self._refuse(f"{path}: delta format {manifest.get('format')!r}, this follower reads {FORMAT}")
+        if manifest.get("format") not in (FORMAT, FORMAT_INT8):
+            return self._refuse(f"{path}: delta format {manifest.get('format')!r}, this follower reads {FORMAT} and "
+                                f"{FORMAT_INT8}")
         sequence, version = manifest["sequence"], manifest["base_version"]
         if version != self.version:
             return self._refuse(f"wrong base: {path} is a delta of base version {version}, serving {self.version}")
@@ -99,18 +100,30 @@ class DeltaFollower:
         names = [table["name"] for table in self._info["tables"]]
         if manifest["tables"] != names:
             return self._refuse(f"{path}: tables {manifest['tables']}, base version {version} has {names}")
-        tables = {name: ([], [], []) for name in names}
+        quantized = manifest["row_dtype"] == "int8"
+        for table in self._info["tables"]:  # int8 rows go in as they are: both int8 or neither
+            if (table.get("row_dtype") == "int8") != quantized or quantized != (manifest["format"] == FORMAT_INT8):
+                return self._refuse(f"{path}: {manifest['row_dtype']} rows (format {manifest['format']}) for table "
+                                    f"{table['name']!r} of {table.get('row_dtype', 'float32')} rows: publish with the "
+                                    f"base's row_dtype")
+        row_dtype = tf.int8 if quantized else tf.dtypes.as_dtype(manifest["row_dtype"])
+        tables = {name: ([], [], [], []) for name in names}  # keys, rows, deleted, scale_bias
         for part in manifest["parts"]:
             if part["table"] not in tables:
                 return self._refuse(f"{path}: a part of table {part['table']!r}, which base version {version} lacks")
             fields = self._read(path, part)
             if fields is None:
                 return False
-            keys, rows, deleted = fields
-            tables[part["table"]][0].append(tf.io.parse_tensor(keys, tf.int64))
-            tables[part["table"]][1].append(tf.cast(tf.io.parse_tensor(rows, tf.dtypes.as_dtype(manifest["row_dtype"])),
-                                                    tf.float32))
-            tables[part["table"]][2].append(tf.io.parse_tensor(deleted, tf.int64))
+            if fields.shape[0] != (4 if quantized else 3):
+                return self._refuse(f"{path}/{part['file']}: {fields.shape[0]} fields, a {manifest['row_dtype']} "
+                                    f"delta has {4 if quantized else 3}")
+            keys, rows, deleted, scale_bias = tables[part["table"]]
+            keys.append(tf.io.parse_tensor(fields[0], tf.int64))
+            parsed = tf.io.parse_tensor(fields[1], row_dtype)
+            rows.append(parsed if quantized else tf.cast(parsed, tf.float32))
+            deleted.append(tf.io.parse_tensor(fields[2], tf.int64))
+            if quantized:
+                scale_bias.append(tf.io.parse_tensor(fields[3], tf.float32))
         if manifest.get("dense"):
             fields = self._read(path, manifest["dense"])
             if fields is None:
@@ -121,10 +134,13 @@ class DeltaFollower:
                 for j, (blob, spec) in enumerate(zip(fields, dense))})
         inputs = {"sequence": tf.constant(sequence, tf.int64), "base_version": tf.constant(version, tf.int64)}
         for i, (name, table) in enumerate(zip(names, self._info["tables"])):
-            keys, rows, deleted = tables[name]
+            keys, rows, deleted, scale_bias = tables[name]
             inputs[f"keys_{i}"] = tf.concat(keys, 0) if keys else tf.zeros([0], tf.int64)
-            inputs[f"rows_{i}"] = tf.concat(rows, 0) if rows else tf.zeros([0, table["dim"]], tf.float32)
+            inputs[f"rows_{i}"] = tf.concat(rows, 0) if rows else tf.zeros([0, table["dim"]], row_dtype if quantized
+                                                                             else tf.float32)
             inputs[f"deleted_{i}"] = tf.concat(deleted, 0) if deleted else tf.zeros([0], tf.int64)
+            if quantized:
+                inputs[f"scale_bias_{i}"] = tf.concat(scale_bias, 0) if scale_bias else tf.zeros([0, 2])
         self._loaded.signatures["apply_delta"](**inputs)
         self.sequence = sequence
         return True
