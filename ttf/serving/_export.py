@@ -175,11 +175,14 @@ class HashedShard(tf.Module):
         return tf.tensor_scatter_nd_update(found, where, tf.reduce_min(tf.where(hit, slots, count), 1))
 
     def lookup(self, keys):
-        """int64 keys [K] -> float32 rows [K, dim] (int8 rows dequantized in the graph)."""
-        found = self.find(keys)
+        """int64 keys [K] -> float32 rows [K, dim]."""
+        return self.rows_at(self.find(keys))
+
+    def rows_at(self, index):
+        """int64 row indices [K] -> float32 rows [K, dim] (int8 rows dequantized in the graph)."""
         if self.scale_bias is None:
-            return tf.cast(tf.gather(self.rows, found), tf.float32)
-        return dequantize_rows(tf.gather(self.rows, found), tf.gather(self.scale_bias, found))
+            return tf.cast(tf.gather(self.rows, index), tf.float32)
+        return dequantize_rows(tf.gather(self.rows, index), tf.gather(self.scale_bias, index))
 
 
 class HashedTable(tf.Module):
@@ -192,12 +195,17 @@ class HashedTable(tf.Module):
 
     The overlay holds what the deltas since the base changed (apply): `overlay_slots`, a
     `tf.lookup.experimental.DenseHashTable` key -> int64 slot (-2: deleted, reads the default
-    row; absent: the base's row; keys -2^63 and -2^63 + 1 are reserved by it), and `overlay_rows` [slots, dim] (the rows' dtype;
-    int8 rows with `overlay_scale_bias` [slots, 2]), which
-    grows by doubling when a delta brings more new keys than it has room for. So it is bounded
-    by the keys touched until the next base, and growing copies the overlay only, never the
-    frozen base. A lookup reads the overlay first, then the base, and skips the overlay while
-    it is empty, so a base alone looks up as fast as before.
+    row; absent: the base's row; keys -2^63 and -2^63 + 1 are reserved by it), and
+    `overlay_rows` [slots, dim] (the rows' dtype; int8 rows with `overlay_scale_bias` [slots,
+    2]), which grows by doubling when a delta brings more new keys than it has room for. Each
+    key owns two slots (2j, 2j + 1): a delta writes a key's new row into the slot not serving
+    it, then remaps all of the table's keys (deletions included) in one insert, which the hash
+    table makes whole under its lock, so a lookup sees every row of a delta or none of them
+    (DeltaFollower waits for lookups still reading the previous mapping before the next delta
+    reuses their slots). So it is bounded by twice the keys touched until the next base, and
+    growing copies the overlay only, never the frozen base. A lookup reads the overlay first,
+    then the base, and skips the overlay while it is empty, so a base alone looks up as fast
+    as before.
 
     Args:
       layer: a DynamicEmbedding (any sharding).
@@ -283,14 +291,13 @@ class HashedTable(tf.Module):
         if (scale_bias is None) != (self.overlay_scale_bias is None):
             raise ValueError(f"HashedTable.apply: a table of {self.row_dtype.name} rows takes "
                              f"{'int8 rows with scale_bias' if self.overlay_scale_bias is not None else 'float rows'}")
-        removed = self.overlay_slots.insert(deleted_keys, tf.fill(tf.shape(deleted_keys), tf.constant(self.DELETED,
-                                                                                                      tf.int64)))
-        with tf.control_dependencies([removed]):
-            held = self.overlay_slots.lookup(keys)
-        fresh = held < 0  # absent or deleted: a new slot
+        held = self.overlay_slots.lookup(keys)
+        fresh = held < 0  # absent or deleted: a new pair of slots, the row in its first
         used = self.overlay_used.read_value()
-        slots = tf.where(fresh, used + tf.cumsum(tf.cast(fresh, tf.int64), exclusive=True), held)
-        needed = used + tf.reduce_sum(tf.cast(fresh, tf.int64))
+        # A held key's row goes to the other slot of its pair: the one serving it is left alone.
+        slots = tf.where(fresh, used + 2 * tf.cumsum(tf.cast(fresh, tf.int64), exclusive=True),
+                         tf.bitwise.bitwise_xor(held, tf.constant(1, tf.int64)))
+        needed = used + 2 * tf.reduce_sum(tf.cast(fresh, tf.int64))
         capacity = tf.raw_ops.VariableShape(input=self.overlay_rows.handle, out_type=tf.int64)[0]  # no read
 
         overlay = [(self.overlay_rows, tf.cast(rows, self.overlay_rows.dtype))]
@@ -306,13 +313,19 @@ class HashedTable(tf.Module):
 
         grown = tf.cond(needed > capacity, grow, lambda: tf.constant(False))
         with tf.control_dependencies([grown]):
-            # the rows first, then the keys: a concurrent lookup never reads a slot not yet written.
-            # The raw op returns no value: a variable's scatter_nd_update returns a read of the whole
-            # overlay, a copy that made each delta cost in proportion to the rows already applied.
+            # the rows first, into slots no lookup reads, then the keys: a concurrent lookup never
+            # reads a slot not yet written. The raw op returns no value: a variable's scatter_nd_update
+            # returns a read of the whole overlay, a copy that made each delta cost in proportion to the
+            # rows already applied.
             written = [tf.raw_ops.ResourceScatterUpdate(resource=variable.handle, indices=slots, updates=updates)
                        for variable, updates in overlay]
         with tf.control_dependencies(written):
-            mapped = self.overlay_slots.insert(keys, slots)
+            # One insert remaps the whole delta (deletions first: a key deleted and re-added in one
+            # delta ends on its row, the insert applying its batch in order).
+            deleted_keys = tf.convert_to_tensor(deleted_keys, tf.int64)
+            mapped = self.overlay_slots.insert(
+                tf.concat([deleted_keys, keys], 0),
+                tf.concat([tf.fill(tf.shape(deleted_keys), tf.constant(self.DELETED, tf.int64)), slots], 0))
         with tf.control_dependencies([mapped]):
             return self.overlay_used.assign(needed)
 
