@@ -92,7 +92,7 @@ def parse_args(argv):
 def write_and_load(shard, probe, expected, dim, count):
     """Writes `shard` as a SavedModel with a `lookup` signature, loads it in a stock TF process
     (no ttf) and checks its rows; returns export bytes, RSS growth and its ratios."""
-    row_bytes = dim * shard.rows.dtype.size + (8 if shard.scale_bias is not None else 0)
+    row_bytes = int(shard.rows.shape[1]) * shard.rows.dtype.size  # int8: dim codes + a float32 scale and bias
     with tempfile.TemporaryDirectory() as scratch:
         module = tf.Module()
         module.table = shard

@@ -64,12 +64,29 @@ def dequantize_rows(quantized, scale_bias):
     return tf.cast(quantized, tf.float32) * scale_bias[:, :1] + scale_bias[:, 1:]
 
 
+SCALE_BIAS_BYTES = 8  # an int8 row's float32 scale and bias, stored after its codes
+
+
+def pack_rows(quantized, scale_bias):
+    """int8 [K, dim], float32 [K, 2] -> int8 [K, dim + 8]: each row's codes, then the bytes of
+    its scale and bias (little-endian, as the hosts TF runs on), so a lookup gathers one row,
+    not a row and a scale (FBGEMM's fused row-wise layout): at 10M keys the second random
+    gather cost more than the dequantization."""
+    return tf.concat([quantized, tf.reshape(tf.bitcast(scale_bias, tf.int8), [-1, SCALE_BIAS_BYTES])], 1)
+
+
+def unpack_rows(packed, dim):
+    """int8 [K, dim + 8] (pack_rows) -> float32 [K, dim]."""
+    scale_bias = tf.bitcast(tf.reshape(packed[:, dim:], [-1, 2, 4]), tf.float32)
+    return dequantize_rows(packed[:, :dim], scale_bias)
+
+
 class HashedShard(tf.Module):
     """One shard of a frozen table: a bucketed hash table in plain tensors.
 
     Buckets (a power of two, at least the key count) are `bucket_hash(key) & (buckets - 1)`.
     keys int64 [N + 1] (the held keys, then one padding key) and rows [N + 1, dim] (float32,
-    float16, or int8 with `scale_bias` float32 [N + 1, 2]: quantize_rows; the last row is the
+    float16, or int8 [N + 1, dim + 8]: pack_rows of quantize_rows; the last row is the
     default row) are ordered by bucket; offsets [buckets + 1]
     (int32 below 2^31 keys, else int64) say where each bucket starts. A lookup compares each
     id with the first two keys of its bucket, then, for the ids not found there whose bucket
@@ -99,10 +116,9 @@ class HashedShard(tf.Module):
         # The rows in bucket order, copied in bounded slices into the variable: the build holds
         # the input rows and one copy, never a gathered copy and a concatenated one besides.
         held = int(count.numpy())
-        self.rows = tf.Variable(tf.zeros([held + 1, int(default_row.shape[1])], dtype), trainable=False, name="rows")
-        self.scale_bias = None
-        if dtype == tf.int8:
-            self.scale_bias = tf.Variable(tf.zeros([held + 1, 2]), trainable=False, name="scale_bias")
+        self.dim, self.quantized = int(default_row.shape[1]), dtype == tf.int8
+        width = self.dim + (SCALE_BIAS_BYTES if self.quantized else 0)
+        self.rows = tf.Variable(tf.zeros([held + 1, width], dtype), trainable=False, name="rows")
         for start in range(0, held, ROWS_PER_COPY):
             stop = min(held, start + ROWS_PER_COPY)
             self._put(start, stop, tf.gather(rows, order[start:stop]))
@@ -110,12 +126,7 @@ class HashedShard(tf.Module):
 
     def _put(self, start, stop, rows):
         """Stores float rows [stop - start, dim] at [start, stop) in the shard's precision."""
-        if self.scale_bias is None:
-            self.rows[start:stop].assign(tf.cast(rows, self.rows.dtype))
-            return
-        quantized, scale_bias = quantize_rows(rows)
-        self.rows[start:stop].assign(quantized)
-        self.scale_bias[start:stop].assign(scale_bias)
+        self.rows[start:stop].assign(pack_rows(*quantize_rows(rows)) if self.quantized else tf.cast(rows, self.rows.dtype))
 
     @classmethod
     def of_table(cls, table, dim, dtype=tf.float32, name=None, publish_record=False):
@@ -132,23 +143,20 @@ class HashedShard(tf.Module):
     def layout(self):
         """What a placeholder of this shard needs (plain numbers): see _placeholder."""
         return {"buckets": self.buckets, "probe": self.probe, "offsets_dtype": self.offsets.dtype.name,
-                "dim": int(self.rows.shape[1])}
+                "dim": self.dim}
 
     def _placeholder(self, layout, dtype):
         """Empty variables of unknown length in the layout of a shard built elsewhere: the graph
         traced over them serves that shard once its arrays are restored into them (a SavedModel
         whose variables another process wrote)."""
         self.buckets, self.probe = int(layout["buckets"]), int(layout["probe"])
-        dim = int(layout["dim"])
+        self.dim, self.quantized = int(layout["dim"]), dtype == tf.int8
+        width = self.dim + (SCALE_BIAS_BYTES if self.quantized else 0)
         self.keys = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False, name="keys")
         self.offsets = tf.Variable(tf.zeros([0], layout["offsets_dtype"]), shape=tf.TensorShape([None]),
                                    trainable=False, name="offsets")
-        self.rows = tf.Variable(tf.zeros([0, dim], dtype), shape=tf.TensorShape([None, dim]), trainable=False,
+        self.rows = tf.Variable(tf.zeros([0, width], dtype), shape=tf.TensorShape([None, width]), trainable=False,
                                 name="rows")
-        self.scale_bias = None
-        if dtype == tf.int8:
-            self.scale_bias = tf.Variable(tf.zeros([0, 2]), shape=tf.TensorShape([None, 2]), trainable=False,
-                                          name="scale_bias")
 
     def find(self, keys):
         """int64 keys [K] -> int64 [K]: each key's row index, or N (the default row).
@@ -180,9 +188,8 @@ class HashedShard(tf.Module):
 
     def rows_at(self, index):
         """int64 row indices [K] -> float32 rows [K, dim] (int8 rows dequantized in the graph)."""
-        if self.scale_bias is None:
-            return tf.cast(tf.gather(self.rows, index), tf.float32)
-        return dequantize_rows(tf.gather(self.rows, index), tf.gather(self.scale_bias, index))
+        rows = tf.gather(self.rows, index)
+        return unpack_rows(rows, self.dim) if self.quantized else tf.cast(rows, tf.float32)
 
 
 class HashedTable(tf.Module):
@@ -196,8 +203,8 @@ class HashedTable(tf.Module):
     The overlay holds what the deltas since the base changed (apply): `overlay_slots`, a
     `tf.lookup.experimental.DenseHashTable` key -> int64 slot (-2: deleted, reads the default
     row; absent: the base's row; keys -2^63 and -2^63 + 1 are reserved by it), and
-    `overlay_rows` [slots, dim] (the rows' dtype; int8 rows with `overlay_scale_bias` [slots,
-    2]), which grows by doubling when a delta brings more new keys than it has room for. Each
+    `overlay_rows` [slots, dim] (the rows' dtype; int8 rows [slots, dim + 8]: pack_rows),
+    which grows by doubling when a delta brings more new keys than it has room for. Each
     key owns two slots (2j, 2j + 1): a delta writes a key's new row into the slot not serving
     it, then remaps all of the table's keys (deletions included) in one insert, which the hash
     table makes whole under its lock, so a lookup sees every row of a delta or none of them
@@ -252,12 +259,9 @@ class HashedTable(tf.Module):
         self.overlay_slots = tf.lookup.experimental.DenseHashTable(
             tf.int64, tf.int64, default_value=-1, empty_key=self.EMPTY_KEY, deleted_key=self.EMPTY_KEY + 1,
             initial_num_buckets=1024, name=f"{layer.name}_overlay_slots")
-        self.overlay_rows = tf.Variable(tf.zeros([0, layer.dim], dtype), shape=tf.TensorShape([None, layer.dim]),
+        width = layer.dim + (SCALE_BIAS_BYTES if dtype == tf.int8 else 0)
+        self.overlay_rows = tf.Variable(tf.zeros([0, width], dtype), shape=tf.TensorShape([None, width]),
                                         trainable=False, name="overlay_rows")
-        self.overlay_scale_bias = None
-        if dtype == tf.int8:
-            self.overlay_scale_bias = tf.Variable(tf.zeros([0, 2]), shape=tf.TensorShape([None, 2]), trainable=False,
-                                                  name="overlay_scale_bias")
         self.overlay_used = tf.Variable(0, dtype=tf.int64, trainable=False, name="overlay_used")
 
     def lookup(self, keys):
@@ -275,10 +279,7 @@ class HashedTable(tf.Module):
             slots = self.overlay_slots.lookup(keys)[:, None]
             gathered = tf.maximum(slots[:, 0], 0)
             rows = tf.gather(self.overlay_rows, gathered)
-            if self.overlay_scale_bias is None:
-                rows = tf.cast(rows, tf.float32)
-            else:
-                rows = dequantize_rows(rows, tf.gather(self.overlay_scale_bias, gathered))
+            rows = unpack_rows(rows, self.dim) if self.row_dtype == tf.int8 else tf.cast(rows, tf.float32)
             return tf.where(slots >= 0, rows, tf.where(slots == self.DELETED, self.default_row, base))
 
         return tf.cond(self.overlay_slots.size() > 0, overlaid, lambda: tf.identity(base))
@@ -288,9 +289,10 @@ class HashedTable(tf.Module):
         keys int64 [K] (distinct) read rows [K, dim] (a key both deleted and upserted in one delta
         was re-added: the upsert comes second). rows: float32 for a float table; int8 with
         scale_bias float32 [K, 2] (quantize_rows) for an int8 one. Returns the op (stock TF ops only)."""
-        if (scale_bias is None) != (self.overlay_scale_bias is None):
+        quantized = self.row_dtype == tf.int8
+        if (scale_bias is not None) != quantized:
             raise ValueError(f"HashedTable.apply: a table of {self.row_dtype.name} rows takes "
-                             f"{'int8 rows with scale_bias' if self.overlay_scale_bias is not None else 'float rows'}")
+                             f"{'int8 rows with scale_bias' if quantized else 'float rows, no scale_bias'}")
         held = self.overlay_slots.lookup(keys)
         fresh = held < 0  # absent or deleted: a new pair of slots, the row in its first
         used = self.overlay_used.read_value()
@@ -300,26 +302,22 @@ class HashedTable(tf.Module):
         needed = used + 2 * tf.reduce_sum(tf.cast(fresh, tf.int64))
         capacity = tf.raw_ops.VariableShape(input=self.overlay_rows.handle, out_type=tf.int64)[0]  # no read
 
-        overlay = [(self.overlay_rows, tf.cast(rows, self.overlay_rows.dtype))]
-        if scale_bias is not None:
-            overlay.append((self.overlay_scale_bias, tf.convert_to_tensor(scale_bias, tf.float32)))
+        rows = pack_rows(rows, tf.convert_to_tensor(scale_bias, tf.float32)) if quantized else tf.cast(
+            rows, self.overlay_rows.dtype)
 
         def grow():  # doubling: copies the overlay (never the base), amortised over the deltas
             size = tf.maximum(needed, 2 * capacity)
-            for variable, _ in overlay:
-                extra = tf.zeros(tf.stack([size - capacity, variable.shape[1]]), variable.dtype)
-                variable.assign(tf.concat([variable, extra], 0))
-            return tf.constant(True)
+            extra = tf.zeros(tf.stack([size - capacity, self.overlay_rows.shape[1]]), self.overlay_rows.dtype)
+            return tf.identity(self.overlay_rows.assign(tf.concat([self.overlay_rows, extra], 0)).read_value()[:1, :1])
 
-        grown = tf.cond(needed > capacity, grow, lambda: tf.constant(False))
+        grown = tf.cond(needed > capacity, grow, lambda: tf.zeros([1, 1], self.overlay_rows.dtype))
         with tf.control_dependencies([grown]):
             # the rows first, into slots no lookup reads, then the keys: a concurrent lookup never
             # reads a slot not yet written. The raw op returns no value: a variable's scatter_nd_update
             # returns a read of the whole overlay, a copy that made each delta cost in proportion to the
             # rows already applied.
-            written = [tf.raw_ops.ResourceScatterUpdate(resource=variable.handle, indices=slots, updates=updates)
-                       for variable, updates in overlay]
-        with tf.control_dependencies(written):
+            written = tf.raw_ops.ResourceScatterUpdate(resource=self.overlay_rows.handle, indices=slots, updates=rows)
+        with tf.control_dependencies([written]):
             # One insert remaps the whole delta (deletions first: a key deleted and re-added in one
             # delta ends on its row, the insert applying its batch in order).
             deleted_keys = tf.convert_to_tensor(deleted_keys, tf.int64)
