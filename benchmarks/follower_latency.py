@@ -115,7 +115,7 @@ def main(argv=None):
     args.deltas = int(np.ceil(args.phase_seconds / args.every)) * args.reps
     import ttf  # noqa: PLC0415
 
-    scratch = tempfile.mkdtemp(dir=ROOT)  # one filesystem: a staged delta is renamed, not copied
+    scratch = tempfile.mkdtemp(prefix="follower_latency-")  # staging and live on one filesystem: renamed, not copied
     try:
         staging, live = os.path.join(scratch, "staging"), os.path.join(scratch, "live")
         say(f"staging a base and {args.deltas} deltas ({args.rows} rows, dim {args.dim})")

@@ -6,7 +6,8 @@ It times ttf.serving.Publisher itself, not a copy of it: the functions a publish
 wrapped with timers (EmbeddingTable.export, ttf.serving._publish._write_file, _fingerprint,
 fsync_path, os.fsync, os.rename), a DeepFM (models/ctr.py, ttf tables, dim --dim) trains one
 step of --train-batch synthetic rows before each of --reps deltas, and the medians of each
-part over the deltas are printed with the delta's rows and bytes. One process, the local disk.
+part over the deltas are printed with the delta's rows and bytes. One process; the publish
+folder is in the system's temporary folder (TMPDIR picks the disk).
 
 Example:
   python benchmarks/publish_breakdown.py --rows fp32 --train-batch 1024 --reps 20
@@ -71,7 +72,7 @@ def main(argv=None):
     model({"ids": sample["ids"][:1], "dense": sample["dense"][:1]}, training=False)
     for i in range(20):
         train(i)
-    base = tempfile.mkdtemp(dir=ROOT)  # the repository's disk, as a publish folder would be
+    base = tempfile.mkdtemp(prefix="publish_breakdown-")  # the system's temporary folder: say which disk it is on
     dtype = {"fp32": tf.float32, "fp16": tf.float16, "int8": tf.int8}[args.rows]
     publisher = ttf.serving.Publisher(model, base, dense_publish_every=1e9, row_dtype=dtype)
     try:
