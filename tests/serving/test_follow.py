@@ -43,21 +43,29 @@ def write_delta(base, version, sequence, keys, value, deleted):
     os.rename(temporary, folder)
 
 
+def wait_for(condition, what, seconds=10):
+    limit = time.monotonic() + seconds
+    while not condition() and time.monotonic() < limit:
+        time.sleep(0.002)
+    assert condition(), f"the follower did not apply {what} within {seconds} s"
+
+
 def test_a_prediction_never_sees_a_mix_of_two_deltas_rows(tmp_path):
     """Delta v sets the rows of A (always the same keys) and of N_v (keys new in delta v) to v,
     and deletes N_{v-1}; a prediction of every key must equal the state after exactly one
     delta: A = N_v = v, every other key the default row 0. Before the table update was swapped
     whole, a prediction could see A at v while N_v still read 0, or N_{v-1} deleted while A
-    was still v - 1. poll_seconds is 60: only inotify can make the follower this quick."""
+    was still v - 1. poll_seconds is 60: only inotify can make the follower this quick, for the
+base (published after the follower started) and for each delta."""
     base = str(tmp_path / "ctr")
-    model = identity_model()
-    ttf.serving.Publisher(model, base).publish()  # the base: no row held, every key reads 0
+    follower = ttf.serving.DeltaFollower(base, poll_seconds=60).start()  # before anything is published
+    assert follower.watcher == "inotify" and follower.version is None
+    ttf.serving.Publisher(identity_model(), base).publish()  # the base: no row held, every key reads 0
+    wait_for(lambda: follower.version == 1, "the base version")
     deltas, fresh = 30, 400
     always = np.arange(1, 4001, dtype=np.int64)
     new = [np.arange(10_000 + v * fresh, 10_000 + (v + 1) * fresh, dtype=np.int64) for v in range(deltas + 1)]
     ids = tf.constant(np.concatenate([always] + new[1:]))
-    follower = ttf.serving.DeltaFollower(base, poll_seconds=60).start()
-    assert follower.watcher == "inotify"
     seen, mixed, done = [], [], threading.Event()
 
     def predict_loop():
@@ -80,10 +88,7 @@ def test_a_prediction_never_sees_a_mix_of_two_deltas_rows(tmp_path):
         for v in range(1, deltas + 1):
             deleted = new[v - 1] if v > 1 else np.zeros([0], np.int64)
             write_delta(base, 1, v, np.concatenate([always, new[v]]), v, deleted)
-            limit = time.monotonic() + 10
-            while follower.sequence < v and time.monotonic() < limit:
-                time.sleep(0.002)
-            assert follower.sequence == v, f"delta {v} not applied within 10 s ({follower.watcher})"
+            wait_for(lambda: follower.sequence == v, f"delta {v}")
             time.sleep(0.01)  # a few predictions on this delta's rows
     finally:
         done.set()
@@ -100,9 +105,7 @@ def test_polling_follows_too_and_stop_ends_the_thread(tmp_path):
     with ttf.serving.DeltaFollower(base, watch="polling", poll_seconds=0.05) as follower:
         assert follower.watcher == "polling (asked for)"
         write_delta(base, 1, 1, [5, 6], 2.0, [])
-        limit = time.monotonic() + 10
-        while follower.sequence < 1 and time.monotonic() < limit:
-            time.sleep(0.01)
+        wait_for(lambda: follower.sequence == 1, "delta 1")
         np.testing.assert_array_equal(follower.lookup("rows", [5, 6, 7]).numpy()[:, 0], [2, 2, 0])
         thread = follower._thread
     assert not thread.is_alive()

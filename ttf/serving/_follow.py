@@ -109,6 +109,8 @@ class DeltaFollower:
         while not self._stopping:
             # watch first, then sync: whatever appears after the sync's listing wakes the wait.
             folders = [self.base, os.path.join(self.base, DELTAS)]
+            if not os.path.isdir(self.base):  # not published yet: its creation wakes us
+                folders.append(os.path.dirname(os.path.abspath(self.base)))
             if self.version is not None:
                 folders.append(os.path.join(self.base, DELTAS, str(self.version)))
             self._watch.watch(folders)
