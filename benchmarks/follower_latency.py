@@ -93,7 +93,8 @@ def stage(args, staging):
 
 def percentiles(values):
     values = np.asarray(values) * 1e3
-    return {"count": len(values), "p50_ms": float(np.percentile(values, 50)), "p99_ms": float(np.percentile(values, 99))}
+    return {"count": len(values), "p50_ms": float(np.percentile(values, 50)),
+            "p99_ms": float(np.percentile(values, 99))}
 
 
 def main(argv=None):

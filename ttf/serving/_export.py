@@ -126,7 +126,8 @@ class HashedShard(tf.Module):
 
     def _put(self, start, stop, rows):
         """Stores float rows [stop - start, dim] at [start, stop) in the shard's precision."""
-        self.rows[start:stop].assign(pack_rows(*quantize_rows(rows)) if self.quantized else tf.cast(rows, self.rows.dtype))
+        stored = pack_rows(*quantize_rows(rows)) if self.quantized else tf.cast(rows, self.rows.dtype)
+        self.rows[start:stop].assign(stored)
 
     @classmethod
     def of_table(cls, table, dim, dtype=tf.float32, name=None, publish_record=False):
@@ -387,8 +388,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     Each ttf embedding layer of the model (DynamicEmbedding, FusedEmbedding, any
     sharding) is frozen into a HashedTable: its rows only (no optimizer slots), float32,
     float16 or int8 (`row_dtype`; int8 rows carry a float32 scale and bias each, dequantized
-    in the export's graph by a gather, a cast and a multiply-add), each shard built from its own export on its own device; ids never
-    held read the layer's default row. The `serving_default` signature takes the model's
+    in the export's graph by a gather, a cast and a multiply-add), each shard built from its
+    own export on its own device; ids never held read the layer's default row. The `serving_default` signature takes the model's
     inputs by name (a dict input by its keys, e.g. `ids` int64 [B, 26] and `dense` float32
     [B, 13] for models/ctr.py; a functional model by its Input names) and returns
     {output_name: model(inputs, training=False)} (or the model's own dict of outputs); by
@@ -398,8 +399,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     Two more signatures let a server follow published deltas without reloading (see
     docs/serving.md, ttf.serving.Publisher and DeltaFollower): `apply_delta` (sequence,
     base_version, then keys_<i>, rows_<i>, deleted_<i> for the i-th table in the order of
-    `assets.extra/ttf_serving.json`, and scale_bias_<i> for an int8 table) and `apply_dense` (dense_<j>: the model's variables);
-    `lookup` (keys_<i> -> rows_<i>) reads the rows served.
+    `assets.extra/ttf_serving.json`, and scale_bias_<i> for an int8 table) and `apply_dense`
+    (dense_<j>: the model's variables); `lookup` (keys_<i> -> rows_<i>) reads the rows served.
 
     Atomic: the version is written into `base/.tmp-<version>-<pid>`, its files fsynced, then
     renamed to `base/<version>`, so a server polling `base` never sees a half-written version.

@@ -31,8 +31,9 @@ class DeltaFollower:
     every whole delta after `sequence`. Each table's update is swapped in whole: a `predict`
     sees all of a delta's rows of a table or none (HashedTable), and before applying a delta
     the follower waits for the predictions still reading the mapping two deltas back, whose
-    slots it reuses (at most one prediction's time). A delta is applied only when its manifest is there and every part's
-    checksum matches; a folder without its manifest is not complete yet and is waited for.
+    slots it reuses (at most one prediction's time). A delta is applied only when its
+    manifest is there and every part's checksum matches; a folder without its manifest is not
+    complete yet and is waited for.
     A gap (the next sequence is missing while a later one is there), a duplicate (a
     sequence already applied) or a delta of another base version is refused with one line
     on stderr: the follower keeps serving what it has (`refused` says why) until the next
