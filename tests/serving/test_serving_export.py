@@ -171,7 +171,7 @@ def test_hashed_table_fp16_rows_and_shard_routing():
     half = ttf.serving.HashedTable(layer, dtype=tf.float16)
     assert half.shards[0].rows.dtype == tf.float16
     np.testing.assert_allclose(half.lookup(keys).numpy(), live, rtol=1e-3, atol=1e-4)  # fp16: 11-bit mantissa
-    with pytest.raises(ValueError, match="float32 or float16"):
+    with pytest.raises(ValueError, match="row_dtype must be tf.float32, tf.float16 or tf.int8"):
         ttf.serving.HashedTable(layer, dtype=tf.int32)
 
 

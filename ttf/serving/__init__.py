@@ -1,14 +1,15 @@
 """Serving export: a trained model with ttf tables as a SavedModel of stock TensorFlow ops.
 
 `ttf.export_for_serving(model, base)` freezes each ttf table into a HashedTable (per shard: a
-bucketed hash table in plain tensors, rows only, float32 or float16) and writes the next
-version `base/<N>/` of TF Serving's layout, atomically (a temporary folder renamed into
-place). Its `serving_default` signature takes the model's input features by name.
+bucketed hash table in plain tensors, rows only, float32, float16 or int8 with a scale and
+bias per row) and writes the next version `base/<N>/` of TF Serving's layout, atomically (a
+temporary folder renamed into place). Its `serving_default` signature takes the model's input features by name.
 TensorFlow Serving, or any process with plain TensorFlow, loads it without ttf's op library.
 
 Online serving: `Publisher(model, base)` writes a base version and then deltas (rows touched,
 keys deleted) every few seconds; `DeltaFollower(base)` serves the newest base and applies the
-deltas in place through the export's `apply_delta` signature (docs/serving.md).
+deltas in place through the export's `apply_delta` signature, in a background thread woken by
+inotify after `start()` (docs/serving.md).
 """
 from ttf.serving._export import FrozenTable, HashedShard, HashedTable, bucket_hash, export_for_serving, versions
 from ttf.serving._follow import DeltaFollower

@@ -30,14 +30,64 @@ def bucket_hash(keys):
 
 
 ROWS_PER_COPY = 1 << 20  # rows gathered per slice while a HashedShard is built
+ROW_DTYPES = (tf.float32, tf.float16, tf.int8)  # the serving rows' precisions
+
+
+def check_row_dtype(row_dtype, owner):
+    """row_dtype as a tf.DType, or a one-line ValueError naming `owner` and the choices."""
+    try:
+        dtype = tf.as_dtype(row_dtype)
+    except TypeError:
+        dtype = None
+    if dtype not in ROW_DTYPES:
+        raise ValueError(f"{owner}: row_dtype must be tf.float32, tf.float16 or tf.int8, got {row_dtype!r}")
+    return dtype
+
+
+def quantize_rows(rows):
+    """float rows [K, dim] -> (int8 [K, dim], scale_bias float32 [K, 2]): row-wise affine int8
+    from each row's min and max (FBGEMM's row-wise 8-bit rows, shifted to int8), stock TF ops.
+
+    scale = (max - min) / 255, q = round((row - min) / scale) - 128, bias = min + 128 * scale, so
+    q * scale + bias is within scale / 2 of each element (a constant row: scale 0, exact).
+    """
+    rows = tf.cast(rows, tf.float32)
+    low = tf.reduce_min(rows, axis=1, keepdims=True)
+    scale = (tf.reduce_max(rows, axis=1, keepdims=True) - low) / 255.0
+    steps = tf.round(tf.math.divide_no_nan(rows - low, scale))  # 0..255; 0 where scale is 0
+    quantized = tf.cast(tf.clip_by_value(steps - 128.0, -128.0, 127.0), tf.int8)
+    return quantized, tf.concat([scale, low + 128.0 * scale], 1)
+
+
+def dequantize_rows(quantized, scale_bias):
+    """int8 [K, dim], float32 [K, 2] -> float32 [K, dim]: q * scale + bias (a cast and a multiply-add)."""
+    return tf.cast(quantized, tf.float32) * scale_bias[:, :1] + scale_bias[:, 1:]
+
+
+SCALE_BIAS_BYTES = 8  # an int8 row's float32 scale and bias, stored after its codes
+
+
+def pack_rows(quantized, scale_bias):
+    """int8 [K, dim], float32 [K, 2] -> int8 [K, dim + 8]: each row's codes, then the bytes of
+    its scale and bias (little-endian, as the hosts TF runs on), so a lookup gathers one row,
+    not a row and a scale (FBGEMM's fused row-wise layout): at 10M keys the second random
+    gather cost more than the dequantization."""
+    return tf.concat([quantized, tf.reshape(tf.bitcast(scale_bias, tf.int8), [-1, SCALE_BIAS_BYTES])], 1)
+
+
+def unpack_rows(packed, dim):
+    """int8 [K, dim + 8] (pack_rows) -> float32 [K, dim]."""
+    scale_bias = tf.bitcast(tf.reshape(packed[:, dim:], [-1, 2, 4]), tf.float32)
+    return dequantize_rows(packed[:, :dim], scale_bias)
 
 
 class HashedShard(tf.Module):
     """One shard of a frozen table: a bucketed hash table in plain tensors.
 
     Buckets (a power of two, at least the key count) are `bucket_hash(key) & (buckets - 1)`.
-    keys int64 [N + 1] (the held keys, then one padding key) and rows [N + 1, dim] (float32 or
-    float16; the last row is the default row) are ordered by bucket; offsets [buckets + 1]
+    keys int64 [N + 1] (the held keys, then one padding key) and rows [N + 1, dim] (float32,
+    float16, or int8 [N + 1, dim + 8]: pack_rows of quantize_rows; the last row is the
+    default row) are ordered by bucket; offsets [buckets + 1]
     (int32 below 2^31 keys, else int64) say where each bucket starts. A lookup compares each
     id with the first two keys of its bucket, then, for the ids not found there whose bucket
     holds more, the bucket's other slots (up to `probe`, the largest bucket's size) in one
@@ -66,11 +116,18 @@ class HashedShard(tf.Module):
         # The rows in bucket order, copied in bounded slices into the variable: the build holds
         # the input rows and one copy, never a gathered copy and a concatenated one besides.
         held = int(count.numpy())
-        self.rows = tf.Variable(tf.zeros([held + 1, int(default_row.shape[1])], dtype), trainable=False, name="rows")
+        self.dim, self.quantized = int(default_row.shape[1]), dtype == tf.int8
+        width = self.dim + (SCALE_BIAS_BYTES if self.quantized else 0)
+        self.rows = tf.Variable(tf.zeros([held + 1, width], dtype), trainable=False, name="rows")
         for start in range(0, held, ROWS_PER_COPY):
             stop = min(held, start + ROWS_PER_COPY)
-            self.rows[start:stop].assign(tf.cast(tf.gather(rows, order[start:stop]), dtype))
-        self.rows[held:].assign(tf.cast(default_row, dtype))
+            self._put(start, stop, tf.gather(rows, order[start:stop]))
+        self._put(held, held + 1, default_row)
+
+    def _put(self, start, stop, rows):
+        """Stores float rows [stop - start, dim] at [start, stop) in the shard's precision."""
+        stored = pack_rows(*quantize_rows(rows)) if self.quantized else tf.cast(rows, self.rows.dtype)
+        self.rows[start:stop].assign(stored)
 
     @classmethod
     def of_table(cls, table, dim, dtype=tf.float32, name=None, publish_record=False):
@@ -87,18 +144,19 @@ class HashedShard(tf.Module):
     def layout(self):
         """What a placeholder of this shard needs (plain numbers): see _placeholder."""
         return {"buckets": self.buckets, "probe": self.probe, "offsets_dtype": self.offsets.dtype.name,
-                "dim": int(self.rows.shape[1])}
+                "dim": self.dim}
 
     def _placeholder(self, layout, dtype):
         """Empty variables of unknown length in the layout of a shard built elsewhere: the graph
         traced over them serves that shard once its arrays are restored into them (a SavedModel
         whose variables another process wrote)."""
         self.buckets, self.probe = int(layout["buckets"]), int(layout["probe"])
-        dim = int(layout["dim"])
+        self.dim, self.quantized = int(layout["dim"]), dtype == tf.int8
+        width = self.dim + (SCALE_BIAS_BYTES if self.quantized else 0)
         self.keys = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False, name="keys")
         self.offsets = tf.Variable(tf.zeros([0], layout["offsets_dtype"]), shape=tf.TensorShape([None]),
                                    trainable=False, name="offsets")
-        self.rows = tf.Variable(tf.zeros([0, dim], dtype), shape=tf.TensorShape([None, dim]), trainable=False,
+        self.rows = tf.Variable(tf.zeros([0, width], dtype), shape=tf.TensorShape([None, width]), trainable=False,
                                 name="rows")
 
     def find(self, keys):
@@ -126,7 +184,13 @@ class HashedShard(tf.Module):
         return tf.tensor_scatter_nd_update(found, where, tf.reduce_min(tf.where(hit, slots, count), 1))
 
     def lookup(self, keys):
-        return tf.cast(tf.gather(self.rows, self.find(keys)), tf.float32)
+        """int64 keys [K] -> float32 rows [K, dim]."""
+        return self.rows_at(self.find(keys))
+
+    def rows_at(self, index):
+        """int64 row indices [K] -> float32 rows [K, dim] (int8 rows dequantized in the graph)."""
+        rows = tf.gather(self.rows, index)
+        return unpack_rows(rows, self.dim) if self.quantized else tf.cast(rows, tf.float32)
 
 
 class HashedTable(tf.Module):
@@ -139,15 +203,22 @@ class HashedTable(tf.Module):
 
     The overlay holds what the deltas since the base changed (apply): `overlay_slots`, a
     `tf.lookup.experimental.DenseHashTable` key -> int64 slot (-2: deleted, reads the default
-    row; absent: the base's row; keys -2^63 and -2^63 + 1 are reserved by it), and `overlay_rows` [slots, dim] (the rows' dtype), which
-    grows by doubling when a delta brings more new keys than it has room for. So it is bounded
-    by the keys touched until the next base, and growing copies the overlay only, never the
-    frozen base. A lookup reads the overlay first, then the base, and skips the overlay while
-    it is empty, so a base alone looks up as fast as before.
+    row; absent: the base's row; keys -2^63 and -2^63 + 1 are reserved by it), and
+    `overlay_rows` [slots, dim] (the rows' dtype; int8 rows [slots, dim + 8]: pack_rows),
+    which grows by doubling when a delta brings more new keys than it has room for. Each
+    key owns two slots (2j, 2j + 1): a delta writes a key's new row into the slot not serving
+    it, then remaps all of the table's keys (deletions included) in one insert, which the hash
+    table makes whole under its lock, so a lookup sees every row of a delta or none of them
+    (DeltaFollower waits for lookups still reading the previous mapping before the next delta
+    reuses their slots). So it is bounded by twice the keys touched until the next base, and
+    growing copies the overlay only, never the frozen base. A lookup reads the overlay first,
+    then the base, and skips the overlay while it is empty, so a base alone looks up as fast
+    as before.
 
     Args:
       layer: a DynamicEmbedding (any sharding).
-      dtype: tf.float32, or tf.float16 to halve the rows (looked up as float32).
+      dtype: tf.float32, tf.float16 to halve the rows, or tf.int8 to quarter them (row-wise
+        affine: quantize_rows; each row adds a float32 scale and bias); looked up as float32.
       publish_record: export each shard with its "publish" record of deleted keys reset in
         the same snapshot (ttf.serving.Publisher's base); `exported_steps` then holds each
         shard's table step at that snapshot.
@@ -161,8 +232,8 @@ class HashedTable(tf.Module):
 
     def __init__(self, layer, dtype=tf.float32, name=None, publish_record=False, rank_shards=None):
         super().__init__(name=name or f"{layer.name}_frozen")
-        if dtype not in (tf.float32, tf.float16):
-            raise ValueError(f"serving rows must be float32 or float16, got {dtype}")
+        dtype = check_row_dtype(dtype, "HashedTable")
+        self.row_dtype = dtype
         self.dim = layer.dim
         default_row = tf.fill([1, layer.dim], tf.constant(layer.tables[0].default_value, tf.float32))
         self.default_row = tf.Variable(default_row, trainable=False, name="default_row")
@@ -189,7 +260,8 @@ class HashedTable(tf.Module):
         self.overlay_slots = tf.lookup.experimental.DenseHashTable(
             tf.int64, tf.int64, default_value=-1, empty_key=self.EMPTY_KEY, deleted_key=self.EMPTY_KEY + 1,
             initial_num_buckets=1024, name=f"{layer.name}_overlay_slots")
-        self.overlay_rows = tf.Variable(tf.zeros([0, layer.dim], dtype), shape=tf.TensorShape([None, layer.dim]),
+        width = layer.dim + (SCALE_BIAS_BYTES if dtype == tf.int8 else 0)
+        self.overlay_rows = tf.Variable(tf.zeros([0, width], dtype), shape=tf.TensorShape([None, width]),
                                         trainable=False, name="overlay_rows")
         self.overlay_used = tf.Variable(0, dtype=tf.int64, trainable=False, name="overlay_used")
 
@@ -206,39 +278,53 @@ class HashedTable(tf.Module):
 
         def overlaid():
             slots = self.overlay_slots.lookup(keys)[:, None]
-            rows = tf.cast(tf.gather(self.overlay_rows, tf.maximum(slots[:, 0], 0)), tf.float32)
+            gathered = tf.maximum(slots[:, 0], 0)
+            rows = tf.gather(self.overlay_rows, gathered)
+            rows = unpack_rows(rows, self.dim) if self.row_dtype == tf.int8 else tf.cast(rows, tf.float32)
             return tf.where(slots >= 0, rows, tf.where(slots == self.DELETED, self.default_row, base))
 
         return tf.cond(self.overlay_slots.size() > 0, overlaid, lambda: tf.identity(base))
 
-    def apply(self, keys, rows, deleted_keys):
+    def apply(self, keys, rows, deleted_keys, scale_bias=None):
         """One delta of this table: deleted_keys int64 [D] read the default row from now on, then
-        keys int64 [K] (distinct) read rows float32 [K, dim] (a key both deleted and upserted in
-        one delta was re-added: the upsert comes second). Returns the op (stock TF ops only)."""
-        removed = self.overlay_slots.insert(deleted_keys, tf.fill(tf.shape(deleted_keys), tf.constant(self.DELETED,
-                                                                                                      tf.int64)))
-        with tf.control_dependencies([removed]):
-            held = self.overlay_slots.lookup(keys)
-        fresh = held < 0  # absent or deleted: a new slot
+        keys int64 [K] (distinct) read rows [K, dim] (a key both deleted and upserted in one delta
+        was re-added: the upsert comes second). rows: float32 for a float table; int8 with
+        scale_bias float32 [K, 2] (quantize_rows) for an int8 one. Returns the op (stock TF ops only)."""
+        quantized = self.row_dtype == tf.int8
+        if (scale_bias is not None) != quantized:
+            raise ValueError(f"HashedTable.apply: a table of {self.row_dtype.name} rows takes "
+                             f"{'int8 rows with scale_bias' if quantized else 'float rows, no scale_bias'}")
+        held = self.overlay_slots.lookup(keys)
+        fresh = held < 0  # absent or deleted: a new pair of slots, the row in its first
         used = self.overlay_used.read_value()
-        slots = tf.where(fresh, used + tf.cumsum(tf.cast(fresh, tf.int64), exclusive=True), held)
-        needed = used + tf.reduce_sum(tf.cast(fresh, tf.int64))
+        # A held key's row goes to the other slot of its pair: the one serving it is left alone.
+        slots = tf.where(fresh, used + 2 * tf.cumsum(tf.cast(fresh, tf.int64), exclusive=True),
+                         tf.bitwise.bitwise_xor(held, tf.constant(1, tf.int64)))
+        needed = used + 2 * tf.reduce_sum(tf.cast(fresh, tf.int64))
         capacity = tf.raw_ops.VariableShape(input=self.overlay_rows.handle, out_type=tf.int64)[0]  # no read
+
+        rows = pack_rows(rows, tf.convert_to_tensor(scale_bias, tf.float32)) if quantized else tf.cast(
+            rows, self.overlay_rows.dtype)
 
         def grow():  # doubling: copies the overlay (never the base), amortised over the deltas
             size = tf.maximum(needed, 2 * capacity)
-            extra = tf.zeros(tf.stack([size - capacity, self.dim]), self.overlay_rows.dtype)
+            extra = tf.zeros(tf.stack([size - capacity, self.overlay_rows.shape[1]]), self.overlay_rows.dtype)
             return tf.identity(self.overlay_rows.assign(tf.concat([self.overlay_rows, extra], 0)).read_value()[:1, :1])
 
         grown = tf.cond(needed > capacity, grow, lambda: tf.zeros([1, 1], self.overlay_rows.dtype))
         with tf.control_dependencies([grown]):
-            # the rows first, then the keys: a concurrent lookup never reads a slot not yet written.
-            # The raw op returns no value: a variable's scatter_nd_update returns a read of the whole
-            # overlay, a copy that made each delta cost in proportion to the rows already applied.
-            written = tf.raw_ops.ResourceScatterUpdate(resource=self.overlay_rows.handle, indices=slots,
-                                                       updates=tf.cast(rows, self.overlay_rows.dtype))
+            # the rows first, into slots no lookup reads, then the keys: a concurrent lookup never
+            # reads a slot not yet written. The raw op returns no value: a variable's scatter_nd_update
+            # returns a read of the whole overlay, a copy that made each delta cost in proportion to the
+            # rows already applied.
+            written = tf.raw_ops.ResourceScatterUpdate(resource=self.overlay_rows.handle, indices=slots, updates=rows)
         with tf.control_dependencies([written]):
-            mapped = self.overlay_slots.insert(keys, slots)
+            # One insert remaps the whole delta (deletions first: a key deleted and re-added in one
+            # delta ends on its row, the insert applying its batch in order).
+            deleted_keys = tf.convert_to_tensor(deleted_keys, tf.int64)
+            mapped = self.overlay_slots.insert(
+                tf.concat([deleted_keys, keys], 0),
+                tf.concat([tf.fill(tf.shape(deleted_keys), tf.constant(self.DELETED, tf.int64)), slots], 0))
         with tf.control_dependencies([mapped]):
             return self.overlay_used.assign(needed)
 
@@ -300,9 +386,10 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     of TF Serving's layout: the SavedModel is `base/<version>/`.
 
     Each ttf embedding layer of the model (DynamicEmbedding, FusedEmbedding, any
-    sharding) is frozen into a HashedTable: its rows only (no optimizer slots), float32 or
-    float16 (`row_dtype`), each shard built from its own export on its own device; ids never
-    held read the layer's default row. The `serving_default` signature takes the model's
+    sharding) is frozen into a HashedTable: its rows only (no optimizer slots), float32,
+    float16 or int8 (`row_dtype`; int8 rows carry a float32 scale and bias each, dequantized
+    in the export's graph by a gather, a cast and a multiply-add), each shard built from its
+    own export on its own device; ids never held read the layer's default row. The `serving_default` signature takes the model's
     inputs by name (a dict input by its keys, e.g. `ids` int64 [B, 26] and `dense` float32
     [B, 13] for models/ctr.py; a functional model by its Input names) and returns
     {output_name: model(inputs, training=False)} (or the model's own dict of outputs); by
@@ -312,8 +399,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     Two more signatures let a server follow published deltas without reloading (see
     docs/serving.md, ttf.serving.Publisher and DeltaFollower): `apply_delta` (sequence,
     base_version, then keys_<i>, rows_<i>, deleted_<i> for the i-th table in the order of
-    `assets.extra/ttf_serving.json`) and `apply_dense` (dense_<j>: the model's variables);
-    `lookup` (keys_<i> -> rows_<i>) reads the rows served.
+    `assets.extra/ttf_serving.json`, and scale_bias_<i> for an int8 table) and `apply_dense`
+    (dense_<j>: the model's variables); `lookup` (keys_<i> -> rows_<i>) reads the rows served.
 
     Atomic: the version is written into `base/.tmp-<version>-<pid>`, its files fsynced, then
     renamed to `base/<version>`, so a server polling `base` never sees a half-written version.
@@ -327,7 +414,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         it was never called.
       output_name: the signature's output key for a single-tensor output; None: "probability"
         or "logits", as the model's last op is a sigmoid/softmax or not.
-      row_dtype: tf.float32 (default; predictions equal the live model's) or tf.float16.
+      row_dtype: tf.float32 (default; predictions equal the live model's), tf.float16 (half
+        the rows' bytes) or tf.int8 (row-wise affine int8: about (dim + 8) / (4 dim) of them).
       publish_record: reset each table shard's "publish" record of deleted keys in the
         export's snapshot (for ttf.serving.Publisher, whose deltas start there).
 
@@ -339,8 +427,8 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
       the version's folder, `base/<version>`.
 
     Raises:
-      ValueError: the model's inputs are unknown, the version exists or is not positive, or a
-        non-stock op would be exported.
+      ValueError: the model's inputs are unknown, the version exists or is not positive, the
+        row_dtype is not one of the three, or a non-stock op would be exported.
 
     Example:
       >>> import ttf, tensorflow as tf, tempfile, os
@@ -352,6 +440,7 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
       '1'
     """
     base = os.fspath(base)
+    row_dtype = check_row_dtype(row_dtype, "export_for_serving")
     if version is None:
         version = (versions(base) or [0])[-1] + 1
     if not isinstance(version, int) or isinstance(version, bool) or version <= 0:
@@ -390,7 +479,9 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     module.sequence = tf.Variable(0, dtype=tf.int64, trainable=False, name="sequence")  # the last delta applied
     signatures = {"serving_default": signature, "apply_delta": _apply_delta_signature(module),
                   "apply_dense": _apply_dense_signature(module), "lookup": _lookup_signature(module)}
-    info = {"version": version, "tables": [{"name": layer.name, "dim": layer.dim} for layer in layers],
+    info = {"version": version,
+            "tables": [{"name": layer.name, "dim": layer.dim, "row_dtype": table.row_dtype.name}
+                       for layer, table in zip(layers, frozen)],
             "dense": [{"name": v.name, "shape": list(v.shape), "dtype": tf.as_dtype(v.dtype).name}
                       for v in module.model_variables],
             "exported_steps": {layer.name: table.exported_steps.tolist() for layer, table in zip(layers, frozen)}}
@@ -417,14 +508,18 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
 
 
 def _apply_delta_signature(module):
-    """apply_delta(sequence, base_version, keys_<i>, rows_<i>, deleted_<i>): applies one delta
+    """apply_delta(sequence, base_version, keys_<i>, rows_<i>, deleted_<i>[, scale_bias_<i>]):
+    applies one delta
     to every table's overlay, refusing (InvalidArgument) another base version or a sequence
     other than the next; the sequence variable is updated last."""
     specs = [tf.TensorSpec([], tf.int64, name="sequence"), tf.TensorSpec([], tf.int64, name="base_version")]
     for i, table in enumerate(module.frozen_tables):
+        quantized = table.row_dtype == tf.int8  # int8 rows travel as they are stored, with their scale and bias
         specs += [tf.TensorSpec([None], tf.int64, name=f"keys_{i}"),
-                  tf.TensorSpec([None, table.dim], tf.float32, name=f"rows_{i}"),
+                  tf.TensorSpec([None, table.dim], tf.int8 if quantized else tf.float32, name=f"rows_{i}"),
                   tf.TensorSpec([None], tf.int64, name=f"deleted_{i}")]
+        if quantized:
+            specs.append(tf.TensorSpec([None, 2], tf.float32, name=f"scale_bias_{i}"))
 
     @tf.function(input_signature=specs, autograph=False)
     def apply_delta(sequence, base_version, *tensors):
@@ -436,11 +531,13 @@ def _apply_delta_signature(module):
                                 ["apply_delta: delta sequence", sequence, "is not the next one after",
                                  module.sequence, "(a gap or a duplicate): load the next base version"]),
         ]
-        applied = []
+        applied, given = [], list(tensors)
         with tf.control_dependencies(checked):
-            for i, table in enumerate(module.frozen_tables):
-                keys, rows, deleted = tensors[3 * i: 3 * i + 3]
-                applied.append(table.apply(keys, rows, deleted))
+            for table in module.frozen_tables:
+                keys, rows, deleted = given[:3]
+                scale_bias = given[3] if table.row_dtype == tf.int8 else None
+                del given[:3 if scale_bias is None else 4]
+                applied.append(table.apply(keys, rows, deleted, scale_bias))
         with tf.control_dependencies(applied):
             return {"sequence": tf.identity(module.sequence.assign(sequence))}
 

@@ -7,7 +7,8 @@
         dense.delta                          the dense variables (every dense_publish_every)
 
 A part file is `tf.io.serialize_tensor` of a string vector [3]: the serialized keys int64 [K],
-rows [K, dim] (float32 or float16) and deleted keys int64 [D]; its checksum is
+rows [K, dim] (float32 or float16) and deleted keys int64 [D]; with int8 rows (format 2) a
+vector [4] whose fourth is each row's scale and bias float32 [K, 2]. Its checksum is
 `tf.fingerprint` (farmhash64) of the whole file, so a follower checks it with stock TF.
 
 Each table shard's part is exported, serialized and written by ops placed on the shard's
@@ -30,12 +31,13 @@ import tensorflow as tf
 
 from ttf._durable import fsync_path
 from ttf._keras import tables_in
-from ttf.serving._export import export_for_serving, versions
+from ttf.serving._export import check_row_dtype, export_for_serving, quantize_rows, versions
 
 DELTAS = "deltas"
 MANIFEST = "manifest.json"
 PIECE_BYTES = 64 << 20  # the most rows (keys + rows) one part file holds
-FORMAT = 1
+FORMAT = 1  # float rows
+FORMAT_INT8 = 2  # int8 rows: each part adds the rows' scale and bias (a follower of format 1 refuses it)
 
 
 def delta_folder(base, version, sequence):
@@ -86,7 +88,8 @@ class Publisher:
       model: a built Keras model with ttf tables (one process or parameter servers).
       base: the publish folder (TF Serving's base path).
       publish_every, dense_publish_every, rebase_every: seconds (> 0).
-      row_dtype: tf.float32 or tf.float16 rows, in the base and in the deltas.
+      row_dtype: tf.float32, tf.float16 or tf.int8 rows (row-wise affine, a float32 scale and
+        bias each: ttf.export_for_serving), in the base and in the deltas.
       keep_versions: base versions kept (older ones and their deltas are removed).
       clock: the time source (seconds), for tests.
 
@@ -113,8 +116,7 @@ class Publisher:
                             ("rebase_every", rebase_every)):
             if not value > 0:
                 raise ValueError(f"Publisher: {name} must be > 0 seconds, got {value!r}")
-        if row_dtype not in (tf.float32, tf.float16):
-            raise ValueError(f"Publisher: row_dtype must be tf.float32 or tf.float16, got {row_dtype!r}")
+        row_dtype = check_row_dtype(row_dtype, "Publisher")
         if not isinstance(keep_versions, int) or keep_versions < 1:
             raise ValueError(f"Publisher: keep_versions must be an int >= 1, got {keep_versions!r}")
         self.layers = tables_in(model)
@@ -220,9 +222,13 @@ class Publisher:
                         if key in self._pending_deleted:  # from deltas that failed: kept until one is whole
                             deleted = tf.concat([self._pending_deleted[key], deleted], 0)
                         self._pending_deleted[key] = deleted
-                        rows = tf.cast(exported["values"][:, : layer.dim], self.row_dtype)
+                        rows, scale_bias = exported["values"][:, : layer.dim], None
+                        if self.row_dtype == tf.int8:  # quantized where the rows are (the shard's device)
+                            rows, scale_bias = quantize_rows(rows)
+                        rows = tf.cast(rows, self.row_dtype)
                         since[key] = int(exported["step"]) - 1
-                        written["parts"] += self._write_shard(temporary, layer, shard, exported["keys"], rows, deleted)
+                        written["parts"] += self._write_shard(temporary, layer, shard, exported["keys"], rows, deleted,
+                                                              scale_bias)
                 if dense and self._writes_shared:
                     written["dense"] = self._write_dense(temporary)
             except (OSError, tf.errors.OpError) as error:
@@ -234,7 +240,8 @@ class Publisher:
             outcome = None
             if self._writes_shared:
                 try:
-                    manifest = {"format": FORMAT, "base_version": self.version, "sequence": sequence,
+                    manifest = {"format": FORMAT_INT8 if self.row_dtype == tf.int8 else FORMAT,
+                                "base_version": self.version, "sequence": sequence,
                                 "row_dtype": self.row_dtype.name, "published_at": time.time(),
                                 "tables": [layer.name for layer in self.layers],
                                 "parts": [part for w in every for part in w["parts"]], "dense": written["dense"]}
@@ -280,19 +287,21 @@ class Publisher:
         """Writes the next base version; returns (version, {table name: [table step of each shard]})."""
         return exported_steps(export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True))
 
-    def _write_shard(self, folder, layer, shard, keys, rows, deleted):
-        """Writes one shard's rows in pieces of at most PIECE_BYTES, on the current device
-        (the shard's); returns their manifest entries. Only shapes and checksums come back."""
+    def _write_shard(self, folder, layer, shard, keys, rows, deleted, scale_bias=None):
+        """Writes one shard's rows (int8 ones with their scale_bias) in pieces of at most
+        PIECE_BYTES, on the current device (the shard's); returns their manifest entries. Only
+        shapes and checksums come back."""
         count = int(keys.shape[0])
-        row_bytes = 8 + layer.dim * self.row_dtype.size
+        row_bytes = 8 + layer.dim * self.row_dtype.size + (0 if scale_bias is None else 8)
         per_piece = max(1, PIECE_BYTES // row_bytes)
         entries = []
         for piece, start in enumerate(range(0, max(count, 1), per_piece)):
             end = min(count, start + per_piece)
             piece_deleted = deleted if piece == 0 else tf.zeros([0], tf.int64)
-            blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(keys[start:end]),
-                                                    tf.io.serialize_tensor(rows[start:end]),
-                                                    tf.io.serialize_tensor(piece_deleted)]))
+            fields = [keys[start:end], rows[start:end], piece_deleted]
+            if scale_bias is not None:
+                fields.append(scale_bias[start:end])
+            blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(field) for field in fields]))
             name = f"{layer.name}-{shard}-{piece}.delta"
             path = os.path.join(folder, name)
             _write_file(path, blob)
