@@ -229,9 +229,10 @@ def add_checkpoint_args(p):
                             "returns probability [B]. D is TF Serving's base path: each export is a new version "
                             "D/<N>/ (N one more than the largest there), written to a temporary folder and renamed "
                             "into place. Example: --export-dir /tmp/ctr_serving")
-    group.add_argument("--export-rows", choices=["fp32", "fp16"], default="fp32",
+    group.add_argument("--export-rows", choices=["fp32", "fp16", "int8"], default="fp32",
                        help="precision of the embedding rows in the serving export and in published deltas (default "
-                            "fp32: predictions equal the trainer's; fp16 halves the rows' bytes)")
+                            "fp32: predictions equal the trainer's; fp16 halves the rows' bytes; int8 stores each row "
+                            "with a float scale and bias, about 0.4x the fp32 bytes, probabilities within 0.01)")
     add_publish_args(p)
 
 

@@ -80,19 +80,25 @@ def test_own_dataset_and_the_nan_guard():
         stopped.fit(batches(poisoned))
 
 
-def test_publishing_serves_the_trained_rows(rows, tmp_path):
+@pytest.mark.parametrize("row_dtype", ["fp32", "int8"])
+def test_publishing_serves_the_trained_rows(rows, tmp_path, row_dtype):
     """A job that publishes while it trains: a DeltaFollower of its folder predicts what the
     trained model predicts (the model's own output: logits), the job's last publish carrying
-    the dense weights too (they are due only every dense_every = 300 s)."""
+    the dense weights too (they are due only every dense_every = 300 s). int8 rows: every
+    probability within 0.01."""
     base = tmp_path / "publish"
-    job = make_job(steps=30, publish=ttf.distribute.PublishConfig(str(base), every=0.5))
+    job = make_job(steps=30, publish=ttf.distribute.PublishConfig(str(base), every=0.5, row_dtype=row_dtype))
     job.fit(ttf.data.Reader([rows], "criteo"))
     follower = ttf.serving.DeltaFollower(str(base))
     features, _ = next(iter(ttf.data.Reader([rows], "criteo").dataset(256, shuffle=False)))
     served = follower.predict(features)
     assert follower.sequence > 0 and follower.refused is None
     expected = tf.reshape(job.model(features), [-1]).numpy()
-    np.testing.assert_allclose(np.reshape(list(served.values())[0], [-1]), expected, rtol=1e-5, atol=1e-6)
+    served = np.reshape(list(served.values())[0], [-1])
+    if row_dtype == "fp32":
+        np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_allclose(tf.sigmoid(served).numpy(), tf.sigmoid(expected).numpy(), atol=0.01)
 
 
 @pytest.mark.parametrize("config, message", [

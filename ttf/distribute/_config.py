@@ -4,7 +4,7 @@ import dataclasses
 import math
 from typing import Optional
 
-ROW_DTYPES = ("fp32", "fp16")
+ROW_DTYPES = ("fp32", "fp16", "int8")
 PRECISIONS = ("fp32", "bf16", "loss")
 
 
@@ -29,7 +29,8 @@ class PublishConfig:
       every: seconds between deltas (default 10).
       dense_every: seconds between deltas that also carry the dense weights (default 300).
       rebase_every: seconds between new base versions (default 3600).
-      row_dtype: "fp32" (default) or "fp16": the published rows' precision.
+      row_dtype: "fp32" (default), "fp16" or "int8" (row-wise: a float scale and bias per row,
+        dequantized by stock ops in the export's graph): the published rows' precision.
     """
 
     base: str

@@ -449,7 +449,7 @@ class Job:
 
 
 def _row_dtype(name):
-    return tf.float16 if name == "fp16" else tf.float32
+    return {"fp16": tf.float16, "int8": tf.int8}.get(name, tf.float32)
 
 
 def tier_progress(stats, dram_budget):
