@@ -66,8 +66,8 @@ def test_two_ranks_match_one_process_on_the_global_batch(horovod, synthetic, tmp
     """2 ranks x batch 128 vs 1 process x batch 256 (same seed, data, fp32 Adam, 60 steps).
     Each rank reads its own half of the data (split input), so the batches differ from the one
     process's; 60 x 256 rows cover the 12,000 training rows in both runs: the same ids in the
-    tables, AUC and logloss close; and each run's checkpoint restores into the other topology
-    bit for bit. (Exact equality on the global batch is tested on tdh.rank_slice below.)"""
+    tables, AUC and logloss close; and the one process's checkpoint restores into 2 ranks bit
+    for bit. (Exact equality on the global batch is tested on tdh.rank_slice below.)"""
     common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "60",
               "--precision", "fp32", "--optimizer", "adam", "--seed", "3", "--log-every", "20"]
     train(*common, "--batch-size", "256", "--metrics-out", str(tmp_path / "one.json"),
@@ -85,14 +85,7 @@ def test_two_ranks_match_one_process_on_the_global_batch(horovod, synthetic, tmp
     assert two["wire_bytes_per_step"] > 0
     # Rank 0's checkpoint holds every id of both ranks: the same ids as the one-process table.
     np.testing.assert_array_equal(checkpoint_keys(tmp_path / "two"), checkpoint_keys(tmp_path / "one"))
-    # ... and restores into one process (each id to its one shard), bit for bit.
-    shutil.copytree(tmp_path / "two", tmp_path / "two_to_one")
-    out = train(*common, "--batch-size", "256", "--metrics-out", str(tmp_path / "two_to_one.json"),
-                "--checkpoint-dir", str(tmp_path / "two_to_one"))
-    assert "at step 60" in out, out[-3000:]
-    restored = json.loads((tmp_path / "two_to_one.json").read_text())
-    assert restored["table_size"] == two["table_size"] and restored["table_checksum"] == two["table_checksum"]
-    assert restored["auc"] == pytest.approx(two["auc"], abs=1e-6)
+    # (2 ranks -> one process, bit for bit: test_delta_checkpoints_of_two_ranks_restore_into_one_process.)
     # The one-process checkpoint restores into 2 ranks (each id to its owning rank), bit for bit.
     shutil.copytree(tmp_path / "one", tmp_path / "one_to_two")
     out = train(*common, "--batch-size", "128", "--metrics-out", str(tmp_path / "one_to_two.json"),
@@ -184,11 +177,13 @@ def test_compression_runs_and_sends_fewer_bytes(horovod, synthetic, tmp_path):
     common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "30",
               "--precision", "fp32", "--batch-size", "128", "--seed", "3"]
     results = {}
-    for compression in ("none", "bf16", "fp16"):
+    # fp16 is bf16's cast without the bit-cast bf16 needs on Horovod's wire (ttf/distribute/_wire.py):
+    # bf16 runs the longer path; a third 2-rank job would add two minutes for the same check.
+    for compression in ("none", "bf16"):
         metrics = tmp_path / f"{compression}.json"
         train(*common, "--hvd-compression", compression, "--metrics-out", str(metrics), ranks=2)
         results[compression] = json.loads(metrics.read_text())
-    for compression in ("bf16", "fp16"):
+    for compression in ("bf16",):
         ratio = results[compression]["wire_bytes_per_step"] / results["none"]["wire_bytes_per_step"]
         assert 0.45 < ratio < 0.65, (compression, ratio)  # ids stay 8 bytes; rows, grads and dense halve
         assert abs(results[compression]["auc"] - results["none"]["auc"]) < 0.02
