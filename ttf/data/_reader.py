@@ -350,7 +350,13 @@ class Reader:
         if data is None:  # nothing (left) to read in this share: the element structure, no element
             empty = self.dataset(batch_size, shuffle=False).take(0)
             data = empty.map(lambda f, l: (f, l, tf.zeros([len(_shares.POSITION_FIELDS)], tf.int64)))
-        return data.prefetch(tf.data.AUTOTUNE)
+        # No autotune thread: deleting the iterator waited for it (absl Notification in
+        # ~RootDataset::Iterator, the model thread in Model::OptimizeLoop) 45-59 s in about half of
+        # the 2-rank Horovod jobs measured, with the other rank waiting in a collective; 0 of 4
+        # without it. Its parallelism falls back to the cores (the parse is one op per window).
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return data.prefetch(tf.data.AUTOTUNE).with_options(options)
 
     def _report_at_end(self):
         """One empty block whose making prints the lines skipped since the last such print
