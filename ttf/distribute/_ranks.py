@@ -34,11 +34,6 @@ def agree(coll, value, what="agree"):
         return coll.broadcast_object(value, 0, "ttf_agree")
 
 
-def all_ranks(coll, flag, name="ttf_all_ranks"):
-    """A boolean scalar that is True only where `flag` is True on every rank (eager or traced)."""
-    return tf.cast(coll.allreduce(tf.cast(flag, tf.int32), "min", name), tf.bool)
-
-
 def gather_rows(coll, array, name):
     """A NumPy array's rows concatenated over the ranks (rank order), e.g. eval predictions."""
     return coll.allgather(tf.convert_to_tensor(array), name).numpy()
@@ -430,6 +425,6 @@ def summed_counts(coll, counts):
     return {name: sum(c[name] for c in per_rank) for name in counts}
 
 
-__all__ = ["RankPublisher", "SAVE_TIMEOUT_SECONDS", "agree", "all_ranks", "check_same_config", "export_for_serving",
+__all__ = ["RankPublisher", "SAVE_TIMEOUT_SECONDS", "agree", "check_same_config", "export_for_serving",
            "gather_input_position", "gather_rows", "gather_stream_position", "open_stream", "save_checkpoint",
            "stream_batches", "stream_progress", "summed_counts"]

@@ -210,7 +210,9 @@ class SynchronousRanks(OneProcess):
         return _errors.lost_rank(error, self.rank, self.runtime)
 
     def all_have(self, flag):
-        return bool(_ranks.all_ranks(self.coll, tf.constant(flag), "ttf_have_batch").numpy())
+        from ttf.distribute.sync import all_workers  # noqa: PLC0415
+
+        return bool(all_workers(tf.constant(flag), self.coll, "ttf_have_batch").numpy())
 
     def agree(self, value, what="agree"):
         return _ranks.agree(self.coll, value, what)
@@ -230,7 +232,9 @@ class SynchronousRanks(OneProcess):
         return lambda losses: mean_over_examples(losses, self.coll, name="ttf_loss")
 
     def finite_across(self):
-        return lambda flag: _ranks.all_ranks(self.coll, flag)
+        from ttf.distribute.sync import all_workers  # noqa: PLC0415
+
+        return lambda flag: all_workers(flag, self.coll, "ttf_all_ranks")
 
     def open_stream(self, spec, **kwargs):
         return _ranks.open_stream(self.coll, spec, **kwargs)

@@ -334,7 +334,7 @@ def mean_over_ranks(value, name="ttf_mean"):
 def all_ranks(flag, name="ttf_all_ranks"):
     """A boolean scalar that is True only where `flag` is True on every rank (e.g. a step's
     gradients are finite: make_train_step(finite_across=all_ranks))."""
-    return _ranks.all_ranks(_backend(), flag, name)
+    return _sync.all_workers(flag, _backend(), name)
 
 
 def check_same_config(config, what="flags"):
