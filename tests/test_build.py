@@ -77,12 +77,13 @@ def test_a_wheel_under_another_tensorflow_refuses_in_one_line_naming_the_wheel_i
     only. tests/test_wheel.py checks the same on a real installed wheel (slow)."""
     package = tmp_path / "site-packages" / "ttf"
     package.mkdir(parents=True)
-    (package / "_ttf_ops.tf2.16.so").write_bytes(b"")
+    other = "2.16" if _ops.TF_MINOR != "2.16" else "2.21"  # a minor that is not the running one
+    (package / f"_ttf_ops.tf{other}.so").write_bytes(b"")
     monkeypatch.setattr(_ops, "_DIR", str(package))
     monkeypatch.setattr(_ops, "LIBRARY_PATH", str(package / f"_ttf_ops.tf{_ops.TF_MINOR}.so"))
     message = _ops._wheel_mismatch()
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert message.startswith(f"ttf: this ttf wheel is built for TensorFlow 2.16, but TensorFlow {tf.__version__} is running; "
+    assert message.startswith(f"ttf: this ttf wheel is built for TensorFlow {other}, but TensorFlow {tf.__version__} is running; "
                               f"install the wheel built for it, ttf-0.1.0+tf{_ops.TF_MINOR}-{py}-{py}-manylinux_*_x86_64.whl")
     assert "\n" not in message
     (package / f"_ttf_ops.tf{_ops.TF_MINOR}.so").write_bytes(b"")  # the right one present: no complaint
