@@ -24,3 +24,24 @@ def pytest_ignore_collect(collection_path, config):
     if KERAS3:  # tests/keras3 and the folders above it only
         return None if inside or KERAS3_DIR.startswith(path + os.sep) else True
     return True if inside else None
+
+# TTF_TEST_PROFILE=FILE appends one line per test: wall seconds, CPU seconds of pytest and of its
+# (waited-for) child processes, the test id. Wall far above CPU marks a waiting-bound test.
+PROFILE = os.environ.get("TTF_TEST_PROFILE")
+if PROFILE:
+    import resource
+    import time
+
+    import pytest
+
+    def _cpu_seconds():
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start, (own, children) = time.monotonic(), _cpu_seconds()
+        yield
+        own_after, children_after = _cpu_seconds()
+        with open(PROFILE, "a") as out:
+            out.write(f"{time.monotonic() - start:.1f}\t{own_after - own:.1f}\t{children_after - children:.1f}\t{item.nodeid}\n")
