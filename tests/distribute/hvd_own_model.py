@@ -1,10 +1,11 @@
 """A user's own Keras model with ttf layers, trained under horovodrun (run by test_horovod.py):
 
-    horovodrun --gloo -np 2 python tests/distribute/hvd_own_model.py OUT.json fit|tape GLOBAL_BATCH
+    horovodrun --gloo -np 2 python tests/distribute/hvd_own_model.py OUT.json fit,tape GLOBAL_BATCH
 
 Each rank trains on its slice of every global batch; a one-rank run trains on the whole
 batch. Writes rank 0's predictions on fixed inputs and the table size over all ranks, so the
-test can check that 2 ranks compute what 1 process computes. The lines marked "Horovod:"
+test can check that 2 ranks compute what 1 process computes; one model per mode (model.fit,
+a GradientTape loop), one after the other in the same processes. The lines marked "Horovod:"
 are all a user adds (as in docs/horovod.md).
 """
 import json
@@ -17,7 +18,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd  # Horovod:
 import ttf.distribute.horovod as tdh  # Horovod:
 
-out_path, mode, global_batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out_path, modes, global_batch = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 hvd.init()  # Horovod:
 rank, size = hvd.rank(), hvd.size()
 per_rank = global_batch // size
@@ -54,44 +55,50 @@ def batch(step):
     return (tf.constant(ids[lo:lo + per_rank]), tags), tf.constant(labels[lo:lo + per_rank])
 
 
-model = make_model()
-tdh.shard_tables(model)  # Horovod: each id of every ttf table lives on one rank
-optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01))  # Horovod: dense allreduce, table rows to owners
-model(batch(0)[0])  # builds the variables
-tdh.broadcast_variables(model.variables)  # Horovod: rank 0's initial dense weights everywhere
-loss_fn = tf.keras.losses.BinaryCrossentropy()
+def train(mode):
+    """Trains a new model in `mode`; returns what the test compares."""
+    model = make_model()
+    tdh.shard_tables(model)  # Horovod: each id of every ttf table lives on one rank
+    optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01))  # Horovod: dense allreduce, table rows to owners
+    model(batch(0)[0])  # builds the variables
+    tdh.broadcast_variables(model.variables)  # Horovod: rank 0's initial dense weights everywhere
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
 
-alltoalls = None  # counted in the tape loop's graph
-if mode == "fit":
-    model.compile(optimizer=optimizer, loss=loss_fn)
+    alltoalls = None  # counted in the tape loop's graph
+    if mode == "fit":
+        model.compile(optimizer=optimizer, loss=loss_fn)
 
-    def batches():
+        def batches():
+            for step in range(steps):
+                yield batch(step)
+
+        spec = ((tf.TensorSpec([None, 3], tf.int64), tf.RaggedTensorSpec([None, None], tf.int64, 1)),
+                tf.TensorSpec([None], tf.float32))
+        data = tf.data.Dataset.from_generator(batches, output_signature=spec)
+        model.fit(data, epochs=1, verbose=0)
+    else:
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
         for step in range(steps):
-            yield batch(step)
+            train_step(*batch(step))
+        graph = train_step.get_concrete_function(*batch(0)).graph
+        alltoalls = sorted(op.name for op in graph.get_operations() if op.type == "HorovodAlltoall")
 
-    spec = ((tf.TensorSpec([None, 3], tf.int64), tf.RaggedTensorSpec([None, None], tf.int64, 1)),
-            tf.TensorSpec([None], tf.float32))
-    data = tf.data.Dataset.from_generator(batches, output_signature=spec)
-    model.fit(data, epochs=1, verbose=0)
-else:
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    probe_ids = tf.constant(ids[:64])
+    probe_tags = tf.RaggedTensor.from_row_lengths(tag_values, tag_lengths)[:64]
+    predictions = model((probe_ids, probe_tags), training=False).numpy()[:, 0]  # every rank: lookups are collective
+    table_size = tdh.table_size(model)
+    return {"predictions": predictions.tolist(), "table_size": table_size, "size": size,
+            "iterations": int(optimizer.iterations.numpy()), "alltoalls": alltoalls}
 
-    for step in range(steps):
-        train_step(*batch(step))
-    graph = train_step.get_concrete_function(*batch(0)).graph
-    alltoalls = sorted(op.name for op in graph.get_operations() if op.type == "HorovodAlltoall")
 
-probe_ids = tf.constant(ids[:64])
-probe_tags = tf.RaggedTensor.from_row_lengths(tag_values, tag_lengths)[:64]
-predictions = model((probe_ids, probe_tags), training=False).numpy()[:, 0]  # every rank: lookups are collective
-table_size = tdh.table_size(model)
+results = {mode: train(mode) for mode in modes}
 if rank == 0:
     with open(out_path, "w") as f:
-        json.dump({"predictions": predictions.tolist(), "table_size": table_size, "size": size,
-                   "iterations": int(optimizer.iterations.numpy()), "alltoalls": alltoalls}, f)
+        json.dump(results, f)

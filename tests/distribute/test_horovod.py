@@ -61,34 +61,47 @@ def train(*args, ranks=None, timeout=900):
     return proc.stdout
 
 
+COMMON = ["--tiacc", "--model", "fm", "--steps", "60", "--precision", "fp32", "--optimizer", "adam", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(horovod, synthetic, tmp_path_factory):
+    """One 2-rank job the tests below share (each 2-rank job costs a minute or two): batch 128 a
+    rank, split input, a save every 20 steps and every 3rd full (a full checkpoint at 20, deltas
+    at 40 and 60), no compression. Returns (stdout, metrics, checkpoint directory)."""
+    out_dir = tmp_path_factory.mktemp("two_ranks")
+    out = train(*COMMON, "--data", synthetic[0], "--eval-data", synthetic[1], "--batch-size", "128",
+                "--checkpoint-every", "20", "--full-every", "3", "--log-every", "20",
+                "--metrics-out", str(out_dir / "two.json"), "--checkpoint-dir", str(out_dir / "two"), ranks=2)
+    return out, json.loads((out_dir / "two.json").read_text()), out_dir / "two"
+
+
 @pytest.mark.slow
-def test_two_ranks_match_one_process_on_the_global_batch(horovod, synthetic, tmp_path):
+def test_two_ranks_match_one_process_on_the_global_batch(two_ranks, synthetic, tmp_path):
     """2 ranks x batch 128 vs 1 process x batch 256 (same seed, data, fp32 Adam, 60 steps).
     Each rank reads its own half of the data (split input), so the batches differ from the one
     process's; 60 x 256 rows cover the 12,000 training rows in both runs: the same ids in the
     tables, AUC and logloss close; and the one process's checkpoint restores into 2 ranks bit
     for bit. (Exact equality on the global batch is tested on tdh.rank_slice below.)"""
-    common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "60",
-              "--precision", "fp32", "--optimizer", "adam", "--seed", "3", "--log-every", "20"]
-    train(*common, "--batch-size", "256", "--metrics-out", str(tmp_path / "one.json"),
+    out, two, two_dir = two_ranks
+    data = ["--data", synthetic[0], "--eval-data", synthetic[1]]
+    train(*COMMON, *data, "--batch-size", "256", "--metrics-out", str(tmp_path / "one.json"),
           "--checkpoint-dir", str(tmp_path / "one"))
-    out = train(*common, "--batch-size", "128", "--metrics-out", str(tmp_path / "two.json"),
-                "--checkpoint-dir", str(tmp_path / "two"), ranks=2)
     assert "[train] done: 60 steps" in out and "(2 Horovod ranks)" in out, out[-3000:]
     assert out.count("[train] done:") == 1  # rank 0 reports, once
-    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    one = json.loads((tmp_path / "one.json").read_text())
     assert two["cluster"] == {"horovod_ranks": 2, "compression": "none"} and two["ranks"] == 2
     assert two["eval_rows"] == one["eval_rows"] == 3000
     assert two["table_size"] == one["table_size"] > 1000
     assert abs(two["auc"] - one["auc"]) < 0.02 and abs(two["logloss"] - one["logloss"]) < 0.02, (one, two)
     assert one["auc"] > 0.6  # it learned something: the comparison means something
     assert two["wire_bytes_per_step"] > 0
-    # Rank 0's checkpoint holds every id of both ranks: the same ids as the one-process table.
-    np.testing.assert_array_equal(checkpoint_keys(tmp_path / "two"), checkpoint_keys(tmp_path / "one"))
+    # The ranks' checkpoint chain holds every id of both ranks: the same ids as the one-process table.
+    np.testing.assert_array_equal(checkpoint_keys(two_dir), checkpoint_keys(tmp_path / "one"))
     # (2 ranks -> one process, bit for bit: test_delta_checkpoints_of_two_ranks_restore_into_one_process.)
     # The one-process checkpoint restores into 2 ranks (each id to its owning rank), bit for bit.
     shutil.copytree(tmp_path / "one", tmp_path / "one_to_two")
-    out = train(*common, "--batch-size", "128", "--metrics-out", str(tmp_path / "one_to_two.json"),
+    out = train(*COMMON, *data, "--batch-size", "128", "--metrics-out", str(tmp_path / "one_to_two.json"),
                 "--checkpoint-dir", str(tmp_path / "one_to_two"), ranks=2)
     assert "at step 60" in out, out[-3000:]
     restored = json.loads((tmp_path / "one_to_two.json").read_text())
@@ -96,27 +109,36 @@ def test_two_ranks_match_one_process_on_the_global_batch(horovod, synthetic, tmp
 
 
 def checkpoint_keys(directory):
-    """The sorted ids of every table saved in the latest checkpoint of `directory`."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(directory)))
-    names = [n for n in reader.get_variable_to_shape_map() if n.endswith("/keys")]
-    assert names, sorted(reader.get_variable_to_shape_map())
-    return np.sort(np.concatenate([reader.get_tensor(n) for n in names]))
+    """The sorted ids of every table in the checkpoint chain of `directory` (its full checkpoint
+    and deltas: nothing is evicted in these jobs, so their union is the table's ids)."""
+    chain_file = os.path.join(directory, "ttf_chain.json")
+    if os.path.exists(chain_file):
+        chain = json.loads(open(chain_file).read())
+        paths = [os.path.join(directory, name) for name in (chain["full"], *chain["deltas"])]
+    else:
+        paths = [tf.train.latest_checkpoint(str(directory))]
+    keys = []
+    for path in paths:
+        reader = tf.train.load_checkpoint(path)
+        names = [n for n in reader.get_variable_to_shape_map() if n.endswith("/keys")]
+        assert names, sorted(reader.get_variable_to_shape_map())
+        keys += [reader.get_tensor(n) for n in names]
+    return np.unique(np.concatenate(keys))
 
 
 @pytest.mark.slow
-def test_delta_checkpoints_of_two_ranks_restore_into_one_process(horovod, synthetic, tmp_path):
+def test_delta_checkpoints_of_two_ranks_restore_into_one_process(two_ranks, synthetic, tmp_path):
     """2 ranks, a save every 20 steps, every 3rd full: the chain (full at 20, deltas at 40 and
     60) holds every rank's changed rows; restored into one process it is the 2-rank table at
     step 60, bit for bit."""
-    common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "60",
-              "--precision", "fp32", "--optimizer", "adam", "--seed", "3", "--batch-size", "128",
-              "--checkpoint-every", "20", "--full-every", "3"]
-    train(*common, "--metrics-out", str(tmp_path / "two.json"), "--checkpoint-dir", str(tmp_path / "two"), ranks=2)
-    chain = json.loads((tmp_path / "two" / "ttf_chain.json").read_text())
+    _, two, two_dir = two_ranks
+    chain = json.loads((two_dir / "ttf_chain.json").read_text())
     assert chain["full"].endswith("ckpt-20") and [p.rsplit("/", 1)[-1] for p in chain["deltas"]] == [
         "delta-40", "delta-60"], chain
-    two = json.loads((tmp_path / "two.json").read_text())
-    out = train(*common, "--metrics-out", str(tmp_path / "one.json"), "--checkpoint-dir", str(tmp_path / "two"))
+    shutil.copytree(two_dir, tmp_path / "two")
+    out = train(*COMMON, "--data", synthetic[0], "--eval-data", synthetic[1], "--batch-size", "128",
+                "--checkpoint-every", "20", "--full-every", "3", "--metrics-out", str(tmp_path / "one.json"),
+                "--checkpoint-dir", str(tmp_path / "two"))
     assert "at step 60" in out, out[-3000:]
     one = json.loads((tmp_path / "one.json").read_text())
     assert one["table_size"] == two["table_size"] > 1000 and one["table_checksum"] == two["table_checksum"]
@@ -124,18 +146,21 @@ def test_delta_checkpoints_of_two_ranks_restore_into_one_process(horovod, synthe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fit", "tape"])
-def test_own_keras_model_under_horovodrun_equals_one_process(horovod, tmp_path, mode):
+def test_own_keras_model_under_horovodrun_equals_one_process(horovod, tmp_path):
+    """model.fit and a GradientTape loop, one model each, in the same horovodrun (a launch
+    costs as much as the training here)."""
     script = os.path.join(ROOT, "tests", "distribute", "hvd_own_model.py")
     for ranks in (1, 2):
-        proc = horovodrun(ranks, sys.executable, script, str(tmp_path / f"{ranks}.json"), mode, "32")
+        proc = horovodrun(ranks, sys.executable, script, str(tmp_path / f"{ranks}.json"), "fit,tape", "32")
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in (1, 2))
-    assert two["size"] == 2 and one["iterations"] == two["iterations"] == 12
-    assert one["table_size"] == two["table_size"] > 100
-    np.testing.assert_allclose(two["predictions"], one["predictions"], rtol=1e-4, atol=1e-5)
-    if mode == "tape":  # three tables, four calls: one exchange per direction (ids, rows, row gradients)
-        assert sorted(n.rsplit("_", 1)[1] for n in two["alltoalls"]) == ["grads", "ids", "rows"], two["alltoalls"]
+    ones, twos = (json.loads((tmp_path / f"{n}.json").read_text()) for n in (1, 2))
+    for mode in ("fit", "tape"):
+        one, two = ones[mode], twos[mode]
+        assert two["size"] == 2 and one["iterations"] == two["iterations"] == 12, mode
+        assert one["table_size"] == two["table_size"] > 100, mode
+        np.testing.assert_allclose(two["predictions"], one["predictions"], rtol=1e-4, atol=1e-5, err_msg=mode)
+    # The tape loop's graph: three tables, four calls, one exchange per direction (ids, rows, row gradients).
+    assert sorted(n.rsplit("_", 1)[1] for n in twos["tape"]["alltoalls"]) == ["grads", "ids", "rows"], twos["tape"]
 
 
 @pytest.mark.slow
@@ -173,20 +198,18 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(horovod,
 
 
 @pytest.mark.slow
-def test_compression_runs_and_sends_fewer_bytes(horovod, synthetic, tmp_path):
-    common = ["--tiacc", "--model", "fm", "--data", synthetic[0], "--eval-data", synthetic[1], "--steps", "30",
-              "--precision", "fp32", "--batch-size", "128", "--seed", "3"]
-    results = {}
-    # fp16 is bf16's cast without the bit-cast bf16 needs on Horovod's wire (ttf/distribute/_wire.py):
-    # bf16 runs the longer path; a third 2-rank job would add two minutes for the same check.
-    for compression in ("none", "bf16"):
-        metrics = tmp_path / f"{compression}.json"
-        train(*common, "--hvd-compression", compression, "--metrics-out", str(metrics), ranks=2)
-        results[compression] = json.loads(metrics.read_text())
-    for compression in ("bf16",):
-        ratio = results[compression]["wire_bytes_per_step"] / results["none"]["wire_bytes_per_step"]
-        assert 0.45 < ratio < 0.65, (compression, ratio)  # ids stay 8 bytes; rows, grads and dense halve
-        assert abs(results[compression]["auc"] - results["none"]["auc"]) < 0.02
+def test_compression_runs_and_sends_fewer_bytes(two_ranks, synthetic, tmp_path):
+    """bf16 against the shared uncompressed job. fp16 is bf16's cast without the bit-cast bf16
+    needs on Horovod's wire (ttf/distribute/_wire.py): bf16 runs the longer path; another 2-rank
+    job would add a minute or two for the same check."""
+    _, none, _ = two_ranks
+    train(*COMMON, "--data", synthetic[0], "--eval-data", synthetic[1], "--batch-size", "128",
+          "--hvd-compression", "bf16", "--metrics-out", str(tmp_path / "bf16.json"), ranks=2)
+    bf16 = json.loads((tmp_path / "bf16.json").read_text())
+    assert bf16["cluster"]["compression"] == "bf16"
+    ratio = bf16["wire_bytes_per_step"] / none["wire_bytes_per_step"]
+    assert 0.45 < ratio < 0.65, ratio  # ids stay 8 bytes; rows, grads and dense halve
+    assert abs(bf16["auc"] - none["auc"]) < 0.02
 
 
 @pytest.mark.slow
