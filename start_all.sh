@@ -349,7 +349,7 @@ print(*[s.getsockname()[1] for s in socks])")"
   echo "[start_all] synchronous job: $num_workers worker(s) on TensorFlow's collectives, logs in $logdir;" \
        "training (${train_args[*]})"
   network_line "the workers' gRPC ports ${ports[*]}" "TensorFlow gRPC"
-  if [ -z "$data" ] || [ "$data" = synthetic ]; then  # once, before the workers read it
+  if [ -z "$stream" ] && { [ -z "$data" ] || [ "$data" = synthetic ]; }; then  # once, before the workers read it
     "$PY" models/train.py "${train_args[@]}" --prepare-data || exit 1
   fi
   pids=()
@@ -405,7 +405,7 @@ if [ -n "$role" ]; then
     echo "[start_all] chief: training (${train_args[*]})"
     exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"
   fi
-  if [ "$role" = worker ] && { [ -z "$data" ] || [ "$data" = synthetic ]; }; then
+  if [ "$role" = worker ] && [ -z "$stream" ] && { [ -z "$data" ] || [ "$data" = synthetic ]; }; then
     echo "[start_all] worker $index: preparing the synthetic data the chief trains on"
     "$PY" models/train.py "${train_args[@]}" --prepare-data
   fi

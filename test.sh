@@ -3,11 +3,17 @@
 # (cluster start-up, 10M-key tables, fault injection, Horovod jobs; --all installs horovod). Extra arguments go to pytest.
 # Sets itself up on first use (./.venv, pinned packages, op build).
 # Env: TTF_TF=2.16 tests on TensorFlow 2.16 instead of the newest (in ./.venv-tf2.16; see setup_env.sh).
+#      TTF_TEST_PROCESSES: test processes run at once (default 2; 0 = all in this process, as plain pytest).
+#        Each test file runs whole in one of them (its module fixtures once); most tests keep one core busy
+#        or wait on servers, so two at once take about two thirds of the time on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup_env.sh
 venv=${TTF_VENV:-$PWD/.venv${TTF_TF:+-tf$TTF_TF}}
 marker=()
+processes=${TTF_TEST_PROCESSES:-2}
+parallel=()
+[ "$processes" = 0 ] || parallel=(-n "$processes" --dist loadgroup)
 if [ "${1:-}" = "--all" ]; then
   marker=(-m "slow or not slow"); shift
   # The Horovod tests run real horovod (built once, then from pip's wheel cache); on a TensorFlow
@@ -20,12 +26,12 @@ fi
 # then tests/keras3 with TF_USE_LEGACY_KERAS unset. Extra arguments go to the first run only
 # (TTF_TEST_KERAS=3 ./test.sh tests/keras3/... runs just the Keras 3 one).
 if [ "${TTF_TEST_KERAS:-}" = 3 ]; then
-  exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${marker[@]}" "${@:-tests/keras3}"
+  exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "${@:-tests/keras3}"
 fi
 status=0
-"$venv/bin/python" -m pytest -q "${marker[@]}" "$@" || status=$?
+"$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "$@" || status=$?
 if [ $# -eq 0 ]; then
   echo "[test] Keras 3 tests (tests/keras3, TF_USE_LEGACY_KERAS unset)"
-  env -u TF_USE_LEGACY_KERAS TTF_TEST_KERAS=3 "$venv/bin/python" -m pytest -q "${marker[@]}" tests/keras3 || status=$?
+  env -u TF_USE_LEGACY_KERAS TTF_TEST_KERAS=3 "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" tests/keras3 || status=$?
 fi
 exit "$status"

@@ -15,7 +15,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # models/ as a package
 
+import pytest
+
 KERAS3_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras3")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's loadgroup (./test.sh): a test file runs whole in one process (its
+    module fixtures once), unless its tests name a group shared with other files
+    (@pytest.mark.xdist_group: tests that share one resource, such as the container image)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), os.path.dirname(KERAS3_DIR))))
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -31,8 +42,6 @@ PROFILE = os.environ.get("TTF_TEST_PROFILE")
 if PROFILE:
     import resource
     import time
-
-    import pytest
 
     def _cpu_seconds():
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)

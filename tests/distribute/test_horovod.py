@@ -68,10 +68,11 @@ COMMON = ["--tiacc", "--model", "fm", "--steps", "60", "--precision", "fp32", "-
 def two_ranks(horovod, synthetic, tmp_path_factory):
     """One 2-rank job the tests below share (each 2-rank job costs a minute or two): batch 128 a
     rank, split input, a save every 20 steps and every 3rd full (a full checkpoint at 20, deltas
-    at 40 and 60), no compression. Returns (stdout, metrics, checkpoint directory)."""
+    at 40 and 60), no compression, summaries in out_dir/tb. Returns (stdout, metrics, checkpoint
+    directory)."""
     out_dir = tmp_path_factory.mktemp("two_ranks")
     out = train(*COMMON, "--data", synthetic[0], "--eval-data", synthetic[1], "--batch-size", "128",
-                "--checkpoint-every", "20", "--full-every", "3", "--log-every", "20",
+                "--checkpoint-every", "20", "--full-every", "3", "--log-every", "20", "--logdir", str(out_dir / "tb"),
                 "--metrics-out", str(out_dir / "two.json"), "--checkpoint-dir", str(out_dir / "two"), ranks=2)
     return out, json.loads((out_dir / "two.json").read_text()), out_dir / "two"
 
@@ -106,6 +107,16 @@ def test_two_ranks_match_one_process_on_the_global_batch(two_ranks, synthetic, t
     assert "at step 60" in out, out[-3000:]
     restored = json.loads((tmp_path / "one_to_two.json").read_text())
     assert restored["table_size"] == one["table_size"] and restored["table_checksum"] == one["table_checksum"]
+
+
+@pytest.mark.slow
+def test_train_logdir_horovod_rank_zero_writes(two_ranks):
+    from tests.summary.test_summary import check_run  # pylint: disable=import-outside-toplevel
+
+    _, metrics, checkpoint_dir = two_ranks
+    logdir = checkpoint_dir.parent / "tb"
+    check_run(logdir, metrics, 60)  # rows: both ranks' shards added up
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1  # rank 0 alone writes
 
 
 def checkpoint_keys(directory):

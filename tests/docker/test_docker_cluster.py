@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from container_engine import DOCKER, ROOT, engine, engine_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("containers")]  # one image, one build: one process
 JOB_FLAGS = ["--tiacc", "--fm", "--batch-size", "64"]
 
 # The checkpoint reader of the local-cluster tests: (ids, checksum of values) over every shard.

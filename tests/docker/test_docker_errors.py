@@ -6,7 +6,7 @@ import shutil
 import pytest
 from container_engine import DOCKER, engine_name, script
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("containers")]  # one image, one build: one process
 
 
 def test_no_engine_says_how_to_get_one(tmp_path):

@@ -8,7 +8,7 @@ import re
 import pytest
 from container_engine import ROOT, engine, engine_name, run_opts, script
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("containers")]  # one image, one build: one process
 DONE = re.compile(r"^\[train\] done: (\d+) steps, [0-9.]+ global steps/sec, AUC ([0-9.]+|nan), "
                   r"logloss [0-9.]+ on (\d+) eval rows( \(best achievable AUC [0-9.]+: the planted model's\))?$", re.M)
 
