@@ -20,6 +20,7 @@ import pytest
 KERAS3_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "keras3")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist's loadgroup (./test.sh): a test file runs whole in one process (its
     module fixtures once), unless its tests name a group shared with other files
@@ -27,6 +28,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), os.path.dirname(KERAS3_DIR))))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """xdist marks a grouped test by a suffix of its id; without it the groups are ignored and a
+    file's module fixtures run in two processes at once (pytest 9.2 with pytest-xdist 3.8)."""
+    if getattr(session.config.option, "loadgroup", False) and session.items and "@" not in session.items[0].nodeid:
+        raise pytest.UsageError("pytest-xdist did not group the tests by file (--dist loadgroup); install the pytest "
+                                "requirements.txt pins (pytest-dev/pytest-xdist#1386), or run TTF_TEST_PROCESSES=0 ./test.sh")
 
 
 def pytest_ignore_collect(collection_path, config):
