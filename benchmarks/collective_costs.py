@@ -180,6 +180,15 @@ def unique_ids(batch, fields=26, vocab=1_000_000, samples=8):
     return float(np.mean([np.unique(ids[i * batch:(i + 1) * batch]).size for i in range(samples)]))
 
 
+def padding(unique, workers, seed=0):
+    """SyncWorkers' padding factor: each worker's unique ids go to their owners by hash (a
+    multinomial over the workers), every block is sent at the largest block's size; returns
+    that size over the mean block."""
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(int(unique), [1.0 / workers] * workers, size=workers)
+    return float(counts.max() / (unique / workers))
+
+
 def call_seconds(cost, workers, nbytes):
     """One collective call of `nbytes` a worker among `workers`: the per-call cost measured at
     2 workers, plus the per-peer growth measured from 2 to 4, plus the bytes at the link's rate."""
@@ -202,7 +211,7 @@ def model(args):
         one_way = remote * 8, remote * row, remote * row  # ids out; rows back; row gradients out
         ring = 2 * (w - 1) / w * dense  # a ring all-reduce's bytes out per worker
         dense_s = call_seconds(ar, w, ring)
-        pad = 1.003  # padding to the largest block: 1.003x measured at 2 workers (results/sync.md)
+        pad = padding(u, w)  # 1.003x measured at 2 workers (results/sync.md)
         sync_s = call_seconds(a2a, w, 4 * w) + sum(call_seconds(a2a, w, b * pad) for b in one_way) + dense_s
         hvd_s = sum(call_seconds(a2a, w, b) for b in one_way) + dense_s
         # PS: every unique id goes out (lookup, then push), the dense weights are pulled and
@@ -212,7 +221,7 @@ def model(args):
         ps_s = 2 * ps["seconds_per_call"] + ps["seconds_per_byte"] * ps_bytes * args.workers_per_ps
         bucket = ring + 2 * (w - 1) / w * args.buckets * row
         rows = [("parameter servers", ps_bytes, 4 * servers, ps_s),
-                ("SyncWorkers (padded all-to-all)", sum(one_way) * pad + 4 * w + ring, 5, sync_s),
+                (f"SyncWorkers (padded all-to-all, padding {pad:.2f}x)", sum(one_way) * pad + 4 * w + ring, 5, sync_s),
                 ("Horovod all-to-all (variable splits)", sum(one_way) + ring, 4, hvd_s),
                 ("dense all-reduce of a bucketed table", bucket, 1, call_seconds(ar, w, bucket))]
         for name, nbytes, calls, seconds in rows:

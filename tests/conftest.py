@@ -30,13 +30,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), os.path.dirname(KERAS3_DIR))))
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session):
-    """xdist marks a grouped test by a suffix of its id; without it the groups are ignored and a
-    file's module fixtures run in two processes at once (pytest 9.2 with pytest-xdist 3.8)."""
-    if getattr(session.config.option, "loadgroup", False) and session.items and "@" not in session.items[0].nodeid:
-        raise pytest.UsageError("pytest-xdist did not group the tests by file (--dist loadgroup); install the pytest "
-                                "requirements.txt pins (pytest-dev/pytest-xdist#1386), or run TTF_TEST_PROCESSES=0 ./test.sh")
+def pytest_configure(config):
+    """pytest 9.2 drops xdist 3.8's groups without a word (pytest-dev/pytest-xdist#1386): a file's
+    tests would run in both processes at once, its module fixtures twice."""
+    if getattr(config.option, "dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
+        import importlib.metadata  # noqa: PLC0415
+
+        pytest_version, xdist_version = (tuple(int(p) for p in importlib.metadata.version(n).split(".")[:2])
+                                         for n in ("pytest", "pytest-xdist"))
+        if pytest_version >= (9, 2) and xdist_version <= (3, 8):
+            raise pytest.UsageError(f"pytest {pytest.__version__} ignores pytest-xdist's test groups "
+                                    "(pytest-dev/pytest-xdist#1386): install requirements.txt's pins "
+                                    "(./scripts/setup_env.sh), or run TTF_TEST_PROCESSES=0 ./test.sh")
 
 
 def pytest_ignore_collect(collection_path, config):
