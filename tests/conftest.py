@@ -28,6 +28,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(os.path.relpath(str(item.path), os.path.dirname(KERAS3_DIR))))
+    # The longest group first: the container tests (an image build, then real clusters: about 20
+    # minutes on 2 cores) in one process while the other runs the rest, not after it.
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[:1] != ("containers",))
 
 
 def pytest_configure(config):
