@@ -57,10 +57,12 @@ def collective_worker(hosts, index, repeats, out):
     for size in SIZES:
         x = tf.ones([size // 4], tf.float32)
         rows[size] = {"alltoall": _timed(alltoall, x, repeats), "allreduce": _timed(allreduce, x, repeats)}
+    np.asarray(coll.allreduce(tf.ones([1])))  # every worker is done with every other's buffers...
     if index == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
     sys.stdout.flush()
+    time.sleep(2)  # ...and has fetched this one's last (a peer pulls its part from this server)
     os._exit(0)  # without waiting on the gRPC server's threads
 
 
@@ -76,9 +78,7 @@ def ps_client(hosts, repeats, dim=16):
     import tensorflow as tf  # noqa: PLC0415
 
     cluster = tf.train.ClusterSpec({"ps": [hosts[0]], "worker": [hosts[1]]})
-    server = tf.distribute.Server(cluster, job_name="worker", task_index=0)
-    tf.config.experimental_connect_to_cluster(cluster, job_name="worker", task_index=0)
-    del server
+    tf.config.experimental_connect_to_cluster(cluster, job_name="worker", task_index=0)  # starts this task's server
     rows = 1 << 20
     with tf.device("/job:ps/task:0"):
         table = tf.Variable(tf.zeros([rows, dim]))
