@@ -5,7 +5,7 @@
 # Env: TTF_TF=2.16 tests on TensorFlow 2.16 instead of the newest (in ./.venv-tf2.16; see setup_env.sh).
 #      TTF_TEST_PROCESSES: test processes run at once (default 2; 0 = all in this process, as plain pytest).
 #        Each test file runs whole in one of them (its module fixtures once); most tests keep one core busy
-#        or wait on servers, so two at once take about two thirds of the time on 2 cores.
+#        or wait on servers, so the second process uses the second core (measured times: .ci/run).
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup_env.sh

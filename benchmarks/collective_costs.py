@@ -171,7 +171,7 @@ def _cpu_flags():
     return sorted(f for f in flags if f.startswith(("avx", "amx")))
 
 
-def unique_ids(batch, fields=26, vocab=1_000_000, samples=8):
+def unique_ids(batch, vocab=1_000_000, samples=8):
     """The mean count of unique ids in a batch of the Criteo-like synthetic distribution."""
     sys.path.insert(0, ROOT)
     from ttf.data import Synthetic  # noqa: PLC0415

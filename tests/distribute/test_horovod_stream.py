@@ -52,7 +52,7 @@ def ranks_of(proc):
             command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
         except OSError:
             continue
-        if name.startswith("python") and any(arg.endswith(b"train.py") for arg in command) and b"--prepare-data" not in command:
+        if name.startswith("python") and any(arg.endswith(b"train.py") for arg in command):
             ranks.append(pid)
     return ranks
 
