@@ -35,6 +35,7 @@ def main(argv):
     p.add_argument("--steps", type=int)
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--journal")
     p.add_argument("--publish")
     p.add_argument("--ps-hosts")
@@ -52,7 +53,7 @@ def main(argv):
         topology = ttf.distribute.OneProcess()
     with topology.scope():
         model = own_model()
-        optimizer = ttf.optimizers.Adam(1e-3)
+        optimizer = ttf.optimizers.Adam(args.learning_rate)
     config = ttf.distribute.JobConfig(
         batch_size=args.batch_size, steps=args.steps, epochs=args.epochs, log_every=10,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, journal=args.journal,

@@ -182,14 +182,15 @@ def test_own_script_on_two_parameter_server_workers_trains_each_row_once(rows, t
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for job, i in (("ps", 0), ("worker", 0), ("worker", 1))]
     try:
-        result = run_own_job("fit", rows, "--epochs", "1", "--batch-size", "128", *hosts)
+        # 0.01: one epoch of ~23 steps at 1e-3 leaves AUC near 0.5 (0.58 in one process), too close to tell
+        result = run_own_job("fit", rows, "--epochs", "1", "--batch-size", "128", "--learning-rate", "0.01", *hosts)
     finally:
         for server in servers:
             server.kill()
             server.wait()
     assert result["examples_trained"] == 3000
     assert 3000 // 128 <= result["steps"] <= 3000 // 128 + 2
-    assert result["table_summary"][0] > 0 and 0.5 < result["auc"] <= 1
+    assert result["table_summary"][0] > 0 and 0.6 < result["auc"] <= 1, result  # 0.78 in one process, 0.76-0.89 here
 
 
 @pytest.mark.slow
