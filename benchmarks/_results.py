@@ -18,3 +18,20 @@ def record(topic, entry):
     with open(path, "w") as f:
         f.write(head.rstrip("\n") + "\n\n" + body + ("\n" + rest if rest else ""))
     return path
+
+
+def machine(path="."):
+    """One line on the machine a figure was measured on: cores, CPU model, its AVX flags, the free disk of `path`."""
+    import platform
+    import shutil
+
+    flags, cpu = set(), platform.processor()
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("flags"):
+                flags.update(w for w in line.split(":", 1)[1].split() if w.startswith(("avx", "amx")))
+            elif line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+    disk = shutil.disk_usage(path)
+    return (f"{os.cpu_count()} cores, {cpu}, CPU flags {' '.join(sorted(flags)) or 'no avx'}; "
+            f"disk {disk.free / 2**30:.0f} GiB free of {disk.total / 2**30:.0f} GiB")

@@ -11,6 +11,11 @@ benchmarks/compare.png.
     .venv/bin/python benchmarks/compare.py                       # full: about 20 minutes
     .venv/bin/python benchmarks/compare.py --quick               # a smoke run (tiny), nothing recorded
     .venv/bin/python benchmarks/compare.py --optimizers adagrad --shapes single --models fm
+    .venv/bin/python benchmarks/compare.py --paths ttf --baseline /work/old   # ttf now vs another checkout
+
+--baseline DIR adds the path "ttf@REV": the same ttf job run from DIR's start_all.sh (a git
+checkout of another commit, its ops built: `setup.py build_ext --inplace` there), interleaved
+with the others; the table's "vs baseline" column is this checkout over it.
 """
 import argparse
 import itertools
@@ -25,7 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-PATHS = {"native": [], "tfra": ["--tfra"], "ttf": ["--tiacc"]}
+PATHS = {"native": [], "tfra": ["--tfra"], "ttf": ["--tiacc"]}  # name -> start_all.sh flags
 # DeepRec's modelzoo DeepFM (modelzoo/deepfm/README.md): Criteo Kaggle, batch 512, on an
 # ecs.hfg7.2xlarge (8 vCPUs = 4 physical cores of a Xeon Platinum 8369HC).
 DEEPREC = {"cores": 4, "batch": 512, "rows": [("DeepRec: stock TF 1.15.5, fp32", 18848.64),
@@ -54,14 +59,15 @@ def learning_rate(optimizer, args):
 
 
 def run(path, model, optimizer, shape, args, files, out, extra=()):
-    cmd = [os.path.join(ROOT, "start_all.sh"), "--fm" if model == "fm" else "--wdl", *PATHS[path], *extra,
+    root, flags = (args.baseline, PATHS["ttf"]) if path.startswith("ttf@") else (ROOT, PATHS[path])
+    cmd = [os.path.join(root, "start_all.sh"), "--fm" if model == "fm" else "--wdl", *flags, *extra,
            "--optimizer", optimizer, "--lr", str(learning_rate(optimizer, args)),
            "--steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--data", files["train"], "--eval-data", files["eval"], "--metrics-out", out]
     if shape == "single":
         cmd.append("--single")
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
         print(f"[compare] {model}/{path}/{optimizer}/{shape} {' '.join(extra)} FAILED:\n{tail}", flush=True)
@@ -85,8 +91,21 @@ def main(argv=None):
     p.add_argument("--adagrad-lr", type=float, default=0.5,
                    help="Adagrad's learning rate (default 0.5: AUC 0.786 in 300 steps; Adam runs at 0.001)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved repetitions per configuration (default 1)")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"comma list of {','.join(PATHS)} (default all)")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="another checkout of ttf (ops built): adds its ttf job as the path ttf@REV, interleaved")
     p.add_argument("--quick", action="store_true", help="tiny sizes; prints but records nothing")
     args = p.parse_args(argv)
+    paths = args.paths.split(",")
+    unknown = sorted(set(paths) - set(PATHS))
+    if unknown:
+        p.error(f"--paths: unknown {unknown}; choose from {','.join(PATHS)}")
+    if args.baseline:
+        if not os.path.exists(os.path.join(args.baseline, "start_all.sh")):
+            p.error(f"--baseline {args.baseline}: no start_all.sh there; give a checkout of ttf")
+        rev = subprocess.run(["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        paths.append(f"ttf@{rev}")
     if args.quick:
         args.steps, args.batch_size, args.rows, args.vocab, args.repeats = 20, 64, 4000, 1000, 1
     files = make_data(args.rows, max(args.rows // 8, 1000), args.vocab, os.path.join(ROOT, "runs", "compare_data"))
@@ -94,30 +113,32 @@ def main(argv=None):
     configs = list(itertools.product(args.optimizers.split(","), args.shapes.split(","), args.models.split(",")))
     for rep in range(args.repeats):
         for optimizer, shape, model in configs:
-            for path in PATHS:
+            for path in paths:
                 out = os.path.join(ROOT, "runs", f"compare_{model}_{path}_{optimizer}_{shape}.json")
                 metrics = run(path, model, optimizer, shape, args, files, out)
                 if metrics:
                     results.setdefault((optimizer, shape, model, path), []).append(metrics)
-    table = render(results, configs)
+    table = render(results, configs, paths)
     print(table)
     print(deeprec_reference())
     if not args.quick:
-        record(args, table)
-        draw(results, configs, os.path.join(ROOT, "benchmarks", "compare.png"))
+        record(args, table, paths)
+        draw(results, configs, paths, os.path.join(ROOT, "benchmarks", "compare.png"))
 
 
 def median(runs, key):
     return statistics.median(r[key] for r in runs)
 
 
-def render(results, configs):
+def render(results, configs, paths):
     cores = os.cpu_count()
+    baseline = next((path for path in paths if path.startswith("ttf@")), None)
     lines = ["| optimizer | shape | model | path | global steps/s | examples/s per core | vs native | vs TFRA | AUC |"
-             " AUC - native | logloss | bf16 share |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             " AUC - native | logloss | bf16 share |" + (" vs baseline (medians of pairs) |" if baseline else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if baseline else "")]
     for optimizer, shape, model in configs:
         native, tfra = results.get((optimizer, shape, model, "native")), results.get((optimizer, shape, model, "tfra"))
-        for path in PATHS:
+        for path in paths:
             runs = results.get((optimizer, shape, model, path))
             if not runs:
                 lines.append(f"| {optimizer} | {shape} | {model} | {path} | failed | | | | | | | |")
@@ -129,8 +150,16 @@ def render(results, configs):
             lines.append(f"| {optimizer} | {shape} | {model} | {path} | {sps:.2f} | {per_core:,.0f} | {vs(native)} | "
                          f"{vs(tfra)} | "
                          f"{auc:.4f} | {d_auc} | {median(runs, 'logloss'):.4f} | "
-                         f"{median(runs, 'bf16_fraction'):.2f} |")
+                         f"{median(runs, 'bf16_fraction'):.2f} |" + (f" {vs_baseline(runs, results.get((optimizer, shape, model, baseline)))} |" if baseline else ""))
     return "\n".join(lines)
+
+
+def vs_baseline(runs, base):
+    """The median over interleaved pairs of steps/s over the baseline's, and the pairs' range."""
+    if not base:
+        return "-"
+    ratios = sorted(a["global_steps_per_sec"] / b["global_steps_per_sec"] for a, b in zip(runs, base))
+    return f"{statistics.median(ratios):.3f}x ({ratios[0]:.3f}-{ratios[-1]:.3f})"
 
 
 def deeprec_reference():
@@ -151,27 +180,32 @@ tf.function, and an Intel Xeon Platinum 8369HC at 3.3 GHz with 2 hyperthreads pe
 closest comparable unit, not an equal one."""
 
 
-def record(args, table):
-    flags = open("/proc/cpuinfo").read().split("flags\t\t: ")[1].split("\n")[0].split()
+def record(args, table, paths):
     import tensorflow as tf
-    import tensorflow_recommenders_addons as tfra
+    from _results import machine, record
 
+    try:
+        import tensorflow_recommenders_addons as tfra
+        tfra_version = f"TFRA {tfra.__version__} in this venv"
+    except ImportError:
+        tfra_version = "TFRA runs in .venv-tf2.16"
     command = "benchmarks/compare.py " + " ".join(sys.argv[1:])
-    entry = (f"\n## DeepFM / Wide&Deep steps/sec: native vs TFRA vs ttf\n\n"
+    baseline = next((path for path in paths if path.startswith("ttf@")), None)
+    title = f"ttf at this commit vs {baseline}" if baseline else "native vs TFRA vs ttf"
+    entry = (f"\n## DeepFM / Wide&Deep steps/sec: {title}\n\n"
              f"Command: `.venv/bin/python {command.strip()}`  \n"
-             f"Machine: {os.cpu_count()} cores, avx512_bf16={'avx512_bf16' in flags}; TensorFlow {tf.__version__}, "
-             f"TFRA {tfra.__version__}, Python {platform.python_version()}.  \n"
+             f"Machine: {machine(ROOT)}; TensorFlow {tf.__version__}, "
+             f"{tfra_version}, Python {platform.python_version()}.  \n"
              f"Data: synthetic Criteo schema, {args.rows:,} training rows, Zipf(1.1) ids over {args.vocab:,} per "
              f"field, planted logistic model; eval on a separate file. {args.steps} global steps of batch "
              f"{args.batch_size} per worker; medians of {args.repeats} interleaved run(s). Native: Hashing into "
              f"100,000 buckets per field + Embedding. Learning rate: Adam 0.001, Adagrad {args.adagrad_lr}. ttf runs with its default --precision auto (bf16 share in the "
              f"last column). Examples/s per core: examples/s over this machine's {os.cpu_count()} cores (one thread per core).\n\n{table}\n\n"
              f"{deeprec_reference()}\n\n![steps/sec](../compare.png)\n")
-    from _results import record
     print(f"[compare] recorded in {record('compare', entry)}")
 
 
-def draw(results, configs, png):
+def draw(results, configs, paths, png):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,11 +213,11 @@ def draw(results, configs, png):
 
     labels = [f"{m}\n{o}\n{s}" for o, s, m in configs]
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs)), 4))
-    width = 0.27
-    for i, path in enumerate(PATHS):
+    width = 0.8 / len(paths)
+    for i, path in enumerate(paths):
         values = [median(results[(o, s, m, path)], "global_steps_per_sec") if results.get((o, s, m, path)) else 0
                   for o, s, m in configs]
-        ax.bar([x + (i - 1) * width for x in range(len(configs))], values, width, label=path)
+        ax.bar([x + (i - (len(paths) - 1) / 2) * width for x in range(len(configs))], values, width, label=path)
     ax.set_xticks(range(len(configs)), labels, fontsize=8)
     ax.set_ylabel("global steps / sec")
     ax.set_title("native vs TFRA vs ttf (higher is better)")
