@@ -220,7 +220,7 @@ def model(args):
         ps_bytes = u * (8 + 2 * row) + 2 * dense
         ps_s = 2 * ps["seconds_per_call"] + ps["seconds_per_byte"] * ps_bytes * args.workers_per_ps
         bucket = ring + 2 * (w - 1) / w * args.buckets * row
-        rows = [("parameter servers", ps_bytes, 4 * servers, ps_s),
+        rows = [("parameter servers", ps_bytes, 2 * servers + 2, ps_s),  # a lookup and a push a server, the dense pull and push
                 (f"SyncWorkers (padded all-to-all, padding {pad:.2f}x)", sum(one_way) * pad + 4 * w + ring, 5, sync_s),
                 ("Horovod all-to-all (variable splits)", sum(one_way) + ring, 4, hvd_s),
                 ("dense all-reduce of a bucketed table", bucket, 1, call_seconds(ar, w, bucket))]
