@@ -19,6 +19,7 @@ import time
 import pytest
 
 import ttf
+from tests.jobs import journal, wait_for
 from ttf.data import ID_SHIFT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,25 +35,6 @@ def trainer(stream, tmp_path, run, extra=()):
                "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "6", "--embedding-dim", "4",
                "--stream-journal", str(tmp_path / f"journal{run}"), *extra]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), tmp_path / f"run{run}.log"
-
-
-def journal(tmp_path, run):
-    path = tmp_path / f"journal{run}"
-    if not path.exists():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        step, *ids = line.split()
-        steps.append((int(step), [int(i) for i in ids]))
-    return steps
-
-
-def wait_for(condition, what, seconds=120):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def kill_and_resume(tmp_path, stream, expected, produce_more, outage=None):

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.jobs import descendants
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "models", "train.py")
 START = os.path.join(ROOT, "start_all.sh")
@@ -232,23 +234,6 @@ def test_start_all_hvd_passes_flags_through(horovod, tmp_path):
     assert "horovodrun --gloo" in proc.stdout and "[train] done: 20 steps" in proc.stdout
     result = json.loads(metrics.read_text())
     assert result["cluster"]["horovod_ranks"] == 2 and result["batch_size"] == 64 and result["table_size"] > 0
-
-
-def descendants(pid):
-    """Every process below `pid` (this job's ranks, not another job's)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        children = [p for p, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
 
 
 @pytest.mark.slow

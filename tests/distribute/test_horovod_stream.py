@@ -8,16 +8,15 @@ of the stream once (rank 0 writes each step's ids of every rank).
 """
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 import ttf
-from tests.distribute.test_horovod import descendants, horovod  # noqa: F401  (horovod: a fixture)
+from tests.distribute.test_horovod import horovod  # noqa: F401  (a fixture)
+from tests.jobs import journal, ranks_of, resumed_step, stop, wait_for
 from ttf.data import ID_SHIFT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,60 +37,6 @@ def job(tmp_path, run, stream, ranks, extra=()):
     if ranks:
         command = [HOROVODRUN, "--gloo", "-np", str(ranks), "-H", f"localhost:{ranks}", *command, "--horovod"]
     return subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT, env=ENV), log
-
-
-def ranks_of(proc):
-    """The pids of the train.py processes below a launcher (horovodrun, start_all.sh), or [proc.pid]
-    for a plain process."""
-    if os.path.basename(proc.args[0]) not in ("horovodrun", "start_all.sh"):
-        return [proc.pid]
-    ranks = []
-    for pid in descendants(proc.pid):
-        try:
-            name = open(f"/proc/{pid}/comm", encoding="utf-8").read()
-            command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if name.startswith("python") and any(arg.endswith(b"train.py") for arg in command):
-            ranks.append(pid)
-    return ranks
-
-
-def journal(tmp_path, run):
-    path = tmp_path / f"journal{run}"
-    steps = []
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        step, *ids = line.split()
-        steps.append((int(step), [int(i) for i in ids]))
-    return steps
-
-
-def wait_for(condition, what, proc, log, seconds=240):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"the job ended ({proc.returncode}) before {what}:\n{log.read_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
-        time.sleep(0.2)
-
-
-def resumed_step(log):
-    found = re.search(r"resumed from \S+ at step (\d+)", log.read_text())
-    return int(found.group(1)) if found else None
-
-
-def stop(proc, log, signal_one_rank=True):
-    """SIGTERM to one rank (the ranks agree to stop at their next step) or to every process;
-    the job must publish, checkpoint and exit 0."""
-    targets = ranks_of(proc)
-    for rank in targets[:1] if signal_one_rank else targets:
-        os.kill(rank, signal.SIGTERM)
-    assert proc.wait(180) == 0, log.read_text()[-4000:]
-    text = log.read_text()
-    assert re.search(r"\[train\] stopped by .+? after step \d+ \(\d+ examples trained\); checkpoint \S+ "
-                     r"holds the model and the stream position; exiting 0", text), text[-4000:]
-    return text
 
 
 def trained_once(tmp_path, runs, expected):

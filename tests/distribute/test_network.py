@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from tests.jobs import descendants
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPER = os.path.join(ROOT, "ttf", "distribute", "private_network.py")
 START = os.path.join(ROOT, "start_all.sh")
@@ -62,28 +64,10 @@ def socket_inodes(pid):
     return inodes
 
 
-def descendants(pid):
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo.extend(children.get(p, []))
-    return found
-
-
 def job_listeners(pid):
     """(sockets the job's processes listen on in their own namespace, those visible from here)."""
     own, outside, here = {}, {}, tcp_table()
-    for p in descendants(pid):
+    for p in [pid, *descendants(pid)]:
         inodes = socket_inodes(p)
         try:
             theirs = tcp_table(p)

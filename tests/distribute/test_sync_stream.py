@@ -10,9 +10,11 @@ import sys
 import pytest
 
 import ttf
-from tests.distribute.test_horovod_stream import ENV, ROOT, journal, stop, wait_for
+from tests.jobs import journal, stop, wait_for
 from ttf.data import ID_SHIFT
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 pytestmark = pytest.mark.slow
 
 
