@@ -31,9 +31,7 @@ with the command, CPU flags, disk and load average.
 import argparse
 import collections
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -380,15 +378,6 @@ def table(args, r):
         f"{r['before_diff']:.2g} | {r['served_diff']:.2g} | {r['tables']} | {r['convert_s']:.1f} |"])
 
 
-def machine():
-    flags = sorted({w for line in open("/proc/cpuinfo") if line.startswith("flags") for w in line.split()
-                    if w.startswith("avx")})
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    disk = subprocess.run(["df", "-h", ROOT], capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    return cpu, flags, disk
-
-
 def main():
     args = ARGS
     result = bench(args)
@@ -398,16 +387,15 @@ def main():
                  f"kernel time summed over threads):\n\n{op_table(result['op_ms'])}")
     print(text)
     if not args.no_record:
-        cpu, flags, disk = machine()
+        from _results import machine, record  # pylint: disable=import-outside-toplevel
         keras_name = "Keras 3" if args.model in KERAS3_MODELS else "tf_keras"
         entry = (f"## {args.model} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
-                 f"`.venv/bin/python benchmarks/accelerate.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} "
-                 f"cores ({cpu}; {' '.join(flags)}), TensorFlow {tf.__version__}, {keras_name}; batch "
+                 f"`.venv/bin/python benchmarks/accelerate.py {' '.join(sys.argv[1:])}` on "
+                 f"{machine(ROOT)}; TensorFlow {tf.__version__}, {keras_name}; batch "
                  f"{args.batch_size}; medians of {args.repeats} interleaved (ABBA) blocks of {args.steps} steps after "
                  f"{args.warmup} warm-up steps; quality on {args.eval_rows:,} held-out rows after the same "
-                 f"{args.warmup + args.repeats * args.steps} steps. Disk: `{disk}`. Load average at the end "
+                 f"{args.warmup + args.repeats * args.steps} steps. Load average at the end "
                  f"(1/5/15 min): {' / '.join(f'{v:.1f}' for v in os.getloadavg())}.\n\n{text}\n")
-        from _results import record  # pylint: disable=import-outside-toplevel
         print(f"[accelerate] recorded in {record('accelerate', entry)}")
     return 0
 

@@ -136,7 +136,9 @@ def measure(args):
         server.kill()
     import tensorflow as tf  # noqa: PLC0415
 
-    result = {"host": {"cpu_flags": _cpu_flags(), "cores": os.cpu_count(), "python": platform.python_version(),
+    from _results import machine  # noqa: PLC0415
+
+    result = {"host": {"machine": machine(ROOT), "python": platform.python_version(),
                        "tensorflow": tf.__version__, "disk_free_gb": round(shutil.disk_usage(ROOT).free / 1e9),
                        "load": os.getloadavg()},
               "sizes": SIZES,
@@ -161,14 +163,6 @@ def measure(args):
         c = result[kind]
         print(f"{kind}: {c['seconds_per_call'] * 1e3:.3f} ms a call + {c.get('seconds_per_peer', 0) * 1e3:.3f} ms a "
               f"further peer + {1 / c['seconds_per_byte'] / 1e9:.2f} GB/s")
-
-
-def _cpu_flags():
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags if f.startswith(("avx", "amx")))
 
 
 def unique_ids(batch, vocab=1_000_000, samples=8):

@@ -143,17 +143,14 @@ def main(argv=None):
 
 
 def record(args, table):
-    flags = open("/proc/cpuinfo").read().split("flags\t\t: ")[1].split("\n")[0].split()
-    machine = (f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-               f"avx512f={'avx512f' in flags}, avx512_bf16={'avx512_bf16' in flags}")
+    from _results import machine, record
     import tensorflow_recommenders_addons as tfra
     entry = (f"\n## Embedding ops: one step's lookup + Adam, batch {args.batch_size} x {FIELDS} fields, dim {DIM}, "
              f"Zipf(1.1) over {args.keys:,} keys\n\n"
              f"Command: `.venv/bin/python benchmarks/embedding_ops.py --repeats {args.repeats} --steps {args.steps}`  \n"
-             f"Machine: {machine}; TensorFlow {tf.__version__}, TFRA {tfra.__version__}, Python "
+             f"Machine: {machine()}; TensorFlow {tf.__version__}, TFRA {tfra.__version__}, Python "
              f"{platform.python_version()}. Medians over {args.repeats} interleaved repetitions of {args.steps} steps.\n\n"
              f"{table}\n")
-    from _results import record
     print(f"[bench] recorded in {record('embedding_ops', entry)}")
 
 

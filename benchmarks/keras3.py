@@ -19,7 +19,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -68,17 +67,14 @@ def main(argv=None):
                f"{k3['global_steps_per_sec'] / native['global_steps_per_sec']:.1f}x steps/s")
     print(table + "\n" + summary)
     if not args.quick:
-        cpu = subprocess.run("grep -o -E 'avx512_bf16|avx2' /proc/cpuinfo | sort -u | tr '\\n' ' '", shell=True,
-                             capture_output=True, text=True).stdout.strip()
-        disk = subprocess.run(["df", "-h", ROOT], capture_output=True, text=True).stdout.splitlines()[-1]
+        from _results import machine, record
         entry = (f"\n## DeepFM on Keras 3 vs tf_keras (issue 20)\n\n"
                  f"Command: `.venv/bin/python benchmarks/keras3.py {' '.join(sys.argv[1:])}`  \n"
-                 f"Machine: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}; `df -h`: `{disk}`; "
+                 f"Machine: {machine(ROOT)}, Python {platform.python_version()}; "
                  f"shared with other jobs while it ran (figures indicative; the ratios come from interleaved runs). "
                  f"DeepFM, Adam, single process, batch {args.batch_size}, {args.steps} steps (Keras Embedding: "
                  f"{args.native_steps}), {args.rows:,} synthetic rows, {args.vocab:,} ids per field; medians of "
                  f"{args.repeats} interleaved runs.\n\n{table}\n\n{summary}\n")
-        from _results import record
         print(f"[keras3] recorded in {record('keras3', entry)}")
     return 0
 

@@ -33,7 +33,6 @@ static >= 0.003 and online > daily.
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -88,13 +87,6 @@ class Model:
 
     def auc(self, paths):
         return ttf.data.best_auc(*self.predictions(paths))
-
-
-def machine_notes():
-    flags = subprocess.run("grep -o -E 'avx512_bf16|avx2' /proc/cpuinfo | sort -u | tr '\\n' ' '", shell=True,
-                           capture_output=True, text=True).stdout.strip()
-    disk = subprocess.run(["df", "-h", "."], capture_output=True, text=True, cwd=ROOT).stdout.strip().splitlines()[-1]
-    return f"{os.cpu_count()} cores, CPU flags: {flags}; `df -h .`: {disk}"
 
 
 def main(argv=None):
@@ -201,12 +193,13 @@ def main(argv=None):
               f"{mean['online'] - mean['daily']:+.4f} (target > 0); published every "
               + ", ".join(f"{label} {mean[key]:.4f}" for key, label in columns), flush=True)
     if args.record:
+        from _results import machine, record
         lines = [f"\n## Online quality on a drifting stream ({time.strftime('%Y-%m-%d', time.gmtime())})\n",
                  f"Command: `.venv/bin/python {command.strip()}` ({time.time() - started:.0f}s). "
                  f"Stream: ttf.data.DriftingSynthetic, {args.rows_per_hour:,} rows/hour, vocab {args.vocab_per_field:,}"
                  f"/field, drift rate {args.drift_rate:.4g}/h, new-id rate {args.new_id_rate}/h; DeepFM (ttf, Adam, "
                  f"lr {args.lr}, batch {args.batch_size}); AUC on each hour before any model trained on it. "
-                 f"Machine: {machine_notes()}; shared with other jobs (figures indicative).\n",
+                 f"Machine: {machine(ROOT)}; shared with other jobs (figures indicative).\n",
                  "| hours | static | daily | online | planted (best) | online - static | online - daily | "
                  + " | ".join(f"published every {label}" for _, label in columns) + " |",
                  "| --- " * (7 + len(columns)) + "|"]
@@ -215,7 +208,6 @@ def main(argv=None):
                          f"{mean['best']:.4f} | {mean['online'] - mean['static']:+.4f} | "
                          f"{mean['online'] - mean['daily']:+.4f} | "
                          + " | ".join(f"{mean[key]:.4f}" for key, _ in columns) + " |")
-        from _results import record
         record("online_quality", "\n".join(lines))
     return 0
 

@@ -90,8 +90,8 @@ def main():
         for name, fn in pipelines.items():
             seconds[name].append(time_call(fn, repeats_inner=1))
 
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, avx512f={'avx512f' in flags}; "
+    from _results import machine
+    print(f"Machine: {machine(ROOT)}; "
           f"TensorFlow {tf.__version__}, Python {platform.python_version()}. {args.threads} intra-op thread(s); "
           f"process CPU seconds per call, medians of {args.repeats} interleaved repetitions.\n")
     print("| what | lines per call | median CPU s | lines per CPU s | vs TtfParseLines criteo |")

@@ -77,20 +77,8 @@ def make_step(model, optimizer, low):
 
 
 def machine():
-    flags = set()
-    model_name = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-                if line.startswith("model name"):
-                    model_name = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    avx = sorted(f for f in flags if f.startswith(("avx512", "amx")))
-    return (f"{model_name}, {os.cpu_count()} cores; avx512_bf16={'yes' if 'avx512_bf16' in flags else 'NO'}; "
-            f"flags: {' '.join(avx)}\nPython {platform.python_version()}, TensorFlow {tf.__version__}, "
+    from _results import machine as host
+    return (f"{host()}\nPython {platform.python_version()}, TensorFlow {tf.__version__}, "
             f"tf_keras {tf_keras.__version__}, numpy {np.__version__}, "
             f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', '(default)')}")
 

@@ -135,15 +135,15 @@ def render(results, compressed):
 
 
 def record(args, table):
-    flags = open("/proc/cpuinfo").read().split("flags\t\t: ")[1].split("\n")[0].split()
     import tensorflow as tf
     import horovod
+    from _results import machine, record
 
     command = "benchmarks/sync_vs_async.py " + " ".join(sys.argv[1:])
     entry = (f"\n## Horovod sync vs PS async vs one process (DeepFM, Adam)\n\n"
              f"Command: `.venv/bin/python {command.strip()}`  \n"
              f"Machine: {os.cpu_count()} cores, 1-minute load average at the end {os.getloadavg()[0]:.1f}, "
-             f"avx512_bf16={'avx512_bf16' in flags}; "
+             f"{machine(ROOT)}; "
              f"TensorFlow {tf.__version__}, horovod {horovod.__version__} (Gloo), Python {platform.python_version()}.  \n"
              f"Data: synthetic Criteo schema, {args.rows:,} training rows, {args.vocab:,} ids per field; eval on a "
              f"separate file. Shapes repeated: {args.repeat_shapes} (the others ran once). Every shape sees {2 * args.steps * args.batch_size:,} examples: hvd 2 ranks x batch "
@@ -151,7 +151,6 @@ def record(args, table):
              f"async worker steps, single batch {2 * args.batch_size} x {args.steps}. Medians of {args.repeats} "
              f"interleaved run(s); every path at its default --precision (ttf: auto).\n\n{table}\n\n"
              f"![examples/sec](../sync_vs_async.png)\n")
-    from _results import record
     print(f"[horovod-bench] recorded in {record('sync_vs_async', entry)}")
 
 
