@@ -75,7 +75,7 @@ def run(path, model, optimizer, shape, args, files, out, extra=()):
     metrics = json.load(open(out))
     print(f"[compare] {model:3} {path:6} {optimizer:7} {shape:7} {' '.join(extra)}: "
           f"{metrics['global_steps_per_sec']:7.2f} steps/s, "
-          f"AUC {metrics['auc']:.4f} ({time.time() - t0:.0f}s)", flush=True)
+          f"AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f} ({time.time() - t0:.0f}s)", flush=True)
     return metrics
 
 
@@ -113,7 +113,7 @@ def main(argv=None):
     configs = list(itertools.product(args.optimizers.split(","), args.shapes.split(","), args.models.split(",")))
     for rep in range(args.repeats):
         for optimizer, shape, model in configs:
-            for path in paths:
+            for path in paths if rep % 2 == 0 else paths[::-1]:  # ABBA: no path always runs first
                 out = os.path.join(ROOT, "runs", f"compare_{model}_{path}_{optimizer}_{shape}.json")
                 metrics = run(path, model, optimizer, shape, args, files, out)
                 if metrics:
@@ -198,7 +198,7 @@ def record(args, table, paths):
              f"{tfra_version}, Python {platform.python_version()}.  \n"
              f"Data: synthetic Criteo schema, {args.rows:,} training rows, Zipf(1.1) ids over {args.vocab:,} per "
              f"field, planted logistic model; eval on a separate file. {args.steps} global steps of batch "
-             f"{args.batch_size} per worker; medians of {args.repeats} interleaved run(s). Native: Hashing into "
+             f"{args.batch_size} per worker; medians of {args.repeats} interleaved run(s) (ABBA: the order of the paths reverses every other repetition). Native: Hashing into "
              f"100,000 buckets per field + Embedding. Learning rate: Adam 0.001, Adagrad {args.adagrad_lr}. ttf runs with its default --precision auto (bf16 share in the "
              f"last column). Examples/s per core: examples/s over this machine's {os.cpu_count()} cores (one thread per core).\n\n{table}\n\n"
              f"{deeprec_reference()}\n\n![steps/sec](../compare.png)\n")
