@@ -23,10 +23,14 @@ TOPOLOGIES = {"one": ["--single"], "horovod": ["--hvd", "--workers", "2"], "sync
 LABELS = {"one": "one process", "horovod": "Horovod, 2 ranks", "sync": "SyncWorkers, 2 workers"}
 
 
+def worker_batch(name, args):
+    """One process takes the global batch; each of the 2 workers half of it."""
+    return args.batch_size if name == "one" else args.batch_size // 2
+
+
 def run(name, seed, args, out):
-    batch = args.batch_size if name == "one" else args.batch_size // 2
     cmd = [os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", *TOPOLOGIES[name], "--precision", "fp32",
-           "--epochs", "1", "--batch-size", str(batch), "--synthetic-rows", str(args.rows), "--metrics-out", out,
+           "--epochs", "1", "--batch-size", str(worker_batch(name, args)), "--synthetic-rows", str(args.rows), "--metrics-out", out,
            "--", "--seed", str(seed)]
     started = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TTF_TF="2.16"))
@@ -64,12 +68,11 @@ def main(argv=None):
     base = statistics.median(m["logloss"] for m in results["one"]) if "one" in results else None
     for name in names:
         runs = results[name]
-        batch = args.batch_size if name == "one" else args.batch_size // 2
         diff = f"{statistics.median(m['logloss'] for m in runs) - base:+.4f}" if base is not None else "-"
         keys = " / ".join(f"{m['table_size']:,}" for m in runs)
         aucs = " / ".join(f"{m['auc']:.4f}" for m in runs)
         loglosses = " / ".join(f"{m['logloss']:.4f}" for m in runs)
-        lines.append(f"| {LABELS[name]} | {batch} | {keys} | {aucs} | {loglosses} | {diff} |")
+        lines.append(f"| {LABELS[name]} | {worker_batch(name, args)} | {keys} | {aucs} | {loglosses} | {diff} |")
     table = "\n".join(lines)
     print(table)
     if not args.no_record:
