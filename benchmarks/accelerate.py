@@ -48,7 +48,8 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--model", choices=("deepfm", "tfrs", "dlrm", "dcn"), default="deepfm",
                         help="which model (default deepfm); dlrm and dcn run on Keras 3")
-    parser.add_argument("--vocab", type=int, default=100_000, help="deepfm: ids per field (default 100000)")
+    parser.add_argument("--vocab", type=int, default=0, help="deepfm: ids per field (default 100000); tfrs: users "
+                        "and movies each (default MovieLens 1M's 6,000 and 4,000)")
     parser.add_argument("--batch-size", type=int, default=0,
                         help="examples per step (default: deepfm 1024, tfrs 8192 as its tutorial, dlrm/dcn 1024)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per block (default 20)")
@@ -64,11 +65,12 @@ def parse_args(argv=None):
                              "give each path's op time per step by op type (default 0: no trace)")
     parser.add_argument("--no-record", action="store_true", help="do not append to benchmarks/results/accelerate.md")
     args = parser.parse_args(argv)
-    if (args.vocab < 2 or args.batch_size < 0 or args.steps < 1 or args.repeats < 1 or args.warmup < 0
-            or args.profile < 0 or args.threads < 0):
-        parser.error("--vocab >= 2, --batch-size >= 0, --steps and --repeats >= 1, --warmup, --profile and "
+    if (args.vocab == 1 or args.vocab < 0 or args.batch_size < 0 or args.steps < 1 or args.repeats < 1
+            or args.warmup < 0 or args.profile < 0 or args.threads < 0):
+        parser.error("--vocab 0 (the model's default) or >= 2, --batch-size >= 0, --steps and --repeats >= 1, --warmup, --profile and "
                      "--threads >= 0 are required")
     args.batch_size = args.batch_size or (8192 if args.model == "tfrs" else 1024)
+    args.vocab = args.vocab or (100_000 if args.model == "deepfm" else 0)
     return args
 
 
@@ -127,8 +129,9 @@ def ratings_rows(n, seed, features):
 def tfrs(args):
     import tensorflow_recommenders as tfrs_lib
 
-    users = np.array([f"u{i}" for i in range(USERS)])
-    movies = np.array([f"m{i}" for i in range(MOVIES)])
+    n_users, n_movies = (args.vocab, args.vocab) if args.vocab else (USERS, MOVIES)
+    users = np.array([f"u{i}" for i in range(n_users)])
+    movies = np.array([f"m{i}" for i in range(n_movies)])
 
     class RankingModel(tf.keras.Model):
         def __init__(self):
@@ -163,7 +166,7 @@ def tfrs(args):
             return self.task(labels=labels, predictions=self(features))
 
     def rows(n, seed):
-        x, y = ratings_rows(n, seed, {"user_id": USERS, "movie_title": MOVIES})
+        x, y = ratings_rows(n, seed, {"user_id": n_users, "movie_title": n_movies})
         return {"user_id": users[x["user_id"]], "movie_title": movies[x["movie_title"]], "user_rating": y}, y
 
     model = MovielensModel()

@@ -5,13 +5,14 @@ A DeepFM (models/ctr.py, ttf tables, dim --dim) is trained on synthetic Criteo r
 (ttf.data.Synthetic); a Publisher writes its base and then --deltas deltas, one per training
 step of --train-batch rows, into a staging folder, all before anything is timed (no trainer
 competes for the 2 cores). The base version is copied into the followed folder and a
-DeltaFollower(...).start() follows it (inotify, or polling: the result says which). Then
+DeltaFollower(...).start() follows it (inotify, or polling: the result says which); delta 1 is
+applied before any timing, as a serving follower has deltas since its base to read. Then
 phases of --phase-seconds alternate, "none" and "deltas", --reps times each: in a "deltas"
 phase one staged delta is renamed into the followed folder every --every seconds (what a
 Publisher's rename does). This thread predicts batches of --batch rows back to back the whole
 time: each prediction's latency goes to the phase it started in. Reported: p50 and p99 per
-phase (pooled over repetitions) and their ratio, and the follower's reaction time (rename to
-applied: DeltaFollower.applied_at), p50 and p99.
+phase (pooled over repetitions; per_phase: each phase's own) and their ratio, and the follower's
+reaction time (rename to applied: DeltaFollower.applied_at), p50 and p99.
 
 Example:
   python benchmarks/follower_latency.py --rows int8
@@ -113,7 +114,7 @@ def main(argv=None):
     p.add_argument("--poll-seconds", type=float, default=1.0, help="the follower's poll_seconds (default 1)")
     p.add_argument("--out", default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
-    args.deltas = int(np.ceil(args.phase_seconds / args.every)) * args.reps
+    args.deltas = int(np.ceil(args.phase_seconds / args.every)) * args.reps + 1  # + the one applied before timing
     import ttf  # noqa: PLC0415
 
     scratch = tempfile.mkdtemp(prefix="follower_latency-")  # staging and live on one filesystem: renamed, not copied
@@ -124,11 +125,19 @@ def main(argv=None):
         shutil.copytree(os.path.join(staging, "1"), os.path.join(live, "1"))
         os.makedirs(os.path.join(live, "deltas", "1"))
         follower = ttf.serving.DeltaFollower(live, watch=args.watch, poll_seconds=args.poll_seconds).start()
+        # A follower serving has deltas applied since its base (an overlay to read first), so the "none" phases
+        # are timed on one: delta 1 is applied before any timing. (Before, the first "none" phase read a base
+        # alone, which skips the overlay, and lowered the baseline.)
+        os.rename(ttf.serving.delta_folder(staging, 1, 1), ttf.serving.delta_folder(live, 1, 1))
+        limit = time.monotonic() + 120
+        while follower.sequence < 1 and time.monotonic() < limit:
+            time.sleep(0.01)
         for _ in range(20):  # warm up
             follower.predict(features)
         latency = {"none": [], "deltas": []}
+        per_phase = []  # (phase, p50 ms, p99 ms) of each phase in the order run
         cpu = {"none": 0.0, "deltas": 0.0}  # this process's CPU seconds (predictions, and the follower's applies)
-        renamed, applied, sent, done = {}, {}, 0, threading.Event()
+        renamed, applied, sent, done = {}, {}, 1, threading.Event()
 
         def monitor():  # notes each sequence's applied_at (the follower keeps only the last)
             while not done.is_set():
@@ -140,7 +149,7 @@ def main(argv=None):
         say(f"{args.reps} x (none, deltas) phases of {args.phase_seconds} s; follower watches by {follower.watcher}")
         for _ in range(args.reps):
             for phase in ("none", "deltas"):
-                start, cpu_start = time.monotonic(), time.process_time()
+                start, cpu_start, first = time.monotonic(), time.process_time(), len(latency[phase])
                 next_delta = start
                 while time.monotonic() - start < args.phase_seconds:
                     if phase == "deltas" and time.monotonic() >= next_delta and sent < args.deltas:
@@ -159,6 +168,8 @@ def main(argv=None):
                         raise SystemExit(f"the follower is at delta {follower.sequence} of {sent} after 120 s "
                                          f"(refused: {follower.refused})")
                 cpu[phase] += time.process_time() - cpu_start
+                these = percentiles(latency[phase][first:])
+                per_phase.append([phase, round(these["p50_ms"], 2), round(these["p99_ms"], 2)])
         done.set()
         watcher.join()
         follower.stop()
@@ -170,7 +181,7 @@ def main(argv=None):
               "delta_bytes_median": float(np.median([s[1] for s in sizes])),
               "latency": {phase: percentiles(values) for phase, values in latency.items()},
               "cpu_seconds": cpu, "phase_seconds": args.phase_seconds * args.reps,
-              "reaction": percentiles(reaction)}
+              "reaction": percentiles(reaction), "per_phase": per_phase}
     result["p99_ratio"] = result["latency"]["deltas"]["p99_ms"] / result["latency"]["none"]["p99_ms"]
     result["p50_ratio"] = result["latency"]["deltas"]["p50_ms"] / result["latency"]["none"]["p50_ms"]
     print(json.dumps(result, indent=2))

@@ -4,7 +4,7 @@ share of the data. Split input changes which examples share a step, so the two-w
 not expected to equal one process; they should land within one process's spread over seeds
 (issue 39, item 2), in AUC and in logloss (item 8: Horovod's logloss was found outside it).
 
-    python benchmarks/split_parity.py [--seeds 1,2,3] [--rows 80000] [--batch-size 1024]
+    python benchmarks/split_parity.py [--seeds 1,2,3] [--rows 80000] [--vocab 10000] [--batch-size 1024]
 
 Every run is a `start_all.sh` job under TTF_TF=2.16 (Horovod needs it; all three topologies
 then share one TensorFlow), interleaved by seed; the evaluation is start_all's held-out
@@ -31,7 +31,7 @@ def worker_batch(name, args):
 def run(name, seed, args, out):
     cmd = [os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", *TOPOLOGIES[name], "--precision", "fp32",
            "--epochs", "1", "--batch-size", str(worker_batch(name, args)), "--synthetic-rows", str(args.rows), "--metrics-out", out,
-           "--", "--seed", str(seed)]
+           "--", "--seed", str(seed), "--synthetic-vocab", str(args.vocab)]
     started = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TTF_TF="2.16"))
     if proc.returncode != 0:
@@ -48,6 +48,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="1,2,3", help="comma list of --seed values (default 1,2,3)")
     p.add_argument("--rows", type=int, default=80_000, help="synthetic rows, every 5th held out (default 80000)")
+    p.add_argument("--vocab", type=int, default=10_000, help="synthetic values per field (default 10000, start_all's; "
+                   "issue 39's item 8 had 898,242 keys in 80,000 rows: about --vocab 100000)")
     p.add_argument("--batch-size", type=int, default=1024, help="one process's batch; each worker takes half")
     p.add_argument("--topologies", default=",".join(TOPOLOGIES), help="comma list of one,horovod,sync (default all three)")
     p.add_argument("--no-record", action="store_true")
@@ -83,7 +85,7 @@ def main(argv=None):
                  f"Command: `.venv/bin/python benchmarks/split_parity.py {' '.join(sys.argv[1:])}`  \n"
                  f"Machine: {machine(ROOT)}; TensorFlow 2.16 (TTF_TF=2.16), load average at the end "
                  f"{os.getloadavg()[0]:.1f}. DeepFM (`--tiacc --fm`), fp32, Adam 0.001, one epoch of the "
-                 f"synthetic {args.rows:,} rows (every 5th held out for the evaluation), seeds {args.seeds} "
+                 f"synthetic {args.rows:,} rows of {args.vocab:,} values per field (every 5th held out for the evaluation), seeds {args.seeds} "
                  f"(interleaved by seed).\n\n{table}\n")
         print(f"[split-parity] recorded in {record('split_parity', entry)}")
 
