@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import ttf
 from ttf.serving import _publish
+from ttf.serving._export import overlay_key
 
 DIM = 4
 
@@ -421,3 +422,22 @@ def test_applying_a_delta_never_copies_the_whole_overlay():
     keys = tf.constant([5, 6], tf.int64)
     apply(keys, tf.ones([2, DIM]), tf.zeros([0], tf.int64))
     np.testing.assert_array_equal(table.lookup(keys).numpy(), np.ones([2, DIM], np.float32))
+
+
+def test_the_overlay_holds_mixed_keys_and_refuses_only_its_two_reserved_keys():
+    """The overlay's DenseHashTable hashes an int64 key as itself, so it holds each key's SplitMix64
+    hash instead (ttf's keys of one id in 26 fields differ in their high bits only: unmixed they
+    shared one probe chain). Keys the table reserved before (-2^63, -2^63 + 1) now apply; the two
+    whose hashes are its markers are refused."""
+    model, _ = make_model(shards=1)
+    table = ttf.serving.HashedTable(model.get_layer("sparse"))
+    fields = tf.constant([(f << 56) | 7 for f in range(26)] + [-(1 << 63), -(1 << 63) + 1], tf.int64)
+    rows = tf.reshape(tf.range(28 * DIM, dtype=tf.float32), [28, DIM])
+    table.apply(fields, rows, tf.zeros([0], tf.int64))
+    np.testing.assert_array_equal(table.lookup(fields).numpy(), rows.numpy())
+    np.testing.assert_array_equal(overlay_key(tf.constant(ttf.serving.HashedTable.RESERVED_KEYS,
+                                                                      tf.int64)).numpy(),
+                                  [ttf.serving.HashedTable.EMPTY_KEY, ttf.serving.HashedTable.EMPTY_KEY + 1])
+    for reserved in ttf.serving.HashedTable.RESERVED_KEYS:
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            table.apply(tf.constant([reserved], tf.int64), tf.ones([1, DIM]), tf.zeros([0], tf.int64))
