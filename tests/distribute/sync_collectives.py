@@ -7,7 +7,9 @@ every other one sent: the results are checked here against NumPy, eagerly and in
 tf.function whose shapes change every call, and written to OUT.json for the test.
 """
 import json
+import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -103,5 +105,34 @@ checks["objects"] = True
 
 checks["wire_bytes"], checks["payload_bytes"] = coll.wire_bytes(), coll.payload_bytes()
 checks["rank"], checks["size"] = rank, size
+
+
+def threads():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+# Traced collectives start no thread of their own: TensorFlow runs one sleeping thread per op with a
+# timeout, and a job of a few steps a second piled up thousands until pthread_create failed.
+before = threads()
+for step in range(200):
+    rows, splits = rows_of(rank, step % 4)
+    traced_alltoall(tf.constant(rows), tf.constant(splits), tf.constant(np.arange(splits.sum(), dtype=np.int64)))
+checks["threads_before"], checks["threads_after"] = before, threads()
+
+# A worker alive but not joining a traced collective: the watchdog fails it after timeout_seconds.
+coll.timeout_seconds = 6
+started = time.monotonic()
+if rank == 0:
+    try:
+        traced_alltoall(tf.constant(rows), tf.constant(splits), tf.constant(np.arange(splits.sum(), dtype=np.int64)))
+        checks["stuck"] = "returned"
+    except tf.errors.OpError as err:
+        checks["stuck"] = f"{type(err).__name__}: {str(err)[:3000]}"
+    checks["stuck_seconds"] = time.monotonic() - started
+else:
+    time.sleep(25)  # alive (heartbeats go on) and never joining
 with open(out_path, "w") as f:
     json.dump(checks, f)
+sys.stdout.flush()
+os._exit(0)  # an aborted collective executor can hold the coordination service's shutdown barrier

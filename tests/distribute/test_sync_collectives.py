@@ -48,6 +48,13 @@ def test_every_method_on_two_workers(tmp_path):
                                                "objects", "mean_over_examples")), checks
         # The counted alltoalls: padded blocks and the count exchange on the wire, the rows as payload.
         assert checks["wire_bytes"] >= checks["payload_bytes"] > 0, checks
+        # 200 traced steps of 3 collectives each leave the thread count where it was (TensorFlow's own
+        # per-op timeout kept a thread alive 60 s per collective: +600 here).
+        assert checks["threads_after"] - checks["threads_before"] < 30, checks
+    # Worker 1 stayed alive without joining: worker 0's traced collective failed in about timeout_seconds (6).
+    stuck = json.loads((tmp_path / "out.0.json").read_text())
+    assert stuck["stuck"].startswith("DeadlineExceededError") and "waited 6s" in stuck["stuck"], stuck
+    assert 5 < stuck["stuck_seconds"] < 20, stuck
 
 
 def test_a_cluster_is_required(monkeypatch):

@@ -14,12 +14,14 @@ import itertools
 import pickle
 import re
 import socket
+import threading
+import time
 
 import numpy as np
 import tensorflow as tf
 
-# Seconds a TF collective may wait for the other workers before it fails (every op gets it as
-# timeout_seconds). A worker that died is usually noticed sooner: the coordination service
+# Seconds a TF collective may wait for the other workers before it fails (an eager op gets it as
+# its timeout_seconds; traced ones are timed by TFCollectives' watchdog thread). A worker that died is usually noticed sooner: the coordination service
 # MultiWorkerMirroredStrategy starts reports a task whose heartbeats stopped (about 10 s on
 # loopback) and aborts every collective. Raise it when a worker legitimately works alone
 # longer (a large save) before joining the next collective: guard(what, timeout=...) does,
@@ -181,6 +183,7 @@ class TFCollectives(Collectives):
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=self.resolver)
         self._instance_keys = itertools.count(_FIRST_INSTANCE_KEY)
         self._eager_timeout = None
+        self._progress = []  # [started, finished] counts of traced collectives, read by the watchdog
 
     # -- instance keys and timeouts
 
@@ -200,8 +203,56 @@ class TFCollectives(Collectives):
         return self._eager_timeout if (self._eager_timeout and tf.executing_eagerly()) else self.timeout_seconds
 
     def _common(self):
+        # TensorFlow times an op with a timeout by a thread of its own that sleeps that long: fine for the
+        # few eager calls, but a traced step runs several collectives, and at a few steps a second
+        # thousands of such threads lived at once until pthread_create failed and killed the worker
+        # (a 1,500-step job died at step 950). Traced collectives get no timeout; _run's counts and
+        # one watchdog thread time them instead.
         return dict(group_size=self.size, group_key=_GROUP_KEY, instance_key=self._instance_key(),
-                    timeout_seconds=self._timeout())
+                    timeout_seconds=self._timeout() if tf.executing_eagerly() else 0.0)
+
+    def _run(self, collective):
+        """collective(): a raw collective op's output. Traced, it runs between two counts that the
+        watchdog reads (a few bytes of state per call, no thread)."""
+        if tf.executing_eagerly():
+            return collective()
+        started, finished = self._watched()
+        with tf.control_dependencies([started.assign_add(1)]):
+            out = collective()
+        with tf.control_dependencies([out]):
+            done = finished.assign_add(1)
+        with tf.control_dependencies([done]):
+            return tf.identity(out)
+
+    def _watched(self):
+        if not self._progress:
+            with tf.init_scope():
+                self._progress.extend(tf.Variable(0, dtype=tf.int64, trainable=False, name=f"ttf_collectives_{what}")
+                                      for what in ("started", "finished"))
+            threading.Thread(target=self._watchdog, name="ttf_collective_watchdog", daemon=True).start()
+        return self._progress
+
+    def _watchdog(self):
+        """Aborts this process's collectives once a traced one has waited timeout_seconds with no
+        collective starting or finishing meanwhile: the op then fails (DeadlineExceeded) and the
+        job stops with LostWorkerError, as when an eager collective times out."""
+        started, finished = self._progress
+        seen, since = None, time.monotonic()
+        try:
+            while True:
+                time.sleep(min(1.0, self.timeout_seconds / 4))
+                now = (int(started.numpy()), int(finished.numpy()))
+                if now != seen or now[0] == now[1]:
+                    seen, since = now, time.monotonic()
+                elif time.monotonic() - since >= self.timeout_seconds:
+                    from tensorflow.python.eager import context  # noqa: PLC0415  (no public API aborts collectives)
+
+                    context.context().abort_collective_ops(
+                        tf.errors.DEADLINE_EXCEEDED, f"ttf: a collective on worker {self.rank} waited "
+                        f"{self.timeout_seconds:g}s (timeout_seconds) for the other workers")
+                    return
+        except Exception:  # noqa: BLE001  (the interpreter is exiting: its variables are gone)
+            return
 
     # -- tensor collectives
 
@@ -255,7 +306,7 @@ class TFCollectives(Collectives):
         blocks, restore = _movable(blocks, _ALLTOALL_DTYPES)
         shape = tf.shape(blocks)
         flat = tf.reshape(blocks, [self.size, -1])  # the op sends input[w] to worker w
-        out = tf.raw_ops.CollectiveAllToAllV2(input=flat, ordering_token=[], **self._common())
+        out = self._run(lambda: tf.raw_ops.CollectiveAllToAllV2(input=flat, ordering_token=[], **self._common()))
         return restore(tf.reshape(out, shape))
 
     def allreduce(self, tensor, op="sum", name="ttf_allreduce", count=False):
@@ -264,8 +315,8 @@ class TFCollectives(Collectives):
             raise ValueError(f"op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
         merge, final = _REDUCE_OPS[op]
         tensor = tf.convert_to_tensor(tensor)
-        out = tf.raw_ops.CollectiveReduceV2(input=tensor, ordering_token=[], merge_op=merge, final_op=final,
-                                            **self._common())
+        out = self._run(lambda: tf.raw_ops.CollectiveReduceV2(input=tensor, ordering_token=[], merge_op=merge,
+                                                                final_op=final, **self._common()))
         if count:  # a ring allreduce sends 2 (n - 1) / n of the buffer
             out = self._counted(out, tf.cast(2 * (self.size - 1) * tf.size(tensor, tf.int64) * tensor.dtype.size
                                              // self.size, tf.int64))
@@ -295,16 +346,18 @@ class TFCollectives(Collectives):
 
     def _gather(self, tensor):
         tensor, restore = _movable(tensor, _GATHER_DTYPES)
-        return restore(tf.raw_ops.CollectiveGatherV2(input=tensor, ordering_token=[], **self._common()))
+        return restore(self._run(lambda: tf.raw_ops.CollectiveGatherV2(input=tensor, ordering_token=[],
+                                                                      **self._common())))
 
     def broadcast(self, tensor, root=0, name="ttf_broadcast"):
         del name
         tensor = tf.convert_to_tensor(tensor)
         moved, restore = _movable(tensor, _ALLTOALL_DTYPES)
         if self.rank == root:
-            out = tf.raw_ops.CollectiveBcastSendV2(input=moved, **self._common())
+            out = self._run(lambda: tf.raw_ops.CollectiveBcastSendV2(input=moved, **self._common()))
         else:
-            out = tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(moved), T=moved.dtype, **self._common())
+            out = self._run(lambda: tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(moved), T=moved.dtype,
+                                                                     **self._common()))
         return restore(out)
 
     def broadcast_variables(self, variables, root=0):
