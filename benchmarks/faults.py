@@ -24,6 +24,8 @@ Kinds of case (--kinds, all by default):
                ps stops the chief with one line, a lost worker lets it finish; then a
                restart resumes from the newest checkpoint;
   kill-rank    the same with a Horovod job (start_all.sh --hvd, 2 ranks), one random rank killed.
+  kill-sync    the same with a synchronous job on TensorFlow's collectives (start_all.sh --sync,
+               2 workers), one random worker killed; the other must stop within 60 s.
 
 Format-agnostic: the one-process child writes a journal (step, number of keys, float64
 checksum of every key's row and slots) just before each save and a `done` line after it;
@@ -58,7 +60,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # procs.py, also when a test loads this file by path
 from procs import command_of, descendants  # noqa: E402
-KINDS = ("kill-chief", "kill-save", "io-error", "full-disk", "kill-ps", "kill-worker", "kill-rank")
+KINDS = ("kill-chief", "kill-save", "io-error", "full-disk", "kill-ps", "kill-worker", "kill-rank", "kill-sync")
+STOP_SECONDS = 60  # a synchronous job (kill-rank, kill-sync) stops this soon after a worker is lost
 ONE_PROCESS = ("kill-chief", "kill-save", "io-error", "full-disk")
 
 
@@ -393,10 +396,15 @@ def _child_pids(parent, needle):
 
 
 def _task_name(pid):
-    """'ps 0', 'worker 1', 'rank 1' (Horovod's HOROVOD_RANK in its environment): which task `pid` is."""
-    task = re.search(r"--job (\w+) --index (\d+)", " ".join(command_of(pid)))
+    """'ps 0', 'worker 1' (a PS task, or a synchronous worker's --task-index), 'rank 1' (Horovod's
+    HOROVOD_RANK in its environment): which task `pid` is."""
+    line = " ".join(command_of(pid))
+    task = re.search(r"--job (\w+) --index (\d+)", line)
     if task:
         return f"{task.group(1)} {task.group(2)}"
+    sync = re.search(r"--sync .*--task-index (\d+)", line)
+    if sync:
+        return f"worker {sync.group(1)}"
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
@@ -417,7 +425,7 @@ def case_cluster(args, kind, rng, work):
 
     ckpt = os.path.join(work, "ckpt")
     common = ["--checkpoint-dir", ckpt, "--checkpoint-every", str(args.cluster_checkpoint_every), "--full-every", "3"]
-    hvd = ["--hvd"] if kind == "kill-rank" else []
+    hvd = {"kill-rank": ["--hvd"], "kill-sync": ["--sync"]}.get(kind, [])
     proc, first_metrics = _metrics_run(args, work, ["--steps", str(args.cluster_steps), *common, *hvd], "first")
     output = _Output(proc)
     deadline = time.time() + args.timeout
@@ -432,21 +440,27 @@ def case_cluster(args, kind, rng, work):
         aim = f"aimed {delay:.2f} s after the first progress line"
     time.sleep(delay)
     needle = {"kill-ps": "--job ps --index 0", "kill-worker": "--job worker --index",
-              "kill-rank": "models/train.py"}[kind]
+              "kill-rank": "models/train.py", "kill-sync": "models/train.py"}[kind]
     victims = _child_pids(proc.pid, needle) if seen and proc.poll() is None else []
     victim = rng.choice(victims) if victims else None
     if victim is not None:
         who = _task_name(victim)
         os.kill(victim, signal.SIGKILL)
-        note = f"{kind}: killed {who} ({aim}), landed {output.landed(time.time())}"
+        killed_at = time.time()
+        note = f"{kind}: killed {who} ({aim}), landed {output.landed(killed_at)}"
     else:
         note = f"{kind}: no kill ({aim}; the job had {'ended' if proc.poll() is not None else 'not started'})"
     out, hung = output.finish(max(deadline - time.time(), 1))
     if hung:
         return False, f"{note}; the job hung after the kill; output: {out[-600:]}"
+    if victim is not None and kind in ("kill-rank", "kill-sync"):
+        stopped = time.time() - killed_at
+        note += f"; stopped {stopped:.0f} s after the kill"
+        if stopped > STOP_SECONDS:
+            return False, note + f" (more than {STOP_SECONDS} s)"
     # The clear line of a stop: train.py's, or start_all.sh's when horovodrun stopped the other
     # ranks before one of them could say a peer was lost.
-    stops = ("[train] error", "[start_all] Horovod rank")
+    stops = ("[train] error", "[start_all] Horovod rank", "[start_all] the synchronous job failed")
     lines = [line for line in out.splitlines() if any(stop in line for stop in stops) or "[train] done" in line]
     note += f"; job exit {proc.returncode}: " + (lines[-1][:140] if lines else "no [train] line")
     if kind == "kill-worker" and proc.returncode != 0:
