@@ -21,11 +21,11 @@ import numpy as np
 import tensorflow as tf
 
 # Seconds a TF collective may wait for the other workers before it fails (an eager op gets it as
-# its timeout_seconds; traced ones are timed by TFCollectives' watchdog thread). A worker that died is usually noticed sooner: the coordination service
-# MultiWorkerMirroredStrategy starts reports a task whose heartbeats stopped (about 10 s on
-# loopback) and aborts every collective. Raise it when a worker legitimately works alone
-# longer (a large save) before joining the next collective: guard(what, timeout=...) does,
-# for the collectives called eagerly inside it.
+# its timeout_seconds; traced ones are timed by TFCollectives' watchdog thread). A worker that
+# died is usually noticed sooner: the coordination service MultiWorkerMirroredStrategy starts
+# reports a task whose heartbeats stopped (about 10 s on loopback) and aborts every collective.
+# Raise it when a worker legitimately works alone longer (a large save) before joining the next
+# collective: guard(what, timeout=...) does, for the collectives called eagerly inside it.
 COLLECTIVE_TIMEOUT_SECONDS = 45.0
 
 # Our own group key, apart from the ones MultiWorkerMirroredStrategy numbers from 1 for its own collectives.
