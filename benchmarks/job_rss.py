@@ -1,9 +1,9 @@
 """Peak RSS of every process of a job (issue 18: memory stays within what the user set, in
 each process, and no process holds another's rows): runs COMMAND, follows its process tree
 through /proc every --every seconds, and prints one JSON object: each Python process's role
-(from its command line: "ps 0", "worker 1", "chief" for models/train.py, "rank" under
-Horovod), its peak RSS (VmHWM, MiB, at the last sample before it exited) and the command's
-exit code. The command's own output goes to stderr.
+(from its command line: "ps 0", "worker 1" (a PS task or a --sync worker), "chief" for
+models/train.py, "rank" under Horovod), its peak RSS (VmHWM, MiB, at the last sample before
+it exited) and the command's exit code. The command's own output goes to stderr.
 
     .venv/bin/python benchmarks/job_rss.py -- ./start_all.sh --tiacc --fm --ps 2 --dram-budget 32M \\
         --ssd-dir /tmp/ttf-ssd --synthetic-rows 1000000 --steps 1500 -- --synthetic-vocab 1000000
@@ -34,6 +34,8 @@ def role_of(argv):
     if script.endswith("models/train.py"):
         if "--prepare-data" in argv:
             return "prepare data"
+        if "--sync" in argv and "--task-index" in argv:  # a synchronous job's worker
+            return f"worker {argv[argv.index('--task-index') + 1]}"
         return "rank" if "--horovod" in argv else "chief"
     return f"python {os.path.basename(script)}"  # horovodrun, its helpers, the op build
 
