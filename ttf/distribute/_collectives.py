@@ -202,23 +202,19 @@ class TFCollectives(Collectives):
     def _timeout(self):
         return self._eager_timeout if (self._eager_timeout and tf.executing_eagerly()) else self.timeout_seconds
 
-    def _common(self):
-        # TensorFlow times an op with a timeout by a thread of its own that sleeps that long: fine for the
-        # few eager calls, but a traced step runs several collectives, and at a few steps a second
-        # thousands of such threads lived at once until pthread_create failed and killed the worker
-        # (a 1,500-step job died at step 950). Traced collectives get no timeout; _run's counts and
-        # one watchdog thread time them instead.
-        return dict(group_size=self.size, group_key=_GROUP_KEY, instance_key=self._instance_key(),
-                    timeout_seconds=self._timeout() if tf.executing_eagerly() else 0.0)
-
-    def _run(self, collective):
-        """collective(): a raw collective op's output. Traced, it runs between two counts that the
-        watchdog reads (a few bytes of state per call, no thread)."""
+    def _collective(self, op, **args):
+        """Runs raw collective `op` with `args`, this group and a fresh instance key. Eagerly, the op
+        itself waits at most the timeout. Traced (every step), it gets no timeout and runs between
+        two counts that the watchdog reads: TensorFlow times an op with a timeout by a thread of its
+        own that sleeps that long, and a traced step's several collectives at a few steps a second
+        kept thousands of such threads alive until pthread_create failed and killed the worker (a
+        1,500-step job died at step 950)."""
+        common = dict(group_size=self.size, group_key=_GROUP_KEY, instance_key=self._instance_key())
         if tf.executing_eagerly():
-            return collective()
+            return op(timeout_seconds=self._timeout(), **common, **args)
         started, finished = self._watched()
         with tf.control_dependencies([started.assign_add(1)]):
-            out = collective()
+            out = op(timeout_seconds=0.0, **common, **args)
         with tf.control_dependencies([out]):
             done = finished.assign_add(1)
         with tf.control_dependencies([done]):
@@ -306,7 +302,7 @@ class TFCollectives(Collectives):
         blocks, restore = _movable(blocks, _ALLTOALL_DTYPES)
         shape = tf.shape(blocks)
         flat = tf.reshape(blocks, [self.size, -1])  # the op sends input[w] to worker w
-        out = self._run(lambda: tf.raw_ops.CollectiveAllToAllV2(input=flat, ordering_token=[], **self._common()))
+        out = self._collective(tf.raw_ops.CollectiveAllToAllV2, input=flat, ordering_token=[])
         return restore(tf.reshape(out, shape))
 
     def allreduce(self, tensor, op="sum", name="ttf_allreduce", count=False):
@@ -315,8 +311,8 @@ class TFCollectives(Collectives):
             raise ValueError(f"op must be one of {sorted(_REDUCE_OPS)}, got {op!r}")
         merge, final = _REDUCE_OPS[op]
         tensor = tf.convert_to_tensor(tensor)
-        out = self._run(lambda: tf.raw_ops.CollectiveReduceV2(input=tensor, ordering_token=[], merge_op=merge,
-                                                                final_op=final, **self._common()))
+        out = self._collective(tf.raw_ops.CollectiveReduceV2, input=tensor, ordering_token=[], merge_op=merge,
+                               final_op=final)
         if count:  # a ring allreduce sends 2 (n - 1) / n of the buffer
             out = self._counted(out, tf.cast(2 * (self.size - 1) * tf.size(tensor, tf.int64) * tensor.dtype.size
                                              // self.size, tf.int64))
@@ -346,18 +342,16 @@ class TFCollectives(Collectives):
 
     def _gather(self, tensor):
         tensor, restore = _movable(tensor, _GATHER_DTYPES)
-        return restore(self._run(lambda: tf.raw_ops.CollectiveGatherV2(input=tensor, ordering_token=[],
-                                                                      **self._common())))
+        return restore(self._collective(tf.raw_ops.CollectiveGatherV2, input=tensor, ordering_token=[]))
 
     def broadcast(self, tensor, root=0, name="ttf_broadcast"):
         del name
         tensor = tf.convert_to_tensor(tensor)
         moved, restore = _movable(tensor, _ALLTOALL_DTYPES)
         if self.rank == root:
-            out = self._run(lambda: tf.raw_ops.CollectiveBcastSendV2(input=moved, **self._common()))
+            out = self._collective(tf.raw_ops.CollectiveBcastSendV2, input=moved)
         else:
-            out = self._run(lambda: tf.raw_ops.CollectiveBcastRecvV2(shape=tf.shape(moved), T=moved.dtype,
-                                                                     **self._common()))
+            out = self._collective(tf.raw_ops.CollectiveBcastRecvV2, shape=tf.shape(moved), T=moved.dtype)
         return restore(out)
 
     def broadcast_variables(self, variables, root=0):
