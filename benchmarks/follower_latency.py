@@ -92,6 +92,16 @@ def stage(args, staging):
         model.sparse.size())
 
 
+def wait_applied(follower, sequence, seconds=120):
+    """Returns once `follower` has applied delta `sequence`; exits naming where it stopped if not within `seconds`."""
+    limit = time.monotonic() + seconds
+    while follower.sequence < sequence and time.monotonic() < limit:
+        time.sleep(0.001)
+    if follower.sequence < sequence:
+        raise SystemExit(f"the follower is at delta {follower.sequence} of {sequence} after {seconds} s "
+                         f"(refused: {follower.refused})")
+
+
 def percentiles(values):
     values = np.asarray(values) * 1e3
     return {"count": len(values), "p50_ms": float(np.percentile(values, 50)),
@@ -129,9 +139,7 @@ def main(argv=None):
         # are timed on one: delta 1 is applied before any timing. (Before, the first "none" phase read a base
         # alone, which skips the overlay, and lowered the baseline.)
         os.rename(ttf.serving.delta_folder(staging, 1, 1), ttf.serving.delta_folder(live, 1, 1))
-        limit = time.monotonic() + 120
-        while follower.sequence < 1 and time.monotonic() < limit:
-            time.sleep(0.01)
+        wait_applied(follower, 1)
         for _ in range(20):  # warm up
             follower.predict(features)
         latency = {"none": [], "deltas": []}
@@ -161,12 +169,7 @@ def main(argv=None):
                     follower.predict(features)
                     latency[phase].append(time.perf_counter() - t0)
                 if phase == "deltas":  # the last delta applied before the quiet phase starts
-                    limit = time.monotonic() + 120
-                    while follower.sequence < sent and time.monotonic() < limit:
-                        time.sleep(0.001)
-                    if follower.sequence < sent:
-                        raise SystemExit(f"the follower is at delta {follower.sequence} of {sent} after 120 s "
-                                         f"(refused: {follower.refused})")
+                    wait_applied(follower, sent)
                 cpu[phase] += time.process_time() - cpu_start
                 these = percentiles(latency[phase][first:])
                 per_phase.append([phase, round(these["p50_ms"], 2), round(these["p99_ms"], 2)])
