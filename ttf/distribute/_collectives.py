@@ -14,6 +14,7 @@ import itertools
 import pickle
 import re
 import socket
+import sys
 import threading
 import time
 
@@ -247,8 +248,11 @@ class TFCollectives(Collectives):
                         tf.errors.DEADLINE_EXCEEDED, f"ttf: a collective on worker {self.rank} waited "
                         f"{self.timeout_seconds:g}s (timeout_seconds) for the other workers")
                     return
-        except Exception:  # noqa: BLE001  (the interpreter is exiting: its variables are gone)
-            return
+        except Exception as err:  # noqa: BLE001  (at interpreter exit the variables are gone: say nothing then)
+            if not sys.is_finalizing():
+                print(f"ttf (worker {self.rank}): the collective watchdog stopped ({type(err).__name__}: {err}); "
+                      "traced collectives are no longer timed, a stalled worker can hang this one",
+                      file=sys.stderr, flush=True)
 
     # -- tensor collectives
 
