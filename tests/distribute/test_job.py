@@ -219,18 +219,82 @@ def test_own_script_on_two_sync_workers_checkpoints_publishes_and_restores_in_on
     assert one["auc"] == pytest.approx(first["auc"], abs=1e-6)
 
 
-@pytest.mark.slow
-def test_own_script_on_a_parameter_server_stream_rolls_back_a_lost_workers_step(rows, tmp_path):
-    """The same script as the chief of a PS job following a folder (1 ps, 2 workers): worker 1 is
-    killed (kill -9) mid-step. The coordinator then runs that step again on worker 0, so the job
-    rolls back to its last checkpoint and reads the stream again from there: every example is
-    trained exactly once. (Rolled back on the first kill in 5 of 5 runs here, ~30 s each.)"""
+def test_a_round_with_more_step_starts_than_steps_rolls_back_model_and_stream(rows, tmp_path):
+    """What a parameter-server stream job does when the coordinator ran a lost worker's step
+    again (more step starts than steps in a round, ttf.distribute.StepAttempts): the model and
+    the stream position both go back to the last checkpoint, and the stream is read again from
+    there, with one line naming why. Called directly: the cluster test below cannot make every
+    kill land after the lost step's start was counted (2 of 12 kills did, measured)."""
     lines = open(rows, encoding="utf-8").read().splitlines(keepends=True)
     incoming = tmp_path / "incoming"
     incoming.mkdir()
-    for i in range(len(lines) // 250):  # all of it now: a backlog keeps both workers busy
-        (tmp_path / f"part-{i}").write_text("".join(lines[250 * i:250 * (i + 1)]))
-        os.rename(tmp_path / f"part-{i}", incoming / f"part-{i:03d}.txt")
+    for i in range(4):
+        (incoming / f"part-{i}.txt").write_text("".join(lines[250 * i:250 * (i + 1)]))
+    logged = []
+    with ttf.distribute.OneProcess().scope():
+        model, optimizer = own_model(), ttf.optimizers.Adam(1e-3)
+    job = ttf.distribute.Job(model, optimizer, log=logged.append, config=ttf.distribute.JobConfig(
+        checkpoint_dir=str(tmp_path / "ck"), batch_size=64, steps=10, checkpoint_every=10))
+    job.follow(f"folder:{incoming}", poll_seconds=0.2)
+    assert job.manager.latest.endswith("ckpt-10")
+    kernel, summary = model.get_layer("hidden").kernel.numpy(), job.table_summary()
+    after_checkpoint = job.stream.next_batch(64)
+    job.stream.commit(after_checkpoint)  # the stream and the model move on past the checkpoint
+    job.stream.commit(job.stream.next_batch(64))
+    model.get_layer("hidden").kernel.assign(tf.zeros_like(kernel))
+    for layer in ttf.embedding.tables_in(model):
+        for table in layer.tables:
+            table.evict(min_last_seen=1 << 40, min_count=1 << 40)  # every row
+    assert job.table_summary()[0] == 0
+
+    assert ttf.distribute._loops.roll_back(job, started=3, steps=2)  # pylint: disable=protected-access
+    assert job.step() == 10
+    np.testing.assert_array_equal(model.get_layer("hidden").kernel.numpy(), kernel)
+    restored = job.table_summary()  # ids and checksum of every row; the float64 sum's order differs
+    assert restored[:2] == summary[:2] and restored[2] == pytest.approx(summary[2], rel=1e-12)
+    np.testing.assert_array_equal(job.stream.next_batch(64).example_ids, after_checkpoint.example_ids)
+    assert "a worker was lost: 3 step starts for 2 steps this round" in logged[-1], logged[-1]
+    assert "rolled back to" in logged[-1] and "ckpt-10 at step 10" in logged[-1], logged[-1]
+
+
+def test_a_round_run_twice_without_checkpoints_says_how_to_get_exactly_once(rows, tmp_path):
+    """No checkpoint to go back to: the round counts as trained, with a warning naming the fix."""
+    (tmp_path / "incoming").mkdir()
+    (tmp_path / "incoming" / "part-0.txt").write_text("".join(open(rows, encoding="utf-8").readlines()[:128]))
+    logged = []
+    with ttf.distribute.OneProcess().scope():
+        model, optimizer = own_model(), ttf.optimizers.Adam(1e-3)
+    job = ttf.distribute.Job(model, optimizer, log=logged.append,
+                             config=ttf.distribute.JobConfig(batch_size=64, steps=2))
+    job.follow(f"folder:{tmp_path / 'incoming'}", poll_seconds=0.2)
+    assert not ttf.distribute._loops.roll_back(job, started=3, steps=2)  # pylint: disable=protected-access
+    assert job.step() == 2
+    assert "its batch may be trained twice; give checkpoint_dir for exactly once" in logged[-1], logged[-1]
+
+
+@pytest.mark.slow
+def test_own_script_on_a_parameter_server_stream_trains_each_example_once_across_lost_workers(rows, tmp_path):
+    """The same script as the chief of a PS job following a folder (1 ps, 2 workers): worker 1 is
+    killed (kill -9) mid-step three times, and restarted. Every example is trained exactly once:
+    the coordinator runs a lost step again on worker 0, and when the lost one had counted its
+    start the job rolls back to its last checkpoint (the test above) and reads the stream again.
+    A fresh backlog goes into the folder before each kill: the job trains ~40 steps/s here, and
+    with the whole stream written at the start it had trained it all before the first kill in
+    1 of 2 runs (and on CI). Whether a kill lands before or after the lost step's start was
+    counted is chance (rolled back on 2 of 12 kills, measured); both must train each example once."""
+    lines = open(rows, encoding="utf-8").read().splitlines(keepends=True)
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    published = []  # parts of 250 rows, the rows cycled (an example's id is its file and line)
+
+    def publish(parts):  # renamed into place, as a producer does
+        for _ in range(parts):
+            i = len(published)
+            published.append(lines[(250 * i) % len(lines):][:250])
+            (tmp_path / f"part-{i}").write_text("".join(published[-1]))
+            os.rename(tmp_path / f"part-{i}", incoming / f"part-{i:04d}.txt")
+
+    publish(len(lines) // 250)
     ps, w0, w1, chief = (f"127.0.0.1:{port}" for port in ttf.distribute.free_ports(4))
     hosts = ["--ps-hosts", ps, "--worker-hosts", f"{w0},{w1}", "--chief-host", chief]
 
@@ -241,29 +305,27 @@ def test_own_script_on_a_parameter_server_stream_rolls_back_a_lost_workers_step(
     servers = [server("ps", 0), server("worker", 0), server("worker", 1)]
     journal, log = tmp_path / "journal", tmp_path / "chief.log"
     job = subprocess.Popen([sys.executable, OWN_JOB, "follow", f"folder:{incoming}", "--checkpoint-dir",
-                            str(tmp_path / "ck"), "--checkpoint-every", "40", "--batch-size", "64",
+                            str(tmp_path / "ck"), "--checkpoint-every", "10", "--batch-size", "64",
                             "--journal", str(journal), *hosts],
                            cwd=ROOT, stdout=open(log, "w", encoding="utf-8"), stderr=subprocess.STDOUT)
-    kills = 0
     try:
         deadline = time.time() + 300
-        while journal_lines(journal) < 42 and job.poll() is None and time.time() < deadline:
-            time.sleep(0.1)  # past the first checkpoint (step 40)
-        while "rolled back to" not in log.read_text() and kills < 5 and job.poll() is None:
-            # Freeze the parameter server, so each worker waits on it mid-step; kill -9 worker 1
-            # there; resume. When worker 1's step had counted its start, the coordinator's run
-            # of it again on worker 0 counts another: the job rolls back.
+        while journal_lines(journal) < 12 and job.poll() is None and time.time() < deadline:
+            time.sleep(0.1)  # past the first checkpoint (step 10)
+        for _ in range(3):
+            # A backlog of ~47 steps; freeze the parameter server, so each worker waits on it
+            # mid-step; kill -9 worker 1 there; resume; restart worker 1.
+            publish(12)
+            time.sleep(0.5)  # an idle stream lists the folder again every 0.2 s
             servers[0].send_signal(signal.SIGSTOP)
             time.sleep(0.5)
             servers[2].kill()
             servers[2].wait()
             servers[0].send_signal(signal.SIGCONT)
-            kills += 1
-            time.sleep(3)
-            if "rolled back to" not in log.read_text():
-                servers[2] = server("worker", 1)
-                time.sleep(3)  # the coordinator takes it back
-        while len(replay(journal)) < len(lines) and job.poll() is None and time.time() < deadline:
+            time.sleep(2)
+            servers[2] = server("worker", 1)
+            time.sleep(3)  # the coordinator takes it back
+        while len(replay(journal)) < sum(map(len, published)) and job.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         job.send_signal(signal.SIGTERM)
         assert job.wait(120) == 0, log.read_text()[-3000:]
@@ -272,6 +334,7 @@ def test_own_script_on_a_parameter_server_stream_rolls_back_a_lost_workers_step(
             process.kill()
             process.wait()
     text = log.read_text()
-    assert "a worker was lost" in text and "rolled back to" in text, (kills, text[-3000:])
+    assert "failed with UnavailableError" in text, text[-3000:]  # the coordinator saw worker 1 go
     trained = replay(journal)
-    assert len(trained) == len(set(trained)) == len(lines), (len(trained), len(set(trained)))
+    assert len(trained) == len(set(trained)) == sum(map(len, published)), \
+        (len(trained), len(set(trained)), text.count("rolled back to"))
