@@ -16,6 +16,9 @@ lookup's profile). The paths:
                    without a DRAM row would then be read from disk, per shard)
     np_take        np.take of the rows from a contiguous [keys, dim] array
     cpp_gather     a C++ loop copying the value part of rows of a [keys, 3 * dim] array
+    cpp_hash       the bare hash loop of ttf's own layout over the same rows, keyed by the same
+                   keys (lookup_floor.cc: one 12-byte-slot index at ttf's load, FindEach's
+                   pipeline; no shards, locks or TensorFlow): what a hash lookup can reach
   training step (forward rows, then the Adam update of value and both slots)
     ttf            TtfEmbeddingLookup(training=True) + TtfEmbeddingGrad (the layer's gradient
                    sum per unique key) + TtfTableApplyAdam
@@ -33,6 +36,7 @@ would need ~6 GiB, one at a time ~2.6 GiB.
   .venv/bin/python benchmarks/lookup_floor.py --keys 1000000
   .venv/bin/python benchmarks/lookup_floor.py --keys 10000000 --isolate       # ~2.6 GiB peak
   .venv/bin/python benchmarks/lookup_floor.py --keys 100000 --repeats 2 --calls 5  # a smoke run
+  .venv/bin/python benchmarks/lookup_floor.py --kinds lookup --families ttf,floor  # issue 37 item 5: vs cpp_hash
 
 Prints a table of ns/id and the ratios ttf / floor; --out FILE also writes the JSON.
 """
@@ -75,6 +79,9 @@ def parse_args(argv):
     p.add_argument("--calls", type=int, default=20, help="timed calls per path per round (default 20)")
     p.add_argument("--families", default="ttf,tiered,floor",
                    help="comma-separated subset of ttf, tiered, floor (default all three)")
+    p.add_argument("--kinds", default="lookup,train",
+                   help="which paths: lookup, train or both (default both; lookups alone leave the training "
+                        "step's memory traffic out of the lookups' caches)")
     p.add_argument("--ssd-dir", default=os.path.join(tempfile.gettempdir(), "ttf-lookup-floor"),
                    help="disk tier directory of the tiered table (default $TMPDIR/ttf-lookup-floor)")
     p.add_argument("--dram-budget", default=None,
@@ -91,6 +98,9 @@ def parse_args(argv):
     if args.zipf <= 1.0:
         p.error(f"--zipf must be > 1 (numpy's Zipf), got {args.zipf}")
     args.families = [f for f in args.families.split(",") if f]
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    if not args.kinds or any(k not in ("lookup", "train") for k in args.kinds):
+        p.error(f"--kinds takes lookup, train or both, got {','.join(args.kinds)}")
     if not args.families or any(f not in FAMILIES for f in args.families):
         p.error(f"--families takes a subset of {', '.join(FAMILIES)}, got {','.join(args.families)}")
     if args.dram_budget is None:
@@ -138,6 +148,9 @@ def cpp_floor():
     ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
     so.floor_gather.argtypes = [ptr, i64, ptr, i64, i64, ptr]
     so.floor_adam.argtypes = [ptr, i64, ptr, i64, i64, ptr, f32, f32, f32, f32]
+    so.floor_hash_build.argtypes, so.floor_hash_build.restype = [ptr, i64], ptr
+    so.floor_hash_free.argtypes = [ptr]
+    so.floor_hash_lookup.argtypes = [ptr, ptr, i64, ptr, i64, i64, ptr]
     return so
 
 
@@ -147,6 +160,7 @@ class TtfFamily:
     def __init__(self, args, tiered):
         self.prefix = "ttf_tiered" if tiered else "ttf"
         self.dim, self.step, self.group = args.dim, 1, args.group
+        self.infer_of = {}
         if tiered:
             os.makedirs(args.ssd_dir, exist_ok=True)
         self.table = EmbeddingTable(args.dim, num_shards=args.num_shards, seed=1,
@@ -165,9 +179,14 @@ class TtfFamily:
         return {f"lookup/{self.prefix}": self.lookup, f"train/{self.prefix}": self.train}
 
     def lookup(self, b):
-        return self.infer(batches_from(self.batches, b, self.group))
+        # One function per group of batches, its batches captured: a call costs TensorFlow's
+        # executor and the ops, not Python binding 8 tensor arguments (13% of this path's CPU
+        # when they were arguments, profiled; a model pays that once a predict, not a lookup).
+        if b not in self.infer_of:
+            batches = batches_from(self.batches, b, self.group)
+            self.infer_of[b] = tf.function(lambda: self.infer(batches))
+        return self.infer_of[b]()
 
-    @tf.function
     def infer(self, batches):
         # As a layer runs at inference: in a graph, only the embeddings read (the op then skips
         # its de-dup). One lookup after the other, as calls would run; only the last output is
@@ -222,10 +241,18 @@ class FloorFamily:
         self.grads = rng.normal(size=(args.batch, args.dim)).astype(np.float32)
         self.out = np.empty((args.batch, args.dim), np.float32)
         self.so = cpp_floor()
+        # The bare hash loop's own copy of the rows: shared with the gather, which reads the same
+        # hot rows just before it, its rows were warm where the ttf table's are not.
+        self.hash_store = self.store.copy()
+        all_keys = keys_of(np.arange(args.keys))  # key of rank r -> row r, as the ttf table fills
+        self.index = self.so.floor_hash_build(all_keys.ctypes.data, args.keys)
+        if not self.index:
+            raise MemoryError(f"the bare hash loop's index of {args.keys} keys: mmap failed")
+        self.keys = [keys_of(r) for r in self.batches]
         self.unique_share = statistics.mean(len(np.unique(r)) / len(r) for r in self.batches)
 
     def paths(self):
-        return {"lookup/np_take": self.np_take, "lookup/cpp_gather": self.cpp_gather,
+        return {"lookup/np_take": self.np_take, "lookup/cpp_gather": self.cpp_gather, "lookup/cpp_hash": self.cpp_hash,
                 "train/np": self.np_train, "train/cpp": self.cpp_train}
 
     def np_take(self, b):
@@ -237,6 +264,12 @@ class FloorFamily:
     def cpp_gather(self, b):
         for idx in batches_from(self.batches, b, self.group):
             self.gather_one(idx)
+        return self.out
+
+    def cpp_hash(self, b):
+        for keys in batches_from(self.keys, b, self.group):
+            self.so.floor_hash_lookup(self.index, self.hash_store.ctypes.data, self.store.shape[1], keys.ctypes.data,
+                                      len(keys), self.dim, self.out.ctypes.data)
         return self.out
 
     def gather_one(self, idx):
@@ -290,9 +323,19 @@ def quiet_gc():
     gc.freeze()
 
 
+def group_starts(args):
+    """Every first batch a timed call can start at (run_round's): the warm-up calls each once, so
+    no timed call traces a tf.function (ttf's lookup has one per start)."""
+    return sorted({(call * args.group) % NUM_BATCHES for call in range(NUM_BATCHES)})
+
+
+def paths_of(family, args):
+    return {name: fn for name, fn in family.paths().items() if name.split("/")[0] in args.kinds}
+
+
 def run_round(families, args, times, first_call=0):
     """One round: every path of every family, interleaved call by call (staggered batches)."""
-    paths = {name: fn for fam in families for name, fn in fam.paths().items()}
+    paths = {name: fn for fam in families for name, fn in paths_of(fam, args).items()}
     for call in range(first_call, first_call + args.calls):
         for k, (name, fn) in enumerate(paths.items()):
             t0, w0 = time.process_time_ns(), time.perf_counter_ns()
@@ -305,8 +348,8 @@ def run_child(args):
     """--child FAMILY: build it, warm up, time --calls calls per path (one round), print JSON."""
     fam = build(args, args.child)
     quiet_gc()
-    for name, fn in fam.paths().items():  # warm-up: first-call tracing and page faults
-        for b in range(8):
+    for name, fn in paths_of(fam, args).items():  # warm-up: first-call tracing and page faults
+        for b in group_starts(args):
             fn(b)
     times = {}
     run_round([fam], args, times)
@@ -316,18 +359,23 @@ def run_child(args):
 def summarize(args, times, extra):
     wall = {name[5:]: round(statistics.median(v), 1) for name, v in times.items() if name.startswith("wall:")}
     med = {name: statistics.median(v) for name, v in times.items() if not name.startswith("wall:")}
-    lines = ["| path | CPU ns/id (median) | vs np floor | vs C++ floor |", "| --- | --- | --- | --- |"]
+    lines = ["| path | CPU ns/id (median) | vs np floor | vs C++ floor | vs bare hash loop |",
+             "| --- | --- | --- | --- | --- |"]
     ratios = {}
+    fmt = lambda r: f"{r:.2f}x" if r is not None else "-"  # noqa: E731
     for kind, np_floor, cpp_floor_name in (("lookup", "lookup/np_take", "lookup/cpp_gather"),
                                            ("train", "train/np", "train/cpp")):
         for name in sorted(n for n in med if n.startswith(kind + "/")):
             vs_np = med[name] / med[np_floor] if np_floor in med else None
             vs_cpp = med[name] / med[cpp_floor_name] if cpp_floor_name in med else None
-            fmt = lambda r: f"{r:.2f}x" if r is not None else "-"  # noqa: E731
-            lines.append(f"| {name} | {med[name]:.1f} | {fmt(vs_np)} | {fmt(vs_cpp)} |")
+            # Issue 37 item 5: a lookup against the bare loop of its own layout (cpp_hash).
+            vs_hash = med[name] / med["lookup/cpp_hash"] if kind == "lookup" and "lookup/cpp_hash" in med else None
+            lines.append(f"| {name} | {med[name]:.1f} | {fmt(vs_np)} | {fmt(vs_cpp)} | {fmt(vs_hash)} |")
             ratios[name] = {"vs_np": vs_np and round(vs_np, 3), "vs_cpp": vs_cpp and round(vs_cpp, 3)}
+            if vs_hash is not None:
+                ratios[name]["vs_hash"] = round(vs_hash, 3)
     table = "\n".join(lines)
-    result = {"keys": args.keys, "batch": args.batch, "dim": args.dim, "zipf": args.zipf, "group": args.group,
+    result = {"keys": args.keys, "batch": args.batch, "dim": args.dim, "zipf": args.zipf, "group": args.group, "kinds": args.kinds,
               "repeats": args.repeats,
               "calls": args.calls, "isolate": args.isolate, "ns_per_id_median": {k: round(v, 1) for k, v in med.items()},
               "wall_ns_per_id_median": wall,
@@ -358,8 +406,8 @@ def main(argv=None):
             print(f"[floor] {family}: built in {time.perf_counter() - t0:.1f}s", flush=True)
         quiet_gc()
         for fam in families:  # warm-up
-            for fn in fam.paths().values():
-                for b in range(8):
+            for fn in paths_of(fam, args).values():
+                for b in group_starts(args):
                     fn(b)
         for rnd in range(args.repeats):
             run_round(families, args, times, first_call=rnd * args.calls)
