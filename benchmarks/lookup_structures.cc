@@ -4,7 +4,9 @@
 // shard first, the index grown by rehash), against lookup_layout_model.cc's bare loop (one index at
 // its final capacity, rows in rank order in one huge-page array), on the same Zipf(1.1) keys.
 // Paths, each timed right after a bare run (ratios in pairs, medians of 9):
-//   ttf                         FindEach's span loop: hash and shard pass, ProbeBlock, CopyBlock
+//   ttf                         FindEach's span loop before shard views: ProbeBlock chasing each
+//                               shard's store for its index and rows
+//   ttf with shard views        the same loop as table_lookup.cc has it: a local array of views
 //   (one shard only:)
 //   no shard arrays             ttf's index and rows, the loop without shard indirection
 //   ttf index + bare rows       ttf's KeyIndex::Find, then the bare row array (row id = rank)
@@ -150,6 +152,28 @@ int main(int argc, char** argv) {
       for (int64_t q = 0; q < m; ++q) CopyRow(&out[(begin + q) * kDim], found[q], kDim);
     }
   };
+  struct ShardView {
+    KeyIndex::View index;
+    RowStore::View rows;
+  };
+  std::vector<ShardView> views;
+  for (auto* ks : stores) views.push_back({ks->index.view(), ks->store.view()});
+  auto ttf_views = [&](int64_t b) {  // FindEach's loop as table_lookup.cc has it: shard views
+    const int64_t* k = ids.data() + b * kBatch;
+    for (int64_t p = 0; p < kBatch; ++p) { hashes[p] = HashKey(k[p]); shard[p] = t.ShardOf(hashes[p]); }
+    for (int64_t begin = 0; begin < kBatch; begin += kBlock) {
+      const int64_t m = std::min(kBlock, kBatch - begin);
+      for (int64_t q = 0; q < m; ++q) {
+        const int64_t i = begin + q;
+        if (i + kAhead < kBatch) views[shard[i + kAhead]].index.Prefetch(hashes[i + kAhead]);
+        const ShardView& v = views[shard[i]];
+        const uint32_t id = v.index.Find(k[i], hashes[i]);
+        found[q] = id == KeyIndex::kNone ? nullptr : v.rows.row(id);
+        __builtin_prefetch(found[q]);
+      }
+      for (int64_t q = 0; q < m; ++q) CopyRow(&out[(begin + q) * kDim], found[q], kDim);
+    }
+  };
   // With one shard, ttf's row id of rank r is r: the two hybrids swap one structure each.
   const KeyedStore& one = *stores[0];
   auto ttf_index_bare_rows = [&](int64_t b) {
@@ -257,10 +281,11 @@ int main(int argc, char** argv) {
       for (int64_t q = 0; q < m; ++q) CopyRow(&out[(begin + q) * kDim], found[q], kDim);
     }
   };
-  std::vector<double> r_ttf, r_direct, r_ib, r_bi, r_dense, r_ibb, base;
+  std::vector<double> r_ttf, r_views, r_direct, r_ib, r_bi, r_dense, r_ibb, base;
   auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
   for (int round = 0; round < 9; ++round) {  // each variant right after a bare run: ratios in pairs
     double a = Median(reps, bare); base.push_back(a); r_ttf.push_back(Median(reps, ttf_loop) / a);
+    a = Median(reps, bare); r_views.push_back(Median(reps, ttf_views) / a);
     if (shards != 1) continue;
     a = Median(reps, bare); r_direct.push_back(Median(reps, ttf_direct) / a);
     a = Median(reps, bare); r_ib.push_back(Median(reps, ttf_index_bare_rows) / a);
@@ -268,8 +293,8 @@ int main(int argc, char** argv) {
     a = Median(reps, bare); r_dense.push_back(Median(reps, ttf_dense_bases) / a);
     a = Median(reps, bare); r_ibb.push_back(Median(reps, ttf_index_bare_rows_by_bases) / a);
   }
-  std::printf("keys %lld shards %d: bare %.1f ns/id (median); ratios to the bare run before each, medians of 9: ttf %.2fx",
-              (long long)keys, shards, med(base), med(r_ttf));
+  std::printf("keys %lld shards %d: bare %.1f ns/id (median); ratios to the bare run before each, medians of 9: ttf "
+              "%.2fx; ttf with shard views %.2fx", (long long)keys, shards, med(base), med(r_ttf), med(r_views));
   if (shards == 1)
     std::printf("; ttf structures no shard arrays %.2fx; ttf index + bare rows %.2fx; bare index + ttf rows %.2fx",
                 med(r_direct), med(r_ib), med(r_bi));

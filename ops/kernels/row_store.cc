@@ -94,6 +94,7 @@ void RowStore::Widen(int64_t new_stride, const std::vector<float>& fill_per_slot
     }
     chunk.values = std::move(wider);
   }
+  for (size_t c = 0; c < chunks_.size(); ++c) values_[c] = chunks_[c].values.get();
   stride_ = new_stride;
 }
 int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hashes, int64_t n, uint32_t* ids) {

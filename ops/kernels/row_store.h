@@ -49,22 +49,8 @@ class KeyIndex {
   KeyIndex() = default;
   explicit KeyIndex(int64_t capacity);  // capacity: a power of two
 
-  uint32_t Find(int64_t key, uint64_t hash) const {
-    if (capacity_ == 0) return kNone;
-    for (uint64_t pos = hash & mask_;; pos = (pos + 1) & mask_) {
-      const Slot& slot = slots_[pos];
-      if (slot.id == kNone) return kNone;
-      if (slot.key == key) return slot.id;
-    }
-  }
-  // No emptiness check: with `if (capacity_ != 0)` around the prefetches, GCC 12 compiled this
-  // member to nothing (as it does any inline member whose `if` guards only prefetches), so no
-  // probe was ever prefetched. A prefetch never faults (no slots: null, mask_ 0).
-  void Prefetch(uint64_t hash) const {
-    const char* slot = reinterpret_cast<const char*>(slots_.get() + (hash & mask_));
-    __builtin_prefetch(slot);
-    __builtin_prefetch(slot + sizeof(Slot) - 1);  // a 12-byte slot may straddle two cache lines
-  }
+  uint32_t Find(int64_t key, uint64_t hash) const { return view().Find(key, hash); }
+  void Prefetch(uint64_t hash) const { view().Prefetch(hash); }
   // The key must be absent and HasRoom(1) true.
   void Insert(int64_t key, uint64_t hash, uint32_t id);
   // Returns the erased id, or kNone when the key is absent.
@@ -91,6 +77,44 @@ class KeyIndex {
   };
 #pragma pack(pop)
   static_assert(sizeof(Slot) == 12, "KeyIndex slots are 12 bytes");
+
+ public:
+  // The index by value, for a lookup's probe loop: with the views of every shard in a small
+  // local array, finding a slot's address is one load, not a chain of three pointer loads to
+  // the shard's index (each on the path of every prefetch; issue 37 item 5). Valid while the
+  // shard lock is held.
+  class View {
+   public:
+    uint32_t Find(int64_t key, uint64_t hash) const {
+      if (slots_ == nullptr) return kNone;  // no slots (capacity 0)
+      for (uint64_t pos = hash & mask_;; pos = (pos + 1) & mask_) {
+        const Slot& slot = slots_[pos];
+        if (slot.id == kNone) return kNone;
+        if (slot.key == key) return slot.id;
+      }
+    }
+    // No emptiness check: with `if (slots_ != nullptr)` around the prefetches, GCC 12 compiled
+    // this member to nothing (as it does any inline member whose `if` guards only prefetches),
+    // so no probe was ever prefetched. A prefetch never faults (no slots: null, mask_ 0).
+    void Prefetch(uint64_t hash) const {
+      const char* slot = reinterpret_cast<const char*>(slots_ + (hash & mask_));
+      __builtin_prefetch(slot);
+      __builtin_prefetch(slot + sizeof(Slot) - 1);  // a 12-byte slot may straddle two cache lines
+    }
+
+   private:
+    friend class KeyIndex;
+    const Slot* slots_ = nullptr;
+    uint64_t mask_ = 0;
+  };
+  View view() const {
+    View v;
+    v.slots_ = slots_.get();
+    v.mask_ = mask_;
+    return v;
+  }
+
+ private:
   PageArray<Slot> slots_;
   uint64_t mask_ = 0;
   int64_t capacity_ = 0;
@@ -104,10 +128,16 @@ class RowStore {
   static constexpr int64_t kChunkRows = 1024;
   explicit RowStore(int64_t stride) : stride_(stride) {}
   int64_t stride() const { return stride_; }
-  float* row(uint32_t id) { return chunks_[id / kChunkRows].values.get() + (id % kChunkRows) * stride_; }
-  const float* row(uint32_t id) const {
-    return chunks_[id / kChunkRows].values.get() + (id % kChunkRows) * stride_;
-  }
+  float* row(uint32_t id) { return values_[id / kChunkRows] + (id % kChunkRows) * stride_; }
+  const float* row(uint32_t id) const { return values_[id / kChunkRows] + (id % kChunkRows) * stride_; }
+  // The rows by value, for a lookup's probe loop (as KeyIndex::View). Valid while the shard
+  // lock is held.
+  struct View {
+    const float* const* values;
+    int64_t stride;
+    const float* row(uint32_t id) const { return values[id / kChunkRows] + (id % kChunkRows) * stride; }
+  };
+  View view() const { return View{values_.data(), stride_}; }
   RowMeta& meta(uint32_t id) { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
   const RowMeta& meta(uint32_t id) const { return chunks_[id / kChunkRows].meta[id % kChunkRows]; }
   int64_t ChunksNeeded(int64_t extra) const;
@@ -117,7 +147,10 @@ class RowStore {
     PageArray<RowMeta> meta;  // kChunkRows
   };
   static Chunk NewChunk(int64_t stride);
-  void AddChunk(Chunk chunk) { chunks_.push_back(std::move(chunk)); }
+  void AddChunk(Chunk chunk) {
+    values_.push_back(chunk.values.get());
+    chunks_.push_back(std::move(chunk));
+  }
   uint32_t Take();  // requires ChunksNeeded(1) == 0
   void Release(uint32_t id) { free_ids_.push_back(id); }
   // Ids 0..n-1 taken in order, for a store being filled from scratch (chunks added first).
@@ -129,6 +162,7 @@ class RowStore {
  private:
   int64_t stride_;
   std::vector<Chunk> chunks_;
+  std::vector<float*> values_;  // chunks_[c].values.get(): 8 bytes a chunk for row(), not 32
   std::vector<uint32_t> free_ids_;
   uint32_t next_id_ = 0;
 };
