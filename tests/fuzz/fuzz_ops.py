@@ -103,6 +103,7 @@ class Case:
         self.rng = np.random.default_rng([seed, index])
         self.verbose = verbose
         self.outcomes = collections.Counter()
+        self.messages = {}  # result -> the first "call: message" of that outcome, for other:* results
         self.lock = threading.Lock()
 
     def call(self, name, fn, *args, **kwargs):
@@ -115,13 +116,15 @@ class Case:
         except (TypeError, ValueError, OverflowError):  # the generated wrapper's own argument checks
             result = "invalid"
         except tf.errors.OpError as err:
-            result = f"other:{type(err).__name__}"
+            result, message = f"other:{type(err).__name__}", f"{name}: {err.message}"
         except Exception as err:  # noqa: BLE001  (anything else is reported, never hidden)
-            result = f"other:python {type(err).__name__}"
+            result, message = f"other:python {type(err).__name__}", f"{name}: {err}"
         if self.verbose:
             print(f"  {name}: {result}", flush=True)
         with self.lock:
             self.outcomes[result] += 1
+            if result.startswith("other:"):  # a rare race is diagnosable only by its message
+                self.messages.setdefault(result, message[:500])
         return result
 
     # --- helpers
@@ -447,6 +450,7 @@ class Case:
             local = Case(self.index, 0)
             local.rng = np.random.default_rng(seed)
             local.outcomes = self.outcomes
+            local.messages = self.messages
             local.lock = self.lock
             local.verbose = self.verbose
             for it in range(iterations):
@@ -576,6 +580,7 @@ def worker_main(seed, first, count, verbose):
         group, racing = case.run()
         kind, others = classify(case.outcomes)
         print(json.dumps({"case": index, "group": group, "racing": racing, "kind": kind, "others": others,
+                          "messages": case.messages,
                           "calls": sum(case.outcomes.values())}), flush=True)
         if index == abort_after:
             os.abort()
@@ -639,7 +644,8 @@ def run_alone(seed, index, timeout, verbose=False):
 def run(cases, seed, first=0, batch=200, timeout=60.0, verbose=False, log=print):
     """Runs cases first .. first+cases-1; returns the summary dict."""
     summary = {"cases": 0, "racing": 0, "ok": 0, "invalid": 0, "other": 0, "crash": 0, "hang": 0,
-               "other_types": collections.Counter(), "groups": collections.Counter(), "failures": [],
+               "other_types": collections.Counter(), "other_messages": {}, "groups": collections.Counter(),
+               "failures": [],
                "seed": seed, "first": first}
     start = time.monotonic()
 
@@ -649,7 +655,9 @@ def run(cases, seed, first=0, batch=200, timeout=60.0, verbose=False, log=print)
         summary[rec["kind"]] += 1
         summary["groups"][rec["group"]] += 1
         for o in rec["others"]:
-            summary["other_types"][o[len("other:"):] + " in " + rec["group"]] += 1
+            key = o[len("other:"):] + " in " + rec["group"]
+            summary["other_types"][key] += 1
+            summary["other_messages"].setdefault(key, f"case {rec['case']}: " + rec.get("messages", {}).get(o, ""))
 
     def fail(index, kind, code, tail):
         summary["cases"] += 1

@@ -17,7 +17,7 @@ def check(summary, cases):
     assert summary["crash"] == 0 and summary["hang"] == 0, summary["failures"]
     assert summary["cases"] == cases, summary  # each case counted once
     unexpected = [k for k in summary["other_types"] if not k.startswith(EXPECTED_OTHER)]
-    assert not unexpected, unexpected
+    assert not unexpected, {k: summary["other_messages"].get(k) for k in unexpected}  # the first of each, with its case
     assert summary["racing"] >= cases // fuzz_ops.RACE_EVERY, summary
     assert summary["invalid"] > 0 and summary["ok"] > 0, summary  # the generator reaches both sides
 
