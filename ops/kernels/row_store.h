@@ -129,7 +129,7 @@ class RowStore {
   explicit RowStore(int64_t stride) : stride_(stride) {}
   int64_t stride() const { return stride_; }
   float* row(uint32_t id) { return values_[id / kChunkRows] + (id % kChunkRows) * stride_; }
-  const float* row(uint32_t id) const { return values_[id / kChunkRows] + (id % kChunkRows) * stride_; }
+  const float* row(uint32_t id) const { return view().row(id); }
   // The rows by value, for a lookup's probe loop (as KeyIndex::View). Valid while the shard
   // lock is held.
   struct View {

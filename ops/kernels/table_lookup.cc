@@ -12,11 +12,6 @@
 namespace tensorflow {
 namespace ttf {
 namespace {
-// FindEach's two loops over a block, each a function of its own: inlined into FindEach's
-// span loop, the compiler kept their pointers on the stack (a copy of the loop built
-// outside the library ran 5-12% faster; docs/lookup_speed.md, session 10).
-// rows[q] = the row of ids begin + q (q < m) of a span, or null; index slots prefetched kAhead
-// ids ahead, each row at once.
 // A shard's index and rows by value (KeyIndex::View, RowStore::View), in a local array by
 // shard: each id's slot and row addresses are then one load from it, not a chain of loads
 // through the shard's store that held back every prefetch once the tables outgrew the cache
@@ -26,6 +21,11 @@ struct ShardView {
   RowStore::View rows;
 };
 
+// FindEach's two loops over a block, each a function of its own: inlined into FindEach's
+// span loop, the compiler kept their pointers on the stack (a copy of the loop built
+// outside the library ran 5-12% faster; docs/lookup_speed.md, session 10).
+// rows[q] = the row of ids begin + q (q < m) of a span, or null; index slots prefetched kAhead
+// ids ahead, each row at once.
 template <int64_t kAhead>
 __attribute__((noinline)) void ProbeBlock(const ShardView* views, const int64_t* keys, const uint64_t* hashes,
                                           const int32_t* shard, int64_t begin, int64_t m, int64_t span,
@@ -84,7 +84,8 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
       std::vector<std::shared_lock<std::shared_mutex>> locks;
       locks.reserve(shards_.size());
       for (const auto& sh : shards_) locks.emplace_back(sh->mu);
-      for (size_t s = 0; s < shards_.size(); ++s) views[s] = {shards_[s]->rows.index.view(), shards_[s]->rows.store.view()};
+      for (size_t s = 0; s < shards_.size(); ++s)
+        views[s] = {shards_[s]->rows.index.view(), shards_[s]->rows.store.view()};
       for (int64_t begin = 0; begin < span; begin += kBlock) {
         const int64_t m = std::min(kBlock, span - begin);
         ProbeBlock<kAhead>(views.data(), span_keys, hashes, shard, begin, m, span, rows);
