@@ -24,6 +24,8 @@
 #include <random>
 #include <vector>
 
+#include "zipf_sampler.h"
+
 namespace {
 
 constexpr int64_t kDim = 16, kStride = 3 * kDim, kBatch = 26624, kBatches = 64;
@@ -60,18 +62,6 @@ struct Record {
   int64_t pad[7];
   float row[kStride];
 };
-
-int64_t Zipf(std::mt19937_64& rng, double a) {  // Devroye's rejection sampler, numpy's algorithm
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  const double am1 = a - 1.0, b = std::pow(2.0, am1);
-  for (;;) {
-    const double x = std::floor(std::pow(1.0 - u(rng), -1.0 / am1));
-    const double v = u(rng);
-    if (x > 9.0e18 || x < 1.0) continue;
-    const double t = std::pow(1.0 + 1.0 / x, am1);
-    if (v * x * (t - 1.0) / (b - 1.0) <= t / b) return static_cast<int64_t>(x);
-  }
-}
 
 template <typename F>
 double MedianNsPerId(int reps, F&& one_batch) {

@@ -29,21 +29,11 @@
 #include <random>
 #include <vector>
 #include "row_store.h"
+#include "zipf_sampler.h"
 using namespace tensorflow::ttf;
 namespace {
 constexpr int64_t kDim = 16, kStride = 48, kBatch = 26624, kBatches = 64, kBlock = 256, kAhead = 32;
 constexpr uint64_t kMix = 0x9E3779B97F4A7C15ull;
-int64_t Zipf(std::mt19937_64& rng, double a) {
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  const double am1 = a - 1.0, b = std::pow(2.0, am1);
-  for (;;) {
-    const double x = std::floor(std::pow(1.0 - u(rng), -1.0 / am1));
-    const double v = u(rng);
-    if (x > 9.0e18 || x < 1.0) continue;
-    const double t = std::pow(1.0 + 1.0 / x, am1);
-    if (v * x * (t - 1.0) / (b - 1.0) <= t / b) return static_cast<int64_t>(x);
-  }
-}
 template <typename F>
 double Median(int reps, F&& f) {
   std::vector<double> ns;
