@@ -157,6 +157,7 @@ class EmbeddingLookupOp : public TableOpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &embeddings));
     ScatterRows(ctx, rows, grouped.inverse, dim_, embeddings->flat<float>().data());
     OutputUniqueAndInverse(ctx, grouped, 1);
+    if (training_) table->last_grouping().Keep(std::move(grouped));  // for the apply of these unique keys
   }
 
  private:

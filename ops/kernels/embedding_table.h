@@ -9,7 +9,7 @@
 //   disk_tier.h      disk index and file (disk_reads.h)     tiering.h         demote, promote, write-back
 //   change_log.h     removed keys, per reader               table_snapshot.h  export, save, import
 //   table_shard.h    one shard: its rows and each concern's state
-//   group_keys.h     a batch's distinct keys by shard
+//   group_keys.h     a batch's distinct keys by shard (grouped_keys.h: the latest training lookup's, kept)
 // The table's own methods are defined by concern too: embedding_table.cc (updates, removal,
 // stats), table_lookup.cc (Find, FindEach), table_snapshot.cc (Export, Save, Import, the
 // change log's reads).
@@ -49,6 +49,7 @@
 #include "change_log.h"
 #include "disk_tier.h"
 #include "eviction.h"
+#include "grouped_keys.h"
 #include "row_store.h"
 #include "table_config.h"
 #include "table_hash.h"
@@ -77,6 +78,8 @@ class EmbeddingTable : public ResourceBase {
     return static_cast<int>(static_cast<uint32_t>(hash >> 40) % static_cast<uint32_t>(shards_.size()));
   }
   TableShard& shard(int i) { return *shards_[i]; }
+  // The grouping of the latest training lookup, for the apply handed its distinct keys.
+  LastGrouping& last_grouping() { return last_grouping_; }
   int64_t step() const { return step_.load(std::memory_order_relaxed); }
   void AdvanceStep(int64_t step);
 
@@ -215,6 +218,7 @@ class EmbeddingTable : public ResourceBase {
   // before any other lock: a save copies its shards under one layout and one content. The
   // change log's lock (change_log_.mu()) comes next, then the shard locks in shard order.
   std::shared_mutex relayout_mu_;
+  LastGrouping last_grouping_;
 };
 
 }  // namespace ttf

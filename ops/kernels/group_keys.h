@@ -8,19 +8,10 @@
 #include <vector>
 
 #include "embedding_table.h"
+#include "grouped_keys.h"
 
 namespace tensorflow {
 namespace ttf {
-
-// The distinct keys of a batch, ordered by shard: keys[offsets[s] .. offsets[s+1]) all
-// live in shard s. inverse[p] is the position in `keys` of input key p.
-struct GroupedKeys {
-  std::vector<int64_t> keys;
-  std::vector<uint64_t> hashes;
-  std::vector<int64_t> offsets;  // num_shards + 1
-  std::vector<int32_t> inverse;
-  int64_t size() const { return static_cast<int64_t>(keys.size()); }
-};
 
 inline void GroupKeys(const int64_t* keys, int64_t n, const EmbeddingTable& table, GroupedKeys* out) {
   // De-duplicate with a local open-addressing set sized for a load factor <= 1/2, holding

@@ -200,11 +200,15 @@ class TableApplyOp : public TableOpKernel {
     OP_REQUIRES_OK(ctx, table->EnsureSlots(U::kName, slot_init_));
 
     GroupedKeys grouped;
-    GroupKeys(keys.flat<int64_t>().data(), n, *table, &grouped);
-    // Sum the gradients of duplicate keys (in grouped order) before any row moves.
-    std::vector<float>& summed = ScratchRows();
-    summed.resize(grouped.size() * dim);
-    SumRowsByIndex(g, grouped.inverse.data(), n, grouped.size(), dim, summed.data());
+    const float* grouped_grads = g;  // one row per distinct key, in grouped order
+    if (!table->last_grouping().Take(keys.flat<int64_t>().data(), n, &grouped)) {
+      GroupKeys(keys.flat<int64_t>().data(), n, *table, &grouped);
+      // Sum the gradients of duplicate keys (in grouped order) before any row moves.
+      std::vector<float>& summed = ScratchRows();
+      summed.resize(grouped.size() * dim);
+      SumRowsByIndex(g, grouped.inverse.data(), n, grouped.size(), dim, summed.data());
+      grouped_grads = summed.data();
+    }
     const U update(scalars, step);
     const float decay = weight_decay_ * scalars[0];  // scalars[0] is every optimizer's learning rate
     const int64_t stride = dim * (1 + static_cast<int64_t>(slot_init_.size()));
@@ -239,7 +243,7 @@ class TableApplyOp : public TableOpKernel {
         if (decay != 0.0f) {  // Keras: variable - variable * weight_decay * learning_rate, then the update
           for (int64_t j = 0; j < dim; ++j) row[j] -= row[j] * weight_decay_ * scalars[0];
         }
-        update.Update(row, summed.data() + (begin + i) * dim, dim);
+        update.Update(row, grouped_grads + (begin + i) * dim, dim);
         ++done;
       }
       updated += done;

@@ -194,6 +194,41 @@ def test_adam_apply_matches_float32_reference(dim):
         np.testing.assert_allclose(values, np.concatenate(ref[key]), rtol=1e-6, atol=0, err_msg=f"key {key}")
 
 
+@pytest.mark.parametrize("case", ["its own unique keys", "reversed", "another lookup in between", "each key twice"])
+def test_apply_after_a_training_lookup_updates_as_an_apply_alone(case):
+    # The apply handed a training lookup's unique keys unchanged reuses that lookup's grouping
+    # (LastGrouping: no second de-dup); any other keys group their own. Every case must leave
+    # the rows bit for bit as applies with no lookup before them.
+    dim, lr, b1, b2, eps = 16, np.float32(0.01), np.float32(0.9), np.float32(0.999), np.float32(1e-7)
+    rng = np.random.default_rng(7)
+    pool = np.arange(300, dtype=np.int64) * 7_919
+    ids = pool[rng.integers(0, 300, size=1000)]
+    grads_per_id = rng.normal(size=(1000, dim)).astype(np.float32)
+
+    def applies(table, keys, grads):  # the same update twice (the second at step 2, nothing kept)
+        for step in (1, 2):
+            ops().ttf_table_apply_adam(table.resource_handle, keys, grads, lr, b1, b2, eps, step)
+
+    table = EmbeddingTable(dim, "normal", seed=1, num_shards=4)
+    _, unique, inverse = ops().ttf_embedding_lookup(table.resource_handle, ids, dim=dim, training=True)
+    unique_grads = ops().ttf_embedding_grad(grads_per_id, inverse, unique)
+    keys, grads = unique.numpy(), unique_grads.numpy()
+    if case == "reversed":
+        keys, grads = keys[::-1].copy(), grads[::-1].copy()
+    elif case == "another lookup in between":
+        ops().ttf_embedding_lookup(table.resource_handle, pool[:50], dim=dim, training=True)
+    elif case == "each key twice":  # halves of each row: summed back exactly
+        keys, grads = np.concatenate([keys, keys]), np.concatenate([grads / 2, grads / 2])
+    applies(table, keys, grads)
+
+    alone = EmbeddingTable(dim, "normal", seed=1, num_shards=4)
+    applies(alone, unique.numpy(), unique_grads.numpy())
+    got, want = ({k: v.numpy() for k, v in t.export().items()} for t in (table, alone))
+    order_got, order_want = np.argsort(got["keys"]), np.argsort(want["keys"])
+    np.testing.assert_array_equal(got["keys"][order_got], want["keys"][order_want])
+    np.testing.assert_array_equal(got["values"][order_got], want["values"][order_want])
+
+
 def test_empty_batches():
     table = EmbeddingTable(16, seed=2)
     h = table.resource_handle
