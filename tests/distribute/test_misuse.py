@@ -151,3 +151,39 @@ def test_sync_workers_made_after_the_model_is_one_line():
     assert last.startswith("ValueError: make the synchronous topology") and "before any TensorFlow" in last, \
         proc.stderr[-2000:]
     np.testing.assert_equal(len(proc.stderr.split("Traceback")), 2)  # one traceback, ours
+
+
+def sample_lines(n):
+    lines = open(SAMPLE).read().splitlines()[1:]  # after its header
+    return [lines[i % len(lines)] for i in range(n)]
+
+
+def test_skipped_stream_input_is_counted_in_the_result_and_the_progress_line(tmp_path):
+    """A lenient stream: its bad lines and an empty file are counted, in follow()'s result
+    and the progress line; nothing is dropped without a number."""
+    folder = tmp_path / "stream"
+    folder.mkdir()
+    good = sample_lines(80)
+    (folder / "a.tsv").write_text("\n".join(good[:40] + ["not a criteo line"] * 3) + "\n")
+    (folder / "b.tsv").write_text("")
+    (folder / "c.tsv").write_text("\n".join(good[40:]) + "\n")
+    logged = []
+    job = ttf.distribute.Job(model_of(), ttf.optimizers.Adam(1e-3), log=logged.append,
+                             config=ttf.distribute.JobConfig(batch_size=30, steps=3, log_every=1))
+    result = job.follow(f"folder:{folder}", schema="criteo", strict=False, poll_seconds=0.1)
+    assert (result["bad_lines"], result["empty_files"], result["examples_trained"]) == (3, 1, 80)
+    assert any("3 bad line(s) skipped, 1 empty file(s) skipped" in line for line in logged), logged
+
+
+def test_input_that_went_bad_stops_the_job(tmp_path):
+    path = tmp_path / "bad.tsv"
+    lines = sample_lines(1200)
+    for i in range(0, 1200, 6):
+        lines[i] = "garbage"  # 200 of 1,200: 16.7% > max_bad_fraction 0.1
+    path.write_text("\n".join(lines) + "\n")
+    job = job_of(model_of(), steps=None, epochs=1, log_every=5)
+    with pytest.raises(ttf.distribute.BadInputError, match="over max_bad_fraction=0.1") as error:
+        job.fit(ttf.data.Reader([str(path)], strict=False))
+    one_line(error)
+    lenient = job_of(model_of(), steps=None, epochs=1, max_bad_fraction=0.5)
+    assert lenient.fit(ttf.data.Reader([str(path)], strict=False))["bad_lines"] == 200

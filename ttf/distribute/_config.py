@@ -80,6 +80,9 @@ class JobConfig:
       ttl_seconds: event-time TTL on a stream: evict ids not trained on an example newer than
         this many seconds before the newest one (ttf.embedding.EventTimeTTL).
       journal: append one line per stream step (the step, then its example ids) here.
+      max_bad_fraction: stop with BadInputError when more than this fraction of the lines read
+        so far (after the first 1,000) were skipped as bad (a lenient Reader or stream,
+        strict=False): input that went bad stops the job rather than training on what is left.
     """
 
     batch_size: int = 256
@@ -100,6 +103,7 @@ class JobConfig:
     publish: Optional[PublishConfig] = None
     ttl_seconds: Optional[float] = None
     journal: Optional[str] = None
+    max_bad_fraction: float = 0.1
 
     def __post_init__(self):
         for name in ("batch_size", "steps_per_call", "log_every", "checkpoint_every", "full_every", "max_to_keep",
@@ -115,6 +119,8 @@ class JobConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"JobConfig.precision must be one of {PRECISIONS} (resolve 'auto' with "
                              f"ttf.precision.resolve_precision), got {self.precision!r}")
+        if not (isinstance(self.max_bad_fraction, (int, float)) and 0 <= self.max_bad_fraction <= 1):
+            raise ValueError(f"JobConfig.max_bad_fraction must be a number in [0, 1], got {self.max_bad_fraction!r}")
         if self.resume not in RESUMES:
             raise ValueError(f"JobConfig.resume must be one of {RESUMES}, got {self.resume!r}")
         _positive("JobConfig", "ttl_seconds", self.ttl_seconds, allow_none=True, number=float)

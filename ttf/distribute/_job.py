@@ -105,6 +105,7 @@ class Job:
         self._extras = dict(checkpoint_extras or {})
         self.stream = self.event_ttl = self.manager = self.publisher = self.train_step = self.guard = None
         self.stop = None
+        self._reader, self._bad_before = None, 0  # fit's lenient Reader: its bad lines count as skipped input
         self._ready = False
         self._last_checkpoint = -1
         self._summary = None
@@ -238,6 +239,29 @@ class Job:
         total = self.position.examples_trained()
         return total, total - self.examples_before
 
+    def skipped_input(self):
+        """{"bad_lines", "empty_files"} skipped by this run (strict=False's bad lines of the
+        Reader or stream, a folder stream's empty files). Raises BadInputError past
+        config.max_bad_fraction of the lines read."""
+        if self.stream is not None:
+            progress, _ = self.topology.stream_progress(self.stream)
+            bad, empty, examples = progress["bad_lines"], progress["empty_files"], progress["examples"]
+        else:
+            bad = self._reader.bad_lines - self._bad_before if self._reader is not None else 0
+            empty, examples = 0, self.examples_trained()[1]
+        read = bad + examples
+        if read >= 1000 and bad > self.config.max_bad_fraction * read:
+            raise _errors.BadInputError(
+                f"{bad} of the last {read} input lines were bad ({100 * bad / read:.1f}%, over max_bad_fraction="
+                f"{self.config.max_bad_fraction}): the input went bad; fix it, or raise JobConfig.max_bad_fraction")
+        return {"bad_lines": bad, "empty_files": empty}
+
+    def skipped_text(self):
+        """', K bad lines skipped' (and empty files) for a progress line, or ''."""
+        skipped = self.skipped_input()
+        text = f", {skipped['bad_lines']} bad line(s) skipped" if skipped["bad_lines"] else ""
+        return text + (f", {skipped['empty_files']} empty file(s) skipped" if skipped["empty_files"] else "")
+
     def table_summary(self):
         """(ids stored, checksum, value sum) over every shard of the model's ttf tables, or None."""
         return self.topology.table_summary(self.model) if tables_in(self.model) else None
@@ -316,6 +340,7 @@ class Job:
         if self._summary is None:
             return
         values = {_summary.LOSS: loss, _summary.AUC: self.auc_window.auc(),
+                  "input/bad_lines": self.skipped_input()["bad_lines"],
                   _summary.EXAMPLES_PER_SEC: steps_per_sec * self.config.batch_size * self.topology.size,
                   _summary.BF16_SHARE: self.bf16_fraction(step - self.step_before),
                   _summary.SKIPPED_STEPS: self.skipped_steps()}
@@ -362,11 +387,15 @@ class Job:
         else:
             first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
             what, schema = f"the reader's batches (schema {data.schema.name!r})", data.schema
+            self._reader = data
             dataset = lambda share: data.share_dataset(  # noqa: E731
                 config.batch_size, share, self.topology.num_shares, position=self.position, seed=config.seed,
                 split=split, num_epochs=None if config.steps else config.epochs)
         with self._errors():
-            self._setup(first(), what, schema=schema)
+            sample = first()  # (its iterator is gone: the lines it parsed ahead are counted by now)
+            if self._reader is not None:
+                self._bad_before = self._reader.bad_lines
+            self._setup(sample, what, schema=schema)
             start = self.step()
             if self.topology.coordinated:
                 steps, seconds = _loops.fit_coordinated(self, dataset)
@@ -412,7 +441,7 @@ class Job:
 
     def _result(self, start, steps, seconds):
         steps_run = self.step() - start
-        return {"steps": self.step(), "steps_run": steps_run, "timed_steps": steps, "seconds": seconds,
+        return {**self.skipped_input(), "steps": self.step(), "steps_run": steps_run, "timed_steps": steps, "seconds": seconds,
                 "steps_per_sec": steps / seconds if seconds > 0 else float("nan"),
                 "bf16_fraction": self.bf16_fraction(steps_run), "skipped_steps": self.skipped_steps(),
                 "cpu_seconds_per_step": self.timed_cpu / steps if self.timed_cpu is not None and steps else None}

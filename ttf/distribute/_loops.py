@@ -12,7 +12,8 @@ from ttf.distribute._stop import StopOnSignal
 def _progress_line(job, step, loss, steps_per_sec, skipped):
     ranks = f" ({job.topology.size} ranks)" if job.topology.synchronous else ""
     job.log(f"step {step}: loss {loss:.4f}, {steps_per_sec:.1f} steps/s"
-            + (f", {skipped} skipped as non-finite" if skipped else "") + job.table_progress() + ranks)
+            + (f", {skipped} skipped as non-finite" if skipped else "") + job.skipped_text() + job.table_progress()
+            + ranks)
 
 
 def fit_local(job, dataset):
@@ -163,7 +164,8 @@ def fit_coordinated(job, dataset):
             low = job.use_bf16(float("nan") if skip else loss)  # a skipped step holds float32
         now = time.perf_counter()
         job.log(f"step {job.step()}: loss {losses[-1]:.4f}, {chunk / (now - last_log):.1f} global steps/s"
-                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else "") + job.table_progress())
+                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else "") + job.skipped_text()
+                + job.table_progress())
         job.write_summary(job.step(), losses[-1], chunk / (now - last_log))
         last_log = now
         job._maybe_checkpoint(job.step(), every_chunk=True)  # pylint: disable=protected-access
@@ -192,7 +194,7 @@ def _stream_progress_line(job, step, loss):
     publisher = job.publisher
     published = f", published base {publisher.version} sequence {publisher.sequence}" if publisher else ""
     job.log(f"step {step}: loss {loss:.4f}, {progress['examples_per_sec']:.1f} examples/s, {lag}, "
-            f"{progress['examples']} examples trained{published}{evicted}" + job.table_progress())
+            f"{progress['examples']} examples trained{published}{evicted}" + job.skipped_text() + job.table_progress())
     job.write_summary(step, loss, extra={_summary.EXAMPLES_PER_SEC: progress["examples_per_sec"],
                                          "stream/lag_seconds": progress["lag_seconds"],
                                          "stream/lag_messages": progress["lag_messages"]})
