@@ -20,6 +20,21 @@ def absolute_path(path):
     return os.path.abspath(path)
 
 
+def check_reachable(topology, directory):
+    """Each parameter server writes its own rows into `directory`: it must see the folder the
+    chief made (a shared file system or a bucket), or the first save would fail."""
+    if not topology.shard_devices or directory is None:
+        return
+    tf.io.gfile.makedirs(directory)
+    for device in dict.fromkeys(topology.shard_devices):
+        with tf.device(device):
+            found = tf.io.matching_files(directory)
+        if int(tf.size(found)) == 0:
+            raise ValueError(f"the task {device} cannot see checkpoint_dir {directory} (it writes its own rows "
+                             "there): give a folder every task of the cluster reaches, on a shared file system or "
+                             "a bucket (gs://, s3://, hdfs://)")
+
+
 def check_in_scope(topology, model, optimizer):
     """A parameter-server job's model and optimizer must be made inside topology.scope()."""
     strategy = topology.strategy

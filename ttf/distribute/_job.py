@@ -154,7 +154,9 @@ class Job:
         if config.checkpoint_dir:
             self.manager = CheckpointManager(self.checkpoint, config.checkpoint_dir, full_every=config.full_every,
                                              max_to_keep=config.max_to_keep)
-            if self._resume(fingerprint):
+            resumed = self._resume(fingerprint)
+            _checks.check_reachable(topology, config.checkpoint_dir)
+            if resumed:
                 self.log(f"resumed from {self.manager.latest} at step {self.step()}")
                 self.log("input position: " + ", ".join(
                     f"share {i} at epoch {e}, line {line} + {k} batch(es)" if line >= 0 else f"share {i} not started"

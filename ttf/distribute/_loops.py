@@ -154,6 +154,7 @@ def fit_coordinated(job, dataset):
     last_log = time.perf_counter()
     while target is None or job.step() < target:
         chunk = config.log_every if target is None else min(config.log_every, target - job.step())
+        chunk = min(chunk, _to_next_checkpoint(job))
         losses, skipped = run(low, chunk)
         if not losses:
             if len(finished) == workers:  # epochs: every worker's share ran out
@@ -171,6 +172,13 @@ def fit_coordinated(job, dataset):
         job._maybe_checkpoint(job.step(), every_chunk=True)  # pylint: disable=protected-access
         job.maybe_publish()
     return job.step() - timed_from, time.perf_counter() - timed_start
+
+
+def _to_next_checkpoint(job):
+    """Steps to the next multiple of checkpoint_every: a coordinated job schedules its steps in
+    chunks, cut there so that checkpoints land on those multiples on every topology."""
+    every = job.config.checkpoint_every
+    return every - job.step() % every if job.manager is not None else 1 << 62
 
 
 def _open_journal(job):
@@ -270,6 +278,7 @@ def follow_coordinated(job):
         while not stop.requested and (config.steps is None or step < config.steps):
             # One batch per worker; a round never waits for more than the first batch and one poll.
             room = workers if config.steps is None else min(workers, config.steps - step)
+            room = min(room, _to_next_checkpoint(job))
             batches = [stream.next_batch(config.batch_size)]
             if batches[0] is None:  # stopped
                 break
