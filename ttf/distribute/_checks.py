@@ -67,15 +67,22 @@ def job_optimizer(model, optimizer):
     return converted
 
 
-def check_output(forward, features, what):
-    """Runs `forward` once on `features` (a batch of 2 made from the input: `what` names it)
-    and checks its output is one logit per example. Raises one ValueError naming the fix."""
+def call_on(layer, features, what):
+    """`layer(features, training=False)`; a model that cannot take the input's features
+    (`what` names them) is one ValueError naming them and Keras' reason."""
     try:
-        outputs = forward(features, training=False)
+        return layer(features, training=False)
     except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         shapes = ", ".join(f"{k}: {_spec(v)}" for k, v in features.items()) if isinstance(features, dict) else ""
         raise ValueError(f"the model cannot take {what} ({shapes}): {first}") from None
+
+
+def check_output(forward, features, what):
+    """Runs `forward` (what the job trains) once on `features` (a small batch of the input:
+    `what` names it) and checks its output is one logit per example. Raises one ValueError
+    naming the fix."""
+    outputs = call_on(forward, features, what)
     if isinstance(outputs, (dict, list, tuple)):
         kind = f"a dict {sorted(outputs)}" if isinstance(outputs, dict) else f"a {type(outputs).__name__}"
         raise ValueError(f"the model returns {kind}; {_EXPECTED}: return that tensor, or give Job(forward=a layer "

@@ -126,7 +126,7 @@ class Job:
         config, topology = self.config, self.topology
         with topology.scope():
             if not self.model.built:  # variables (on the ps tasks in a cluster)
-                _checks.check_output(self.model, sample_features, what)
+                _checks.call_on(self.model, sample_features, what)
             _checks.check_output(self.forward, sample_features, what)
             parts = {"model": self.model, "optimizer": self.optimizer, "input_position": self.position}
             if stream is not None:
@@ -389,7 +389,8 @@ class Job:
         else:
             first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
             what, schema = f"the reader's batches (schema {data.schema.name!r})", data.schema
-            self._reader = data
+            # Its counter lives in this process: a parameter-server job's workers parse (and count) elsewhere.
+            self._reader = None if self.topology.coordinated else data
             dataset = lambda share: data.share_dataset(  # noqa: E731
                 config.batch_size, share, self.topology.num_shares, position=self.position, seed=config.seed,
                 split=split, num_epochs=None if config.steps else config.epochs)
