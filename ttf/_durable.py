@@ -82,3 +82,15 @@ def copy_tree_marker_last(source, destination, last):
         target = os.path.join(destination, name)
         tf.io.gfile.makedirs(os.path.dirname(target))
         tf.io.gfile.copy(os.path.join(source, name), target, overwrite=True)
+
+
+def move_into_place(temporary, final, last):
+    """Makes the written folder `temporary` appear whole as `final`: fsynced and renamed where
+    folders rename atomically, else copied with the files named in `last` last (then removed)."""
+    if renames_folders(final):
+        fsync_tree(temporary)
+        tf.io.gfile.rename(temporary, final)
+        fsync_path(os.path.dirname(final))
+    else:
+        copy_tree_marker_last(temporary, final, last)
+        remove_tree(temporary)

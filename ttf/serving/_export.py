@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from ttf._durable import copy_tree_marker_last, fsync_path, fsync_tree, remove_tree, renames_folders, write_text
+from ttf._durable import move_into_place, remove_tree, write_text
 from ttf.embedding import tables_in
 from ttf.embedding._logical import mix64, shard_of
 
@@ -371,9 +371,8 @@ def _input_specs(model, input_signature):
 
 
 def versions(base):
-    """The TF Serving versions under `base` (its all-digit folder names, any file system
-    tf.io.gfile reaches), ascending. On a file system without atomic folder renames (gs://,
-    s3://) a version may still be being copied: whole_version tells."""
+    """The TF Serving versions under `base` (its all-digit folder names, any tf.io.gfile path),
+    ascending; on gs://, s3://, ... one may still be being copied (whole_version tells)."""
     if not tf.io.gfile.isdir(base):
         return []
     names = [name.rstrip("/") for name in tf.io.gfile.listdir(base)]
@@ -422,13 +421,10 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     `assets.extra/ttf_serving.json`, and scale_bias_<i> for an int8 table) and `apply_dense`
     (dense_<j>: the model's variables); `lookup` (keys_<i> -> rows_<i>) reads the rows served.
 
-    Atomic: the version is written into `base/.tmp-<version>-<pid>` and its graph checked (a
-    ttf op left in it raises). On a local file system its files are fsynced and the folder
-    renamed to `base/<version>`, so a server polling `base` never sees a half-written
-    version. Elsewhere (gs://, s3://, hdfs://, ram://: any path tf.io.gfile reaches, where
-    renaming a folder copies each object) its files are copied into `base/<version>` with
-    `saved_model.pb` and then `assets.extra/ttf_serving.json` last: DeltaFollower waits for
-    the latter, and TF Serving's load fails (and is retried) until the former is there.
+    Atomic: the version is written into `base/.tmp-<version>-<pid>`, its graph checked (a ttf
+    op left in it raises), fsynced and renamed to `base/<version>`, so a server polling `base`
+    never sees a half-written version. On gs://, s3://, hdfs://, ram:// (no atomic folder
+    rename) it is copied there with saved_model.pb, then SERVING_INFO (the marker) last.
 
     Args:
       model: a built tf.keras model (called at least once) whose ttf layers are its submodules.
@@ -522,12 +518,7 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         if foreign:
             raise ValueError(f"export_for_serving: the serving graph still uses ttf ops {sorted(foreign)}; a layer "
                              "reads a ttf table outside a DynamicEmbedding's inference lookup")
-        if renames_folders(base):
-            fsync_tree(temporary)
-            tf.io.gfile.rename(temporary, final)  # atomic on one filesystem: the version appears whole
-            fsync_path(base)
-        else:  # the model before the graph, the marker last (module docstring of ttf/_durable.py)
-            copy_tree_marker_last(temporary, final, last=["saved_model.pb", SERVING_INFO])
+        move_into_place(temporary, final, last=["saved_model.pb", SERVING_INFO])  # the marker last
     finally:
         remove_tree(temporary)
     return final
