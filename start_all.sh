@@ -58,7 +58,7 @@ Training:
                        here, from the chief / rank 0; watch with `tensorboard --logdir D`
   --publish-dir BASE   publish to serving while training: a base version in TF Serving's layout
                        (BASE/<version>/), then deltas of the touched rows every --publish-every S
-                       (default 10); --dense-publish-every S (300), --rebase-every S (3600),
+                       (default 10); --dense-publish-every S (0), --rebase-every S (3600),
                        --export-rows fp32|fp16|int8 (docs/serving.md); with --stream: --stream-poll S,
                        --stream-journal FILE, --kafka-config FILE (TLS/SASL settings), --ttl-seconds S
                        (event-time TTL) (docs/streams.md)

@@ -4,8 +4,8 @@ freshness, with ttf.serving.Publisher and DeltaFollower on one process.
 - size: a table of --keys ids (dim --dim, Adagrad) is published as a base; then --touched
   ids (half held, half new) are trained in steps of --train-batch ids and one delta published. Reports the delta's bytes
   against 1.1 x rows x (8 + 4 x dim) (the target) for the rows it holds, and those rows
-  against the distinct ids trained since the previous delta (a delta starts one table step
-  before the previous snapshot, so it may repeat that step's rows).
+  against the distinct ids trained since the previous delta (a delta holds the rows touched
+  since the previous snapshot's table step: exactly those ids).
 - memory: a follower in its own process (DeltaFollower, no trainer in it) loads the base,
   serves one batch (steady state: VmRSS), then applies --deltas deltas of --touched rows
   each; its peak RSS while applying (VmHWM after /proc/self/clear_refs) against the steady
@@ -241,7 +241,6 @@ def size_and_memory(args, workdir, results):
     started = time.perf_counter()
     version = publisher.publish_base()
     print(f"[online] base version {version} in {time.perf_counter() - started:.1f} s", flush=True)
-    publisher.publish_delta()  # absorbs the rows of the step before the base's snapshot
     sizes = []
     for delta in range(args.deltas):
         ids = touched_ids(rng, args, delta)

@@ -4,7 +4,7 @@ the parts, quantizing int8 rows, bookkeeping) by difference.
 
 It times ttf.serving.Publisher itself, not a copy of it: the functions a publish calls are
 wrapped with timers (EmbeddingTable.export, ttf.serving._publish._write_file, _fingerprint,
-fsync_path, os.fsync, os.rename), a DeepFM (models/ctr.py, ttf tables, dim --dim) trains one
+fsync_path, write_text, tf.io.gfile.rename), a DeepFM (models/ctr.py, ttf tables, dim --dim) trains one
 step of --train-batch synthetic rows before each of --reps deltas, and the medians of each
 part over the deltas are printed with the delta's rows and bytes. One process; the publish
 folder is in the system's temporary folder (TMPDIR picks the disk).
@@ -82,8 +82,8 @@ def main(argv=None):
         _publish._write_file = timed(spent, "write part files", _publish._write_file)
         _publish._fingerprint = timed(spent, "checksum (farmhash64)", _publish._fingerprint)
         _publish.fsync_path = timed(spent, "fsync (parts, folders)", _publish.fsync_path)
-        os.fsync = timed(spent, "fsync (manifest)", os.fsync)
-        os.rename = timed(spent, "rename", os.rename)
+        _publish.write_text = timed(spent, "manifest (write + fsync)", _publish.write_text)
+        tf.io.gfile.rename = timed(spent, "rename", tf.io.gfile.rename)
         parts = collections.defaultdict(list)
         for i in range(args.reps):
             train(20 + i)

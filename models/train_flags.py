@@ -148,9 +148,11 @@ def parse_args(argv, description=None):
         p.error("--hvd-compression bf16 needs --tiacc (the native path uses horovod's DistributedOptimizer: none or fp16)")
     if args.publish_dir and not args.tiacc:
         p.error("--publish-dir publishes ttf tables: add --tiacc")
-    for name in ("publish_every", "dense_publish_every", "rebase_every"):
+    for name in ("publish_every", "rebase_every"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
+    if not args.dense_publish_every >= 0:
+        p.error(f"--dense-publish-every must be >= 0 seconds, got {args.dense_publish_every}")
     cluster_flags = [args.ps_hosts, args.worker_hosts, args.chief_host]
     if any(cluster_flags) and not all(cluster_flags) and not args.sync:
         p.error("a parameter-server job needs all of --ps-hosts, --worker-hosts and --chief-host")
@@ -247,8 +249,9 @@ def add_publish_args(p):
                             "--tiacc only. Example: --publish-dir /tmp/ctr_online --publish-every 5")
     group.add_argument("--publish-every", type=float, default=10.0,
                        help="seconds between deltas (default 10)")
-    group.add_argument("--dense-publish-every", type=float, default=300.0,
-                       help="seconds between deltas that also carry the dense weights (default 300)")
+    group.add_argument("--dense-publish-every", type=float, default=0.0,
+                       help="0 (default): the dense weights go with every delta in which they changed; S > 0: "
+                            "at most every S seconds (served rows may then run S seconds ahead of them)")
     group.add_argument("--rebase-every", type=float, default=3600.0,
                        help="seconds between new base versions, so a follower never replays more than that "
                             "(default 3600)")

@@ -85,7 +85,7 @@ def test_own_dataset_and_the_nan_guard():
 def test_publishing_serves_the_trained_rows(rows, tmp_path, row_dtype):
     """A job that publishes while it trains: a DeltaFollower of its folder predicts what the
     trained model predicts (the model's own output: logits), the job's last publish carrying
-    the dense weights too (they are due only every dense_every = 300 s). int8 rows: every
+    the dense weights too (they go with every delta in which they changed). int8 rows: every
     probability within 0.01."""
     base = tmp_path / "publish"
     job = make_job(steps=30, publish=ttf.distribute.PublishConfig(str(base), every=0.5, row_dtype=row_dtype))

@@ -24,11 +24,14 @@ class PublishConfig:
     """Publishing the model to serving while it trains (ttf.serving.Publisher).
 
     Attributes:
-      base: the serving base path: a base version base/<N>/ (TF Serving's layout), then deltas
-        base/deltas/<N>/<seq>/ of the rows touched and the ids deleted, each process writing
-        its own rows; ttf.serving.DeltaFollower(base) serves it.
+      base: the serving base path (any file system tf.io.gfile reaches: local, gs://, ...): a
+        base version base/<N>/ (TF Serving's layout), then deltas base/deltas/<N>/<seq>/ of
+        the rows touched and the ids deleted since the last one, each process writing its own
+        rows, none while nothing changed; ttf.serving.DeltaFollower(base).start() serves it.
       every: seconds between deltas (default 10).
-      dense_every: seconds between deltas that also carry the dense weights (default 300).
+      dense_every: 0 (default): the dense weights go with every delta in which they changed;
+        S > 0: at most every S seconds (the rows served may then run up to S seconds ahead of
+        the dense weights).
       rebase_every: seconds between new base versions (default 3600).
       row_dtype: "fp32" (default), "fp16" or "int8" (row-wise: a float scale and bias per row,
         dequantized by stock ops in the export's graph): the published rows' precision.
@@ -36,15 +39,20 @@ class PublishConfig:
 
     base: str
     every: float = 10.0
-    dense_every: float = 300.0
+    dense_every: float = 0.0
     rebase_every: float = 3600.0
     row_dtype: str = "fp32"
 
     def __post_init__(self):
         if not self.base:
             raise ValueError("PublishConfig.base must be a folder path, got an empty one")
-        for name in ("every", "dense_every", "rebase_every"):
+        for name in ("every", "rebase_every"):
             _positive("PublishConfig", name, getattr(self, name), number=float)
+        dense_every = self.dense_every
+        if not (isinstance(dense_every, (int, float)) and not isinstance(dense_every, bool)
+                and math.isfinite(dense_every) and dense_every >= 0):
+            raise ValueError(f"PublishConfig.dense_every must be a number of seconds >= 0 (0: with every delta in "
+                             f"which they changed), got {dense_every!r}")
         if self.row_dtype not in ROW_DTYPES:
             raise ValueError(f"PublishConfig.row_dtype must be one of {ROW_DTYPES}, got {self.row_dtype!r}")
 

@@ -18,6 +18,7 @@ keys, reading the input in place). Delta checkpoints (ttf.checkpoint) go through
 two methods: `export_table(since_step=S)` adds `deleted_keys`, and import_table applies
 such a delta on top of the current content; plus `reset_deleted()`.
 """
+import warnings
 import weakref
 
 import tensorflow as tf
@@ -175,6 +176,9 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
                 "rank's ids only. For serving, call ttf.distribute.horovod.export_for_serving(model, path) on every "
                 "rank (the whole table, written once by rank 0); for a checkpoint, "
                 "ttf.distribute.horovod.save_checkpoint(manager, step) on every rank (each writes its part).")
+        # Keras 3's model.export() and tf.saved_model.save come here; ttf.export_for_serving
+        # freezes the tables into stock ops and never does.
+        warnings.warn(SAVED_MODEL_NEEDS_TTF, UserWarning, stacklevel=2)
         object_map[self] = _SavedModelLogicalTable(self._layer(), object_map)
         self.saved_model_save = True
         return []
@@ -187,6 +191,12 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
     def _restore_from_tensors(self, restored_tensors):
         self.restored = True
         return self.layer.import_table(restored_tensors)
+
+
+SAVED_MODEL_NEEDS_TTF = (
+    "ttf: this SavedModel holds ttf tables, so only a process that imports ttf can load it (TF Serving and stock "
+    "TensorFlow refuse it: Op type not registered 'TtfTable...'); to serve the model, write it with "
+    "ttf.export_for_serving(model, base)")
 
 
 class _SavedModelLogicalTable(tf.__internal__.tracking.Trackable):

@@ -6,10 +6,12 @@ bias per row) and writes the next version `base/<N>/` of TF Serving's layout, at
 temporary folder renamed into place). Its `serving_default` signature takes the model's input features by name.
 TensorFlow Serving, or any process with plain TensorFlow, loads it without ttf's op library.
 
-Online serving: `Publisher(model, base)` writes a base version and then deltas (rows touched,
-keys deleted) every few seconds; `DeltaFollower(base)` serves the newest base and applies the
+Online serving: `Publisher(model, base)` writes a base version and then, every few seconds,
+a delta of what changed (rows touched, keys deleted, the dense weights if they changed; none
+while nothing did); `DeltaFollower(base).start()` serves the newest base and applies the
 deltas in place through the export's `apply_delta` signature, in a background thread woken by
-inotify after `start()` (docs/serving.md).
+inotify (polling elsewhere) (docs/serving.md). Every path goes through tf.io.gfile: local,
+gs://, s3://, hdfs://, ram://.
 """
 from ttf.serving._export import FrozenTable, HashedShard, HashedTable, bucket_hash, export_for_serving, versions
 from ttf.serving._follow import DeltaFollower

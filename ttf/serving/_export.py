@@ -9,13 +9,12 @@ table and TF's saver writes each shard's rows where they are.
 """
 import json
 import os
-import shutil
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from ttf._durable import fsync_path, fsync_tree
+from ttf._durable import move_into_place, remove_tree, write_text
 from ttf.embedding import tables_in
 from ttf.embedding._logical import mix64, shard_of
 
@@ -372,10 +371,17 @@ def _input_specs(model, input_signature):
 
 
 def versions(base):
-    """The TF Serving versions under `base` (its all-digit folder names), ascending."""
-    if not os.path.isdir(base):
+    """The TF Serving versions under `base` (its all-digit folder names, any tf.io.gfile path),
+    ascending; on gs://, s3://, ... one may still be being copied (whole_version tells)."""
+    if not tf.io.gfile.isdir(base):
         return []
-    return sorted(int(name) for name in os.listdir(base) if name.isdigit() and os.path.isdir(os.path.join(base, name)))
+    names = [name.rstrip("/") for name in tf.io.gfile.listdir(base)]
+    return sorted(int(name) for name in names if name.isdigit() and tf.io.gfile.isdir(os.path.join(base, name)))
+
+
+def whole_version(path):
+    """True once the version folder `path` is whole: its SERVING_INFO, written last, is there."""
+    return tf.io.gfile.exists(os.path.join(path, SERVING_INFO))
 
 
 _SHAPE_ONLY = {"Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "IdentityN"}
@@ -415,9 +421,10 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
     `assets.extra/ttf_serving.json`, and scale_bias_<i> for an int8 table) and `apply_dense`
     (dense_<j>: the model's variables); `lookup` (keys_<i> -> rows_<i>) reads the rows served.
 
-    Atomic: the version is written into `base/.tmp-<version>-<pid>`, its files fsynced, then
-    renamed to `base/<version>`, so a server polling `base` never sees a half-written version.
-    The written graph is checked before the rename: a ttf op left in it raises.
+    Atomic: the version is written into `base/.tmp-<version>-<pid>`, its graph checked (a ttf
+    op left in it raises), fsynced and renamed to `base/<version>`, so a server polling `base`
+    never sees a half-written version. On gs://, s3://, hdfs://, ram:// (no atomic folder
+    rename) it is copied there with saved_model.pb, then SERVING_INFO (the marker) last.
 
     Args:
       model: a built tf.keras model (called at least once) whose ttf layers are its submodules.
@@ -460,7 +467,7 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
         raise ValueError(f"export_for_serving: version must be a positive int (TF Serving's folder name), got "
                          f"{version!r}")
     final = os.path.join(base, str(version))
-    if os.path.exists(final):
+    if tf.io.gfile.exists(final):
         raise ValueError(f"export_for_serving: {final} exists; TF Serving never reloads a version in place: pass "
                          "another version (the default takes the next free one)")
     layers = tables_in(model)
@@ -498,25 +505,22 @@ def export_for_serving(model, base, version=None, input_signature=None, output_n
             "dense": [{"name": v.name, "shape": list(v.shape), "dtype": tf.as_dtype(v.dtype).name}
                       for v in module.model_variables],
             "exported_steps": {layer.name: table.exported_steps.tolist() for layer, table in zip(layers, frozen)}}
-    os.makedirs(base, exist_ok=True)
+    tf.io.gfile.makedirs(base)
     temporary = os.path.join(base, f".tmp-{version}-{os.getpid()}")
-    shutil.rmtree(temporary, ignore_errors=True)
+    remove_tree(temporary)
     try:
         tf.saved_model.save(module, temporary, signatures=signatures)
         if _finish is not None:
             _finish(temporary)
-        os.makedirs(os.path.join(temporary, os.path.dirname(SERVING_INFO)), exist_ok=True)
-        with open(os.path.join(temporary, SERVING_INFO), "w") as f:
-            json.dump(info, f)
+        tf.io.gfile.makedirs(os.path.join(temporary, os.path.dirname(SERVING_INFO)))
+        write_text(os.path.join(temporary, SERVING_INFO), json.dumps(info))
         foreign = _ttf_ops_in(temporary)
         if foreign:
             raise ValueError(f"export_for_serving: the serving graph still uses ttf ops {sorted(foreign)}; a layer "
                              "reads a ttf table outside a DynamicEmbedding's inference lookup")
-        fsync_tree(temporary)
-        os.rename(temporary, final)  # atomic on one filesystem: the version appears whole
-        fsync_path(base)
+        move_into_place(temporary, final, last=["saved_model.pb", SERVING_INFO])  # the marker last
     finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+        remove_tree(temporary)
     return final
 
 
@@ -584,7 +588,7 @@ def _apply_dense_signature(module):
 def _ttf_ops_in(path):
     """The Ttf* op types anywhere in the SavedModel at `path` (graph and function library)."""
     saved = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+    with tf.io.gfile.GFile(os.path.join(path, "saved_model.pb"), "rb") as f:
         saved.ParseFromString(f.read())
     found = set()
     for meta_graph in saved.meta_graphs:

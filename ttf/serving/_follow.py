@@ -14,7 +14,8 @@ import time
 
 import tensorflow as tf
 
-from ttf.serving._export import SERVING_INFO, versions
+from ttf._durable import read_text
+from ttf.serving._export import SERVING_INFO, versions, whole_version
 from ttf.serving._publish import DELTAS, FORMAT, FORMAT_INT8, MANIFEST
 from ttf.serving._watch import FolderWatch
 
@@ -24,10 +25,12 @@ class DeltaFollower:
     order without reloading, and serves `predict(features)` (the serving_default signature).
 
     `start()` follows in a background thread: it learns of a new delta or base by inotify
-    where `base` is on a local Linux filesystem, else by polling every `poll_seconds`
+    where `base` is on a local Linux filesystem, else (gs://, s3://, hdfs://, a network
+    filesystem: any path tf.io.gfile reaches) by polling every `poll_seconds`
     (`watcher` says which), and syncs at once; `predict` runs meanwhile, never waiting for an
     apply. Or call `sync()` yourself every few seconds. A sync loads a newer base when one
-    appears (the only reload: a new base arrives every rebase_every seconds), then applies
+    appears (the only reload: a new base arrives every rebase_every seconds; a version is
+    whole once its assets.extra/ttf_serving.json, written last, is there), then applies
     every whole delta after `sequence`. Each table's update is swapped in whole: a `predict`
     sees all of a delta's rows of a table or none (HashedTable), and before applying a delta
     the follower waits for the predictions still reading the mapping two deltas back, whose
@@ -81,7 +84,7 @@ class DeltaFollower:
         """Follows in a background thread (inotify or polling: `watcher`); returns self."""
         if self._thread is not None:
             raise ValueError("DeltaFollower.start: already following; stop() first")
-        self._watch = FolderWatch(self.base if os.path.isdir(self.base) else os.path.dirname(self.base) or ".",
+        self._watch = FolderWatch(self.base if tf.io.gfile.isdir(self.base) else os.path.dirname(self.base) or ".",
                                   self._watch_mode)
         self.watcher = self._watch.kind
         self._stopping = False
@@ -110,7 +113,7 @@ class DeltaFollower:
         while not self._stopping:
             # watch first, then sync: whatever appears after the sync's listing wakes the wait.
             folders = [self.base, os.path.join(self.base, DELTAS)]
-            if not os.path.isdir(self.base):  # not published yet: its creation wakes us
+            if self._watch.kind == "inotify" and not os.path.isdir(self.base):  # not published yet: its creation wakes us
                 folders.append(os.path.dirname(os.path.abspath(self.base)))
             if self.version is not None:
                 folders.append(os.path.join(self.base, DELTAS, str(self.version)))
@@ -134,9 +137,12 @@ class DeltaFollower:
             return self._sync()
 
     def _sync(self):
-        found = versions(self.base)
-        if found and (self.version is None or found[-1] > self.version):
-            self._load(found[-1])
+        for version in reversed(versions(self.base)):  # the newest whole version, if newer than the one served
+            if self.version is not None and version <= self.version:
+                break
+            if whole_version(os.path.join(self.base, str(version))):
+                self._load(version)
+                break
         if self._loaded is None or self.refused is not None:
             return 0
         applied = 0
@@ -163,11 +169,10 @@ class DeltaFollower:
             raise ValueError(f"DeltaFollower: no base version under {self.base} yet")
         if self.refused is not None:
             return False
-        try:
-            with open(os.path.join(path, MANIFEST)) as f:
-                manifest = json.load(f)
-        except FileNotFoundError:
+        if not tf.io.gfile.exists(os.path.join(path, MANIFEST)):
             return False  # the manifest is written last: not whole yet
+        try:
+            manifest = json.loads(read_text(os.path.join(path, MANIFEST)))
         except ValueError as err:
             return self._refuse(f"{path}/{MANIFEST}: not a delta manifest ({err})")
         problem = _manifest_problem(manifest)
@@ -273,8 +278,7 @@ class DeltaFollower:
 
     def _load(self, version):
         path = os.path.join(self.base, str(version))
-        with open(os.path.join(path, SERVING_INFO)) as f:
-            info = json.load(f)
+        info = json.loads(read_text(os.path.join(path, SERVING_INFO)))
         loaded = tf.saved_model.load(path)
         with self._readers_changed:  # predictions already running keep the version they started on
             self._loaded, self._info = loaded, info  # the previous version is released after them
@@ -283,9 +287,10 @@ class DeltaFollower:
     def _deltas(self):
         """[(sequence, folder)] of the current base's whole-named deltas, ascending."""
         folder = os.path.join(self.base, DELTAS, str(self.version))
-        if not os.path.isdir(folder):
+        if not tf.io.gfile.isdir(folder):
             return []
-        return sorted((int(name), os.path.join(folder, name)) for name in os.listdir(folder) if name.isdigit())
+        names = [name.rstrip("/") for name in tf.io.gfile.listdir(folder)]
+        return sorted((int(name), os.path.join(folder, name)) for name in names if name.isdigit())
 
     def _read(self, path, part):
         """A part's three (or, dense, N) serialized tensors, after its checksum; None if refused."""

@@ -4,7 +4,7 @@
     BASE/deltas/<version>/<sequence>/        one delta, sequence 1, 2, ... (10 digits)
         manifest.json                        written last: base version, sequence, parts, checksums
         <table>-<shard>-<piece>.delta        one shard's piece: keys, rows, deleted keys
-        dense.delta                          the dense variables (every dense_publish_every)
+        dense.delta                          the dense variables, when they changed
 
 A part file is `tf.io.serialize_tensor` of a string vector [3]: the serialized keys int64 [K],
 rows [K, dim] (float32 or float16) and deleted keys int64 [D]; with int8 rows (format 2) a
@@ -13,25 +13,30 @@ vector [4] whose fourth is each row's scale and bias float32 [K, 2]. Its checksu
 
 Each table shard's part is exported, serialized and written by ops placed on the shard's
 device (a parameter server writes its own rows); the publishing process gets back only
-counts and checksums. A delta is written in `deltas/<version>/.tmp-<sequence>-<pid>/`, each
-file fsynced, the manifest last, then renamed into place: a follower never sees part of one.
+counts and checksums. Every path goes through tf.io.gfile (local, gs://, s3://, hdfs://,
+ram://). On a local file system a delta is written in `deltas/<version>/.tmp-<sequence>-<pid>/`,
+each file fsynced, the manifest last, then renamed into place; elsewhere (no atomic folder
+rename) it is written in its own folder with the manifest last. Either way a follower, which
+applies a delta only once its manifest is there, never sees part of one.
 
 The rows of a delta are those touched since the last delta (each shard's own "since" marker,
 the table step at its last published snapshot), and the deleted keys come from the shard's
 "publish" record of deleted keys, which only the Publisher resets: checkpoints keep their own
-record and step, so publishing never disturbs a chain of delta checkpoints.
+record and step, so publishing never disturbs a chain of delta checkpoints. Nothing changed
+(no table step advanced, no key deleted, the dense weights the same): no delta.
 """
 import json
 import os
-import shutil
 import sys
 import time
 
 import tensorflow as tf
 
-from ttf._durable import fsync_path
+from ttf._durable import fsync_path, read_text, remove_tree, renames_folders, write_text
 from ttf._keras import tables_in
-from ttf.serving._export import check_row_dtype, export_for_serving, quantize_rows, versions
+from ttf._ops import ops
+from ttf.embedding._table import CHANGE_LOG_READERS
+from ttf.serving._export import SERVING_INFO, check_row_dtype, export_for_serving, quantize_rows, versions
 
 DELTAS = "deltas"
 MANIFEST = "manifest.json"
@@ -61,8 +66,7 @@ def _write_file(path, blob):
 def exported_steps(path):
     """(version, {table name: [table step of each shard at the snapshot]}) of the serving
     version at `path` (export_for_serving's record, assets.extra/ttf_serving.json)."""
-    with open(os.path.join(path, "assets.extra", "ttf_serving.json")) as f:
-        return int(os.path.basename(path)), json.load(f)["exported_steps"]
+    return int(os.path.basename(path)), json.loads(read_text(os.path.join(path, SERVING_INFO)))["exported_steps"]
 
 
 def _fingerprint(blob):
@@ -72,22 +76,36 @@ def _fingerprint(blob):
 
 class Publisher:
     """Publishes a Keras model's ttf tables for a DeltaFollower (and TF Serving): a base
-    version, then deltas of the rows touched and the keys deleted, every few seconds.
+    version, then deltas of what changed, every few seconds.
 
-    Call `maybe_publish()` from the training loop (it returns at once unless a publish is
-    due) and `publish()` at the end. The first call writes a base version (the next free
-    version under `base`, so a restarted trainer starts a new base that followers switch
-    to); a new base follows every `rebase_every` seconds, so a follower that fell behind
-    never replays more than that. Dense weights go into a delta every
-    `dense_publish_every` seconds. A write that fails (a full disk) prints one line and
-    pauses publishing; training goes on, each later call retries, and the first that
-    succeeds says so and publishes everything since the last whole delta (no row or
-    deletion is lost: markers advance only when a delta is whole).
+    Call `maybe_publish()` from the training loop, between steps (it returns at once unless a
+    publish is due), and `publish()` at the end. The first call writes a base version (the
+    next free version under `base`, so a restarted trainer starts a new base that followers
+    switch to); a new base follows every `rebase_every` seconds in which something changed,
+    so a follower that fell behind never replays more than that.
+
+    A delta holds what changed since the last one, and nothing when nothing did: the rows
+    of each table shard touched since its last snapshot (its table step then), the keys
+    deleted since, and the dense weights when they changed (by default in every delta in
+    which they did: the rows served never run ahead of the dense weights they were trained
+    with). An idle job (no step, no eviction) writes no delta. Between steps means no update
+    of a table runs during the snapshot (ttf.distribute.Job publishes after each step or
+    round); a step still running then on another thread would have its rows sent again in the
+    next delta only if its table step is above the snapshot's.
+
+    A write that fails (a full disk) prints one line and pauses publishing; training goes on,
+    each later call retries, and the first that succeeds says so and publishes everything
+    since the last whole delta (no row or deletion is lost: markers advance only when a delta
+    is whole).
 
     Args:
       model: a built Keras model with ttf tables (one process or parameter servers).
-      base: the publish folder (TF Serving's base path).
-      publish_every, dense_publish_every, rebase_every: seconds (> 0).
+      base: the publish folder (TF Serving's base path), on any file system tf.io.gfile
+        reaches (local, gs://, s3://, hdfs://, ram://).
+      publish_every, rebase_every: seconds (> 0).
+      dense_publish_every: 0 (default): the dense weights go with every delta in which they
+        changed; S > 0: at most every S seconds (a model whose dense weights are large next
+        to its rows; the rows served may then be up to S seconds ahead of them).
       row_dtype: tf.float32, tf.float16 or tf.int8 rows (row-wise affine, a float32 scale and
         bias each: ttf.export_for_serving), in the base and in the deltas.
       keep_versions: base versions kept (older ones and their deltas are removed).
@@ -106,16 +124,18 @@ class Publisher:
       >>> publisher = ttf.serving.Publisher(model, tempfile.mkdtemp())
       >>> publisher.publish()  # the base: (version, sequence)
       (1, 0)
-      >>> publisher.publish()  # a delta
-      (1, 1)
+      >>> publisher.publish()  # nothing changed since: no delta
+      (1, 0)
     """
 
-    def __init__(self, model, base, publish_every=10.0, dense_publish_every=300.0, rebase_every=3600.0,
+    def __init__(self, model, base, publish_every=10.0, dense_publish_every=0.0, rebase_every=3600.0,
                  row_dtype=tf.float32, keep_versions=2, clock=time.monotonic):
-        for name, value in (("publish_every", publish_every), ("dense_publish_every", dense_publish_every),
-                            ("rebase_every", rebase_every)):
+        for name, value in (("publish_every", publish_every), ("rebase_every", rebase_every)):
             if not value > 0:
                 raise ValueError(f"Publisher: {name} must be > 0 seconds, got {value!r}")
+        if not dense_publish_every >= 0:
+            raise ValueError(f"Publisher: dense_publish_every must be >= 0 seconds (0: with every delta in which "
+                             f"they changed), got {dense_publish_every!r}")
         row_dtype = check_row_dtype(row_dtype, "Publisher")
         if not isinstance(keep_versions, int) or keep_versions < 1:
             raise ValueError(f"Publisher: keep_versions must be an int >= 1, got {keep_versions!r}")
@@ -134,32 +154,40 @@ class Publisher:
         self.paused = None  # the cause, while writes fail
         self._since = {}  # (table name, shard) -> table step: rows last seen after it go in the next delta
         self._pending_deleted = {}  # (table name, shard) -> deleted keys (on the shard's device) not yet published
+        self._dense_fingerprint = None  # of the dense weights the follower serves (the base's or a delta's)
         self._need_base = True
         self._last_base = self._last_publish = self._last_dense = None
 
     # -- the loop's calls
 
     def maybe_publish(self):
-        """Publishes if one is due (a base, or a delta every publish_every seconds); returns
-        (version, sequence) when something was published, else None. Never raises for a
-        failed write: it prints one line and retries at the next interval."""
+        """Publishes if one is due (a base, or a delta every publish_every seconds) and
+        something changed; returns (version, sequence) when something was published, else
+        None. Never raises for a failed write: it prints one line and retries at the next
+        interval."""
         now = self.clock()
         due = self._need_base or self._last_publish is None or now - self._last_publish >= self.publish_every
         if not self._agree(due):
             return None
-        return self.publish()
+        before = (self.version, self.sequence)
+        published = self.publish()
+        return published if published != before else None
 
     def publish(self, with_dense=False):
-        """Publishes now (a base if one is due, else a delta; with_dense: the delta carries the
-        dense weights whether or not they are due, e.g. a job's last publish); returns
-        (version, sequence), or None when the write failed (see maybe_publish)."""
+        """Publishes now what changed (a base if one is due, else a delta; with_dense: the
+        delta carries the dense weights if they changed, whether or not dense_publish_every
+        has passed, e.g. a job's last publish); returns (version, sequence), unchanged when
+        nothing changed, or None when the write failed (see maybe_publish)."""
         now = self.clock()
         self._last_publish = now
         try:
-            if self._agree(self._need_base or now - self._last_base >= self.rebase_every):
+            rebase = self._need_base or now - self._last_base >= self.rebase_every
+            # A new base when one is due and it would differ from the current one.
+            if self._agree(rebase) and (self._need_base or self.sequence > 0 or self._any(self._changed_shards())):
                 self.publish_base()
             else:
-                self.publish_delta(dense=self._agree(with_dense or now - self._last_dense >= self.dense_publish_every))
+                dense_due = with_dense or now - self._last_dense >= self.dense_publish_every
+                self.publish_delta(dense=self._agree(dense_due))
         except (OSError, tf.errors.OpError) as error:
             cause = getattr(error, "message", None) or str(error)
             if self.paused is None:
@@ -180,9 +208,10 @@ class Publisher:
         restarts in that snapshot); deltas then start again at sequence 1."""
         self._need_base = True  # until the base is whole: the records were reset by the export
         version, steps = self._export_base()
-        # Updates racing the snapshot at table step t may still stamp t: start the deltas at t - 1.
-        self._since = {(layer.name, shard): steps[layer.name][shard] - 1 for layer, shard, _ in self._shards()}
+        # Published between steps: every row last seen at or before the snapshot's table step is in it.
+        self._since = {(layer.name, shard): steps[layer.name][shard] for layer, shard, _ in self._shards()}
         self._pending_deleted = {}
+        self._dense_fingerprint = self._dense()[1] if self._writes_shared else None
         self.version, self.sequence = version, 0
         self._need_base = False
         now = self.clock()
@@ -192,80 +221,124 @@ class Publisher:
         return self.version
 
     def publish_delta(self, dense=False):
-        """Writes delta sequence + 1 of the current base: each shard's rows touched since its
-        marker and its deleted keys (and the dense variables when `dense`); returns the
-        sequence. A failure leaves no visible delta and loses nothing (see maybe_publish)."""
+        """Writes delta sequence + 1 of the current base if anything changed: each changed
+        shard's rows touched since its marker and its deleted keys, and, when `dense`, the
+        dense variables if they changed since the base or the last delta carrying them.
+        Returns the sequence, or None when nothing changed (nothing written). A failure
+        leaves no whole delta and loses nothing (see maybe_publish)."""
         if self.version is None:
             raise ValueError("Publisher.publish_delta: no base version yet; call publish() first")
+        changed = self._changed_shards()
+        blob = None
+        if dense and self._writes_shared:
+            blob, fingerprint = self._dense()
+            if fingerprint == self._dense_fingerprint:
+                blob = None
+        if not self._agree(blob is not None) and not self._any(changed):
+            return None
         sequence = self.sequence + 1
+        if self._writes_shared:  # a delta that landed though its write reported a failure: the next one
+            while tf.io.gfile.exists(os.path.join(delta_folder(self.base, self.version, sequence), MANIFEST)):
+                sequence += 1
+        sequence = self._agree(sequence)
         folder = os.path.join(self.base, DELTAS, str(self.version))
-        temporary = os.path.join(folder, f".tmp-{sequence}-{self._agree(os.getpid())}")
+        final = delta_folder(self.base, self.version, sequence)
+        atomic = renames_folders(self.base)
+        target = os.path.join(folder, f".tmp-{sequence}-{self._agree(os.getpid())}") if atomic else final
         made = True
         if self._writes_shared:
-            shutil.rmtree(temporary, ignore_errors=True)
             try:
-                os.makedirs(temporary)
-            except OSError as error:
-                made = str(error)
+                remove_tree(target)  # a failed attempt's parts (no manifest: never applied)
+                tf.io.gfile.makedirs(target)
+            except (OSError, tf.errors.OpError) as error:
+                made = getattr(error, "message", None) or str(error)
         made = self._agree(made)  # the folder exists before any process writes its parts into it
         if made is not True:
             raise OSError(made)
         try:
-            written = {"error": None, "parts": [], "dense": None}
-            since = {}
-            try:
-                for layer, shard, table in self._shards():
-                    key = (layer.name, shard)
-                    with tf.device(table._resource_device):  # pylint: disable=protected-access
-                        exported = table.export(since_step=self._since[key], reset_deleted=True, record="publish")
-                        deleted = exported["deleted_keys"]
-                        if key in self._pending_deleted:  # from deltas that failed: kept until one is whole
-                            deleted = tf.concat([self._pending_deleted[key], deleted], 0)
-                        self._pending_deleted[key] = deleted
-                        rows, scale_bias = exported["values"][:, : layer.dim], None
-                        if self.row_dtype == tf.int8:  # quantized where the rows are (the shard's device)
-                            rows, scale_bias = quantize_rows(rows)
-                        rows = tf.cast(rows, self.row_dtype)
-                        since[key] = int(exported["step"]) - 1
-                        written["parts"] += self._write_shard(temporary, layer, shard, exported["keys"], rows, deleted,
-                                                              scale_bias)
-                if dense and self._writes_shared:
-                    written["dense"] = self._write_dense(temporary)
-            except (OSError, tf.errors.OpError) as error:
-                written["error"] = (getattr(error, "message", None) or str(error)).splitlines()[0]
-            every = self._gather(written)
-            failed = "; ".join(w["error"] for w in every if w["error"])
-            if failed:
-                raise OSError(failed)
+            written = self._write_parts(target, changed, blob)
             outcome = None
             if self._writes_shared:
                 try:
-                    manifest = {"format": FORMAT_INT8 if self.row_dtype == tf.int8 else FORMAT,
-                                "base_version": self.version, "sequence": sequence,
-                                "row_dtype": self.row_dtype.name, "published_at": time.time(),
-                                "tables": [layer.name for layer in self.layers],
-                                "parts": [part for w in every for part in w["parts"]], "dense": written["dense"]}
-                    with open(os.path.join(temporary, MANIFEST), "w") as f:
-                        json.dump(manifest, f)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    fsync_path(temporary)
-                    os.rename(temporary, delta_folder(self.base, self.version, sequence))  # whole, or not there
-                    fsync_path(folder)
-                except OSError as error:
-                    outcome = str(error)
+                    self._write_manifest(target, sequence, written["every"], written["dense"])
+                    if atomic:
+                        fsync_path(target)
+                        tf.io.gfile.rename(target, final)  # whole, or not there
+                        fsync_path(folder)
+                except (OSError, tf.errors.OpError) as error:
+                    outcome = getattr(error, "message", None) or str(error)
             outcome = self._agree(outcome)
             if outcome is not None:
                 raise OSError(outcome)
         finally:
-            if self._writes_shared:
-                shutil.rmtree(temporary, ignore_errors=True)
-        self._since.update(since)
+            if self._writes_shared and atomic:
+                remove_tree(target)
+        self._since.update(written["steps"])
         self._pending_deleted = {}
         self.sequence = sequence
-        if dense:
+        if written["dense"] is not None:
+            self._dense_fingerprint = written["dense"]["fingerprint"]
             self._last_dense = self.clock()
         return sequence
+
+    def _changed_shards(self):
+        """The (layer, shard, table) of this process whose rows or deletions changed since the
+        last snapshot: its table step moved (only an update moves it, and an update stamps
+        the rows it touches with its step), or keys were deleted (evictions need no step)."""
+        changed = []
+        reader = CHANGE_LOG_READERS["publish"]
+        for layer, shard, table in self._shards():
+            key = (layer.name, shard)
+            with tf.device(table._resource_device):  # pylint: disable=protected-access
+                moved = int(table.stats()[2]) != self._since[key] or key in self._pending_deleted
+                if not moved:
+                    deleted = ops().ttf_table_deleted_keys(table.resource_handle, reset=False, record=reader)
+                    moved = int(tf.size(deleted)) > 0
+            if moved:
+                changed.append((layer, shard, table))
+        return changed
+
+    def _write_parts(self, target, changed, blob):
+        """Writes the changed shards' parts (each on its shard's device) and the dense part
+        (`blob`, or None) into `target`; returns {"every": every process's part entries,
+        "steps": the new markers, "dense": the dense entry or None}, raising OSError when
+        any process failed."""
+        written = {"error": None, "parts": [], "dense": None}
+        steps = {}
+        try:
+            for layer, shard, table in changed:
+                key = (layer.name, shard)
+                with tf.device(table._resource_device):  # pylint: disable=protected-access
+                    exported = table.export(since_step=self._since[key], reset_deleted=True, record="publish")
+                    deleted = exported["deleted_keys"]
+                    if key in self._pending_deleted:  # from deltas that failed: kept until one is whole
+                        deleted = tf.concat([self._pending_deleted[key], deleted], 0)
+                    self._pending_deleted[key] = deleted
+                    rows, scale_bias = exported["values"][:, : layer.dim], None
+                    if self.row_dtype == tf.int8:  # quantized where the rows are (the shard's device)
+                        rows, scale_bias = quantize_rows(rows)
+                    rows = tf.cast(rows, self.row_dtype)
+                    steps[key] = int(exported["step"])
+                    written["parts"] += self._write_shard(target, layer, shard, exported["keys"], rows, deleted,
+                                                          scale_bias)
+            if blob is not None:
+                written["dense"] = self._write_dense(target, blob)
+        except (OSError, tf.errors.OpError) as error:
+            written["error"] = (getattr(error, "message", None) or str(error)).splitlines()[0]
+        every = self._gather(written)
+        failed = "; ".join(w["error"] for w in every if w["error"])
+        if failed:
+            raise OSError(failed)
+        return {"every": every, "steps": steps, "dense": written["dense"]}
+
+    def _write_manifest(self, target, sequence, every, dense):
+        """manifest.json, written (and fsynced) last: a follower applies a delta only once it is there."""
+        manifest = {"format": FORMAT_INT8 if self.row_dtype == tf.int8 else FORMAT,
+                    "base_version": self.version, "sequence": sequence,
+                    "row_dtype": self.row_dtype.name, "published_at": time.time(),
+                    "tables": [layer.name for layer in self.layers],
+                    "parts": [part for w in every for part in w["parts"]], "dense": dense}
+        write_text(os.path.join(target, MANIFEST), json.dumps(manifest))
 
     # -- what differs in a job of several publishing processes (ttf.distribute.horovod.Publisher)
 
@@ -278,6 +351,10 @@ class Publisher:
     def _gather(self, written):
         """Every publishing process's `written` report of a delta (here: this process's)."""
         return [written]
+
+    def _any(self, changed):
+        """True when `changed` (this process's changed shards) is not empty on some process."""
+        return any(report["changed"] for report in self._gather({"error": None, "changed": bool(changed)}))
 
     def _shards(self):
         """(layer, shard number, table) of every table shard this process publishes."""
@@ -304,26 +381,30 @@ class Publisher:
             blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(field) for field in fields]))
             name = f"{layer.name}-{shard}-{piece}.delta"
             path = os.path.join(folder, name)
-            _write_file(path, blob)
+            size = _write_file(path, blob)
             fsync_path(path)
             entries.append({"file": name, "table": layer.name, "shard": shard, "rows": end - start,
-                            "deleted": int(piece_deleted.shape[0]), "bytes": os.path.getsize(path),
-                            "fingerprint": _fingerprint(blob)})
+                            "deleted": int(piece_deleted.shape[0]), "bytes": size, "fingerprint": _fingerprint(blob)})
         return entries
 
-    def _write_dense(self, folder):
-        """The model's variables (export_for_serving's order) in one file; dense weights are small."""
+    def _dense(self):
+        """(the model's variables serialized in export_for_serving's order, its fingerprint)."""
         with tf.device("CPU:0"):
             blob = tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(tf.convert_to_tensor(v))
                                                     for v in self.model.variables]))
+        return blob, _fingerprint(blob)
+
+    def _write_dense(self, folder, blob):
+        """The dense part: the model's variables in one file (small next to a delta's rows:
+        docs/serving.md)."""
         path = os.path.join(folder, "dense.delta")
-        _write_file(path, blob)
+        size = _write_file(path, blob)
         fsync_path(path)
-        return {"file": "dense.delta", "variables": len(self.model.variables), "bytes": os.path.getsize(path),
+        return {"file": "dense.delta", "variables": len(self.model.variables), "bytes": size,
                 "fingerprint": _fingerprint(blob)}
 
     def _remove_old_versions(self):
         """Keeps the keep_versions newest base versions (and their deltas)."""
         for version in versions(self.base)[: -self.keep_versions]:
-            shutil.rmtree(os.path.join(self.base, str(version)), ignore_errors=True)
-            shutil.rmtree(os.path.join(self.base, DELTAS, str(version)), ignore_errors=True)
+            remove_tree(os.path.join(self.base, str(version)))
+            remove_tree(os.path.join(self.base, DELTAS, str(version)))

@@ -2,7 +2,7 @@
 
 Linux inotify through ctypes on libc (no dependency) where the folder is on a local
 filesystem; elsewhere (another OS, a network or FUSE filesystem, whose remote writers raise no
-local event) it polls. Either way `wait` also returns after its timeout, so a missed event
+local event, a gs://, s3://, hdfs:// or ram:// path of tf.io.gfile) it polls. Either way `wait` also returns after its timeout, so a missed event
 (an inotify queue overflow) costs one interval, never a stall.
 """
 import ctypes
@@ -52,6 +52,8 @@ class FolderWatch:
         self.kind = "polling (asked for)" if mode == "polling" else self._start_inotify(folder)
 
     def _start_inotify(self, folder):
+        if "://" in folder:
+            return f"polling ({folder.split('://')[0]}:// is not a local filesystem)"
         if not sys.platform.startswith("linux"):
             return f"polling ({sys.platform} has no inotify)"
         kind = filesystem_type(folder)
