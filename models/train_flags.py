@@ -297,14 +297,15 @@ def add_stream_args(p):
 
 
 def check_data_paths(p, args):
-    """--data and --eval-data: existing files, globs or folders, all of one format."""
+    """--data and --eval-data (files, globs or folders) of one format. A missing path or a folder
+    without data files is the Reader's one-line error (exit 2) when train.py opens them."""
     formats = {}
     for flag, paths in (("--data", [] if args.synthetic else args.data), ("--eval-data", args.eval_data or [])):
         if paths:
             try:
                 formats[flag] = ttf.data.data_format(ttf.data.expand_paths(paths))
-            except (ValueError, OSError) as err:
-                p.error(f"{flag}: {err}")
+            except (ValueError, OSError):
+                continue  # raised again, as one line, by ttf.data.Reader in train.py
     if len(set(formats.values())) > 1:
         p.error(f"--data is {formats['--data']}, --eval-data {formats['--eval-data']}: give one format per job")
 

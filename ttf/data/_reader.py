@@ -112,10 +112,6 @@ def _first_lines(path):
 def _check_file(path, schema):
     """Checks one data file against the schema's header rule; returns the number of its
     first data line (2 after a header, else 1). Raises a one-line error naming the file."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"data file not found: {path}")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a directory; give the data files in it (for example {path}/*)")
     if path.endswith(".gz"):
         _check_gzip(path)
     lines = _first_lines(path)
@@ -141,8 +137,9 @@ def _check_file(path, schema):
 class Reader:
     """Reads CTR log files by a schema into batches for training.
 
-    Each file is delimited text, plain or gzip (`.gz`), with the columns the schema
-    declares (ttf.data.Schema: label, dense, categorical, multi-hot, hour stamp, skipped
+    Each file is delimited text, plain or gzip (`.gz`), Parquet, or TFRecord of
+    tf.train.Example (plain or `.gz`), with the columns the schema declares (by position in
+    text, by name in Parquet and TFRecord: docs/data.md, "Your data") (ttf.data.Schema: label, dense, categorical, multi-hot, hour stamp, skipped
     columns; header; delimiter). Elements are `(features, label float32 [B])` with features
     `{"ids": int64 [B, F], "dense": float32 [B, D], <multi-hot name>: ragged int64 [B, None]}`
     ("ids" and "dense" only when the schema has such columns): ids are keys tagged by field
@@ -155,19 +152,23 @@ class Reader:
     `report()`, and a line `ttf.data: skipped K more bad line(s), N in all, ...` printed to
     stderr at the end of every pass that skipped lines. Nothing is dropped silently.
 
-    Files are checked when the reader is made, in both modes: a missing file, a directory,
-    an empty file (or a header alone), a header that does not match the schema, and a
+    Files are checked when the reader is made, in both modes: a missing file, a folder
+    without data files, files of mixed formats, an empty file (or a header alone), a header that does not match the schema, and a
     truncated or corrupt gzip file (read to its end once, here) each raise one clear error
     naming the file.
 
     Args:
-      paths: a file name or a list of them (str or os.PathLike).
+      paths: a file, a glob, a folder of part files (hidden, `_*` and `*.crc` files skipped),
+        or a list of them (str or os.PathLike; any scheme tf.io.gfile reads): see
+        ttf.data.expand_paths.
       schema: a Schema, "criteo" (default), "avazu", or a JSON schema file.
       strict: fail on a bad line (True) or skip and count it (False).
 
     Raises:
-      ValueError: no paths, an empty file, a bad header or gzip file, an unknown schema.
-      FileNotFoundError / IsADirectoryError: a path is missing or a directory.
+      ValueError: no paths, an empty file, a bad header or gzip file, an unknown schema, mixed
+        formats, a Parquet or TFRecord file without a column the schema reads or with a type
+        it cannot read, a truncated or corrupt file.
+      FileNotFoundError: a path is missing.
 
     Example:
       >>> import ttf
