@@ -63,7 +63,9 @@ column that is not skipped) into TtfParseLines' outputs, by the same value rules
 (parse_values.h): an integer is the value its decimal text is, a string the value its
 bytes are. kinds as TtfParseLines (1 label, 2 dense, 3 categorical, 4 multi-hot, 5 hour);
 sources: where column c's items are: 0 ints[c], 1 floats[c], 2 Arrow strings (item i is
-bytes[c][offsets[c][i] : offsets[c][i + 1]]), 3 strings[c]. splits[c]: empty (item r is
+bytes[c][offsets[c][i] : offsets[c][i + 1]]), 3 strings[c], 4 a dictionary (item i is entry
+ints[c][i] of the Arrow strings offsets[c], bytes[c]; a categorical column's keys are
+computed once per entry). splits[c]: empty (item r is
 row r) or [num_rows + 1] (row r holds items splits[r] .. splits[r + 1]: TFRecord lists,
 Parquet lists). valid[c]: empty (all valid) or one byte per item, 0 = null. A null or
 absent value is missing (a dense column's default, the missing key, an empty multi-hot

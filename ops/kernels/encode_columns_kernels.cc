@@ -19,7 +19,7 @@ namespace {
 
 using namespace parse_values;  // NOLINT: the shared value rules (parse_values.h)
 
-enum Source { kInts = 0, kFloats = 1, kArrowStrings = 2, kStrings = 3 };
+enum Source { kInts = 0, kFloats = 1, kArrowStrings = 2, kStrings = 3, kDictionary = 4 };
 
 // One column's inputs, as raw pointers (read by every row).
 struct ColumnData {
@@ -29,12 +29,13 @@ struct ColumnData {
   double default_value;
   const uint8_t* valid;  // nullptr: all valid
   const int64_t* splits;  // nullptr: item r is row r
-  const int64_t* ints;
+  const int64_t* ints;  // the values, or (kDictionary) each item's index into offsets / bytes
   const double* floats;
   const int64_t* offsets;
   const char* bytes;
   const tstring* strings;
   int64_t num_items;
+  std::vector<int64_t> dictionary_keys;  // kDictionary categorical: each entry's key; -1: not a value
 };
 
 // An item's text: an integer as its decimal digits (what a text file holds), a string as its bytes.
@@ -44,13 +45,19 @@ struct Text {
   size_t size;
 };
 
+inline void EntryText(const ColumnData& c, int64_t e, Text* t) {
+  t->data = c.bytes + c.offsets[e];
+  t->size = c.offsets[e + 1] - c.offsets[e];
+}
+
 inline void ItemText(const ColumnData& c, int64_t i, Text* t) {
   if (c.source == kInts) {
     t->size = std::snprintf(t->buf, sizeof(t->buf), "%lld", static_cast<long long>(c.ints[i]));
     t->data = t->buf;
   } else if (c.source == kArrowStrings) {
-    t->data = c.bytes + c.offsets[i];
-    t->size = c.offsets[i + 1] - c.offsets[i];
+    EntryText(c, i, t);
+  } else if (c.source == kDictionary) {
+    EntryText(c, c.ints[i], t);
   } else {
     t->data = c.strings[i].data();
     t->size = c.strings[i].size();
@@ -89,7 +96,7 @@ class EncodeColumnsOp : public OpKernel {
     int labels = 0;
     for (int c = 0; c < n; ++c) {
       const int kind = kinds_[c], slot = slots_[c];
-      OP_REQUIRES(ctx, kind >= kLabel && kind <= kHour && sources_[c] >= kInts && sources_[c] <= kStrings,
+      OP_REQUIRES(ctx, kind >= kLabel && kind <= kHour && sources_[c] >= kInts && sources_[c] <= kDictionary,
                   errors::InvalidArgument("column '", names_[c], "': kind ", kind, " or source ", sources_[c],
                                           " out of range"));
       const int limit = kind == kDense         ? num_dense_
@@ -111,8 +118,9 @@ class EncodeColumnsOp : public OpKernel {
 
  private:
   Status Gather(OpKernelContext* ctx, int64_t rows, std::vector<ColumnData>* columns) const;
-  std::string EncodeRow(const std::vector<ColumnData>& columns, int64_t r, float* label, float* dense, int64_t* ids,
-                        int64_t* lengths, std::vector<std::vector<int64_t>>* values) const;
+  void EncodeColumn(const ColumnData& c, const std::string& name, int64_t begin, int64_t end, float* labels,
+                    float* dense, int64_t* ids, int64_t* lengths, std::vector<int64_t>* values,
+                    std::vector<std::string>* problems) const;
 
   std::vector<int> kinds_, sources_, slots_, value_modes_;
   std::vector<bool> log1p_;
@@ -141,7 +149,7 @@ Status EncodeColumnsOp::Gather(OpKernelContext* ctx, int64_t rows, std::vector<C
     d.log1p = log1p_[c];
     d.slot = slots_[c];
     d.default_value = defaults_[c];
-    d.num_items = d.source == kInts ? ints[c].NumElements()
+    d.num_items = d.source == kInts || d.source == kDictionary ? ints[c].NumElements()
                   : d.source == kFloats ? floats[c].NumElements()
                   : d.source == kArrowStrings ? std::max<int64_t>(offsets[c].NumElements() - 1, 0)
                                               : strings[c].NumElements();
@@ -168,29 +176,48 @@ Status EncodeColumnsOp::Gather(OpKernelContext* ctx, int64_t rows, std::vector<C
     d.offsets = offsets[c].flat<int64_t>().data();
     d.bytes = reinterpret_cast<const char*>(bytes[c].flat<uint8_t>().data());
     d.strings = strings[c].flat<tstring>().data();
-    if (d.source == kArrowStrings && d.num_items > 0) {
-      for (int64_t i = 0; i <= d.num_items; ++i) {
+    const int64_t entries = d.source == kDictionary ? std::max<int64_t>(offsets[c].NumElements() - 1, 0)
+                            : d.source == kArrowStrings ? d.num_items : 0;
+    if (d.source == kArrowStrings || d.source == kDictionary) {
+      for (int64_t i = 0; i < offsets[c].NumElements(); ++i) {
         if (d.offsets[i] < 0 || d.offsets[i] > bytes[c].NumElements() || (i > 0 && d.offsets[i] < d.offsets[i - 1]))
           return errors::InvalidArgument("column '", names_[c], "': string offsets out of range");
       }
     }
-    columns->push_back(d);
+    if (d.source == kDictionary) {
+      for (int64_t i = 0; i < d.num_items; ++i) {
+        if ((d.valid == nullptr || d.valid[i]) && (d.ints[i] < 0 || d.ints[i] >= entries))
+          return errors::InvalidArgument("column '", names_[c], "': dictionary index out of range");
+      }
+      if (d.kind == kCategorical) {  // each distinct value's key once; rows then look it up
+        d.dictionary_keys.resize(entries);
+        Text t;
+        for (int64_t e = 0; e < entries; ++e) {
+          EntryText(d, e, &t);
+          uint64_t v;
+          d.dictionary_keys[e] = CategoricalValue(d.value_mode, t.data, t.size, &v) ? Tag(d.slot, v) : -1;
+        }
+      }
+    }
+    columns->push_back(std::move(d));
   }
   return OkStatus();
 }
 
-// Encodes row r of every column; returns "" or why the row is bad.
-std::string EncodeColumnsOp::EncodeRow(const std::vector<ColumnData>& columns, int64_t r, float* label, float* dense,
-                                       int64_t* ids, int64_t* lengths,
-                                       std::vector<std::vector<int64_t>>* values) const {
+// Encodes rows [begin, end) of one column, column by column (one kind per loop: a
+// well-predicted branch). A row's first problem is kept (columns go in schema order, as in text).
+void EncodeColumnsOp::EncodeColumn(const ColumnData& c, const std::string& name, int64_t begin, int64_t end,
+                                   float* labels, float* dense, int64_t* ids, int64_t* lengths,
+                                   std::vector<int64_t>* values, std::vector<std::string>* problems) const {
+  const int D = num_dense_, F = num_fields_, M = num_multi_hot_;
+  auto fail = [problems](int64_t r, std::string why) {
+    if ((*problems)[r].empty()) (*problems)[r] = std::move(why);
+  };
   Text t;
-  for (size_t ci = 0; ci < columns.size(); ++ci) {
-    const ColumnData& c = columns[ci];
-    const std::string& name = names_[ci];
+  for (int64_t r = begin; r < end; ++r) {
     int64_t b = r, e = r + 1;
     if (c.splits != nullptr) b = c.splits[r], e = c.splits[r + 1];
     if (c.kind == kMultiHot) {
-      std::vector<int64_t>& out = (*values)[c.slot];
       const int field = num_fields_ + c.slot;
       int64_t count = 0;
       for (int64_t i = b; i < e; ++i) {
@@ -198,65 +225,73 @@ std::string EncodeColumnsOp::EncodeRow(const std::vector<ColumnData>& columns, i
         ItemText(c, i, &t);
         if (t.size == 0) continue;
         uint64_t v;
-        if (!CategoricalValue(c.value_mode, t.data, t.size, &v))
-          return "multi-hot column " + name + " holds a value that is not an integer in [0, 2^56 - 1): " +
-                 Quote(t.data, t.size);
-        out.push_back(Tag(field, v));
+        if (!CategoricalValue(c.value_mode, t.data, t.size, &v)) {
+          fail(r, "multi-hot column " + name + " holds a value that is not an integer in [0, 2^56 - 1): " +
+                      Quote(t.data, t.size));
+          break;
+        }
+        values->push_back(Tag(field, v));
         ++count;
       }
-      lengths[c.slot] = count;
+      lengths[r * M + c.slot] = count;
       continue;
     }
-    if (e - b > 1)
-      return "column " + name + " holds " + std::to_string(e - b) + " values; a " +
-             (c.kind == kDense ? "dense" : c.kind == kLabel ? "label" : "categorical") + " column takes one";
+    if (e - b > 1) {
+      fail(r, "column " + name + " holds " + std::to_string(e - b) + " values; a " +
+                  (c.kind == kDense ? "dense" : c.kind == kLabel ? "label" : "categorical") + " column takes one");
+      continue;
+    }
     const bool missing = e == b || (c.valid != nullptr && !c.valid[b]);
     switch (c.kind) {
       case kLabel: {
-        if (missing) return "label column " + name + " is missing (null)";
-        const double v = ItemNumber(c, b);
-        if (v != 0.0 && v != 1.0) return "label column " + name + " must be 0 or 1, got " + std::to_string(v);
-        *label = v == 1.0 ? 1.0f : 0.0f;
+        const double v = missing ? -1.0 : ItemNumber(c, b);
+        if (missing) fail(r, "label column " + name + " is missing (null)");
+        else if (v != 0.0 && v != 1.0) fail(r, "label column " + name + " must be 0 or 1, got " + std::to_string(v));
+        labels[r] = v == 1.0 ? 1.0f : 0.0f;
         break;
       }
       case kDense: {
         const double v = missing ? c.default_value : ItemNumber(c, b);
-        if (!std::isfinite(v)) return "dense column " + name + " is not a finite number: " + std::to_string(v);
         const float value = static_cast<float>(c.log1p ? std::log1p(std::max(v, 0.0)) : v);
-        if (!std::isfinite(value))
-          return "dense column " + name + " overflows float32 (|value| > 3.4e38): " + std::to_string(v);
-        dense[c.slot] = value;
+        if (!std::isfinite(v)) fail(r, "dense column " + name + " is not a finite number: " + std::to_string(v));
+        else if (!std::isfinite(value))
+          fail(r, "dense column " + name + " overflows float32 (|value| > 3.4e38): " + std::to_string(v));
+        dense[r * D + c.slot] = value;
         break;
       }
       case kCategorical: {
-        uint64_t v = kMissing;
-        if (!missing) {
+        int64_t key = Tag(c.slot, kMissing);
+        if (missing) {
+        } else if (c.source == kDictionary) {
+          key = c.dictionary_keys[c.ints[b]];
+        } else {
           ItemText(c, b, &t);
-          if (!CategoricalValue(c.value_mode, t.data, t.size, &v))
-            return "categorical column " + name + " is not an integer in [0, 2^56 - 1): " + Quote(t.data, t.size);
+          uint64_t v;
+          key = CategoricalValue(c.value_mode, t.data, t.size, &v) ? Tag(c.slot, v) : -1;
         }
-        ids[c.slot] = Tag(c.slot, v);
+        if (key < 0) {
+          ItemText(c, b, &t);
+          fail(r, "categorical column " + name + " is not an integer in [0, 2^56 - 1): " + Quote(t.data, t.size));
+        }
+        ids[r * F + c.slot] = key;
         break;
       }
       case kHour: {
-        int hour, weekday;
-        if (missing) {
-          ids[c.slot] = Tag(c.slot, kMissing);
-          ids[c.slot + 1] = Tag(c.slot + 1, kMissing);
-          break;
+        int hour = 0, weekday = 0;
+        uint64_t h = kMissing, w = kMissing;
+        if (!missing) {
+          ItemText(c, b, &t);
+          if (ParseHour(t.data, t.size, &hour, &weekday)) h = hour, w = weekday;
+          else fail(r, "column " + name + " is not a YYMMDDHH time stamp: " + Quote(t.data, t.size));
         }
-        ItemText(c, b, &t);
-        if (!ParseHour(t.data, t.size, &hour, &weekday))
-          return "column " + name + " is not a YYMMDDHH time stamp: " + Quote(t.data, t.size);
-        ids[c.slot] = Tag(c.slot, hour);
-        ids[c.slot + 1] = Tag(c.slot + 1, weekday);
+        ids[r * F + c.slot] = Tag(c.slot, h);
+        ids[r * F + c.slot + 1] = Tag(c.slot + 1, w);
         break;
       }
       default:
         break;
     }
   }
-  return "";
 }
 
 void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
@@ -283,19 +318,17 @@ void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
   float* dense_data = dense.flat<float>().data();
   int64_t* ids_data = ids.flat<int64_t>().data();
   int64_t* lengths_data = lengths.flat<int64_t>().data();
+  // Multi-hot keys per shard of rows (contiguous ranges), joined in row order below without the bad rows'.
   std::mutex pieces_mu;
   std::vector<std::pair<int64_t, std::vector<std::vector<int64_t>>>> pieces;
   const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  const int64_t cost_per_row = 60 * static_cast<int64_t>(columns.size() + 1);
+  const int64_t cost_per_row = 20 * static_cast<int64_t>(columns.size() + 1);
   Shard(workers->num_threads, workers->workers, rows, cost_per_row, [&](int64_t begin, int64_t end) {
     std::vector<std::vector<int64_t>> values(M);
-    std::vector<size_t> sizes(M);
-    for (int64_t r = begin; r < end; ++r) {
-      for (int m = 0; m < M; ++m) sizes[m] = values[m].size();
-      problems[r] = EncodeRow(columns, r, &labels_data[r], &dense_data[r * D], &ids_data[r * F],
-                              &lengths_data[r * M], &values);
-      if (!problems[r].empty())
-        for (int m = 0; m < M; ++m) values[m].resize(sizes[m]);  // a bad row adds no keys
+    for (size_t c = 0; c < columns.size(); ++c) {
+      const ColumnData& column = columns[c];
+      EncodeColumn(column, names_[c], begin, end, labels_data, dense_data, ids_data, lengths_data,
+                   column.kind == kMultiHot ? &values[column.slot] : nullptr, &problems);
     }
     if (M > 0) {
       std::lock_guard<std::mutex> lock(pieces_mu);
@@ -322,16 +355,25 @@ void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
     OP_REQUIRES_OK(ctx, ctx->output_list("multi_hot_lengths", &lengths_out));
     for (int m = 0; m < M; ++m) {
       int64_t total = 0;
-      for (const auto& piece : pieces) total += piece.second[m].size();
+      for (int64_t r = 0; r < rows; ++r) total += problems[r].empty() ? lengths_data[r * M + m] : 0;
       Tensor* v = nullptr;
       OP_REQUIRES_OK(ctx, values_out.allocate(m, TensorShape({total}), &v));
-      int64_t* out = v->flat<int64_t>().data();
-      for (const auto& piece : pieces) out = std::copy(piece.second[m].begin(), piece.second[m].end(), out);
       Tensor* l = nullptr;
       OP_REQUIRES_OK(ctx, lengths_out.allocate(m, TensorShape({rows - dropped}), &l));
+      int64_t* out = v->flat<int64_t>().data();
       int64_t row = 0;
-      for (int64_t r = 0; r < rows; ++r)
-        if (problems[r].empty()) l->flat<int64_t>()(row++) = lengths_data[r * M + m];
+      for (size_t p = 0; p < pieces.size(); ++p) {  // a bad row's keys (all it added before failing) are left out
+        const int64_t piece_end = p + 1 < pieces.size() ? pieces[p + 1].first : rows;
+        const int64_t* in = pieces[p].second[m].data();
+        for (int64_t r = pieces[p].first; r < piece_end; ++r) {
+          const int64_t count = lengths_data[r * M + m];
+          if (problems[r].empty()) {
+            out = std::copy(in, in + count, out);
+            l->flat<int64_t>()(row++) = count;
+          }
+          in += count;
+        }
+      }
     }
   }
   if (dropped == 0) {

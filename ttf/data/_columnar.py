@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from ttf._ops import ops
 
-INTS, FLOATS, ARROW_STRINGS, STRINGS = 0, 1, 2, 3
+INTS, FLOATS, ARROW_STRINGS, STRINGS, DICTIONARY = 0, 1, 2, 3, 4
 _NUMERIC_KINDS = ("label", "dense")
 _EMPTY = {np.uint8: np.zeros(0, np.uint8), np.int64: np.zeros(0, np.int64), np.float64: np.zeros(0, np.float64)}
 _ARRAY_DTYPES = (tf.uint8, tf.int64, tf.int64, tf.float64, tf.int64, tf.uint8)  # valid splits ints floats offsets bytes
@@ -57,9 +57,10 @@ class _Encoder:
 
 # ---------------------------------------------------------------------------------------- Parquet
 
-def _open_parquet(path):
+def _open_parquet(path, dictionary_columns=()):
     try:
-        return pq.ParquetFile(tf.io.gfile.GFile(path, "rb") if "://" in path else path)
+        return pq.ParquetFile(tf.io.gfile.GFile(path, "rb") if "://" in path else path,
+                              read_dictionary=list(dictionary_columns) or None)
     except (pa.ArrowException, OSError) as err:
         raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); a truncated or corrupt "
                          "file: write or copy it again") from None
@@ -103,6 +104,8 @@ def _arrow_arrays(array, source, multi_hot):
         np.cumsum(lengths, out=splits[1:])
         array = pc.list_flatten(array)
     if pa.types.is_dictionary(array.type):
+        if source == DICTIONARY:
+            return _dictionary_arrays(array)
         array = array.dictionary_decode()
     valid = array.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8) if array.null_count else _EMPTY[np.uint8]
     ints, floats, offsets, data = _EMPTY[np.int64], _EMPTY[np.float64], _EMPTY[np.int64], _EMPTY[np.uint8]
@@ -111,12 +114,25 @@ def _arrow_arrays(array, source, multi_hot):
     elif source == FLOATS:
         floats = array.cast(pa.float64()).fill_null(0).to_numpy()
     else:
-        array = array.cast(pa.large_binary())
-        buffers = array.buffers()
-        offsets = np.frombuffer(buffers[1], np.int64)[array.offset:array.offset + len(array) + 1]
-        if buffers[2] is not None and buffers[2].size:
-            data = np.frombuffer(buffers[2], np.uint8)
+        offsets, data = _binary_buffers(array)
     return valid, splits, ints, floats, offsets, data
+
+
+def _binary_buffers(array):
+    """(offsets int64 [n + 1], bytes uint8) of a string or binary array."""
+    array = array.cast(pa.large_binary())
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64)[array.offset:array.offset + len(array) + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None and buffers[2].size else _EMPTY[np.uint8]
+    return offsets, data
+
+
+def _dictionary_arrays(array):
+    """A dictionary-encoded string column (one value per row) as the op's arrays: indices and entries."""
+    valid = array.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8) if array.null_count else _EMPTY[np.uint8]
+    indices = array.indices.cast(pa.int64()).fill_null(0).to_numpy()
+    offsets, data = _binary_buffers(array.dictionary)
+    return valid, _EMPTY[np.int64], indices, _EMPTY[np.float64], offsets, data
 
 
 class ParquetSource:
@@ -146,6 +162,10 @@ class ParquetSource:
                 row += rows
         if not self.units:
             raise ValueError(f"{', '.join(paths)}: no rows in the Parquet file(s)")
+        # Categorical strings are read as dictionaries (as Parquet stores them): a key per distinct value.
+        sources = [DICTIONARY if s == ARROW_STRINGS and c.kind == "categorical" else s
+                   for c, s in zip(self.read_columns, sources)]
+        self.dictionary_columns = [c.name for c, s in zip(self.read_columns, sources) if s == DICTIONARY]
         self.encode = _Encoder(schema, attrs, sources, self.row_word, strict)
         self._local = threading.local()
 
@@ -158,7 +178,7 @@ class ParquetSource:
     def _file(self, path):
         files = self._local.__dict__.setdefault("files", {})
         if path not in files:
-            files[path] = _open_parquet(path)
+            files[path] = _open_parquet(path, self.dictionary_columns)
         return files[path]
 
     def _read(self, unit, keep_mode, holdout_every):
@@ -174,6 +194,8 @@ class ParquetSource:
                                                     use_threads=False)
             if keep is not None:
                 table = table.filter(pa.array(keep))
+            if any(table.column(n).num_chunks > 1 for n in self.dictionary_columns):
+                table = table.unify_dictionaries()
             out = [numbers, b""]
             for column, source in zip(self.read_columns, self.encode.sources):
                 out += _arrow_arrays(table.column(column.name).combine_chunks(), source, column.kind == "multi_hot")
