@@ -242,3 +242,31 @@ def test_shares_and_a_restored_position_read_every_row_once(tmp_path, fmt):
     assert len(both) == 2 * len(shares[0]) and sorted(both) == sorted(shares[0] * 2)
     assert both[:len(shares[0])] == shares[0]  # the same order as an uninterrupted read
     assert int(tracker.examples[0]) == len(both)
+
+
+def test_folder_stream_reads_parquet_and_tfrecord_files_exactly_once(tmp_path):
+    schema, parquet, records = fingerprint_files(tmp_path)
+    for fmt, sources in (("parquet", parquet), ("tfrecord", records)):
+        folder, ckpt = tmp_path / f"in-{fmt}", tmp_path / f"ckpt-{fmt}"
+        folder.mkdir()
+        for i, source in enumerate(sources):  # renamed into place whole, as a producer does
+            os.rename(source, folder / f"part-{i:03d}{os.path.basename(source)[1:]}")
+        (folder / "_SUCCESS").write_text("")
+
+        def drain(stream, batch_size, rows):
+            got = []
+            while len(got) < rows:
+                batch = stream.next_batch(batch_size, block=False)
+                got += list(np.round(batch.features["dense"][:, 0].numpy()).astype(np.int64))
+                stream.commit(batch)
+            return got
+
+        first = ttf.data.FolderStream(str(folder), schema, poll_seconds=0.05)
+        before = drain(first, 70, 210)  # ends inside a file (TFRecord) or row group span (Parquet)
+        saved = tf.train.Checkpoint(stream_position=first).save(str(ckpt / "c"))
+        drain(first, 70, 70)  # trained after the checkpoint: lost with the process
+        resumed = ttf.data.FolderStream(str(folder), schema, poll_seconds=0.05)
+        tf.train.Checkpoint(stream_position=resumed).restore(saved).assert_existing_objects_matched()
+        after = drain(resumed, 70, 190)
+        assert before + after == list(range(400)), fmt  # neither skipped nor repeated, in file order
+        assert resumed.next_batch(70, block=False) is None and int(resumed.examples.numpy()) == 400
