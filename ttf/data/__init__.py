@@ -20,8 +20,8 @@ Example:
 from ttf.data._reader import CSV_HEADER, NUM_DENSE, NUM_FIELDS, CriteoReader, Reader, criteo_dataset, parse_lines
 from ttf.data._files import data_format, expand_paths, file_format
 from ttf.data._shares import POSITION_FIELDS, InputPosition, plan_shares
-from ttf.data._stream import (ID_SHIFT, FolderStream, KafkaStream, StreamBatch, StreamSource, open_stream,
-                              parse_stream_spec, read_kafka_config, stream_batches, zero_features)
+from ttf.data._stream import ID_SHIFT, FolderStream, KafkaStream, StreamBatch, StreamSource, stream_batches, zero_features
+from ttf.data._stream_open import open_stream, parse_stream_spec, read_kafka_config
 from ttf.data._schema import (AVAZU, CRITEO, FIELD_SHIFT, MISSING_VALUE, SCHEMAS, Categorical, Dense, Hour, Label,
                               MultiHot, Schema, Skip, field_key, load_schema)
 from ttf.data._drift import DriftingSynthetic
