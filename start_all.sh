@@ -34,9 +34,10 @@ Data:
   --data D             synthetic (default): rows of a planted model of --schema, written to
                        data/cache on first use; the best achievable AUC is printed beside
                        the AUC reached | sample: the bundled real rows (data/<schema>_sample.txt)
-                       | FILE: data of --schema, plain or .gz
+                       | FILE...: files of --schema (text plain or .gz, .parquet, .tfrecord[.gz]),
+                       a quoted glob, or a folder of part files (hidden, _* and *.crc skipped)
   --synthetic-rows N   rows of the synthetic data, every 5th held out (default 200000)
-  --eval-data FILE     eval data (default: every 5th line of --data, held out)
+  --eval-data FILE...  eval data, as --data (default: every 5th row of --data, held out)
   --stream SPEC        train on a stream until SIGTERM instead of --data: folder:DIR (files renamed
                        into DIR) or kafka:HOST:PORT/TOPIC. In a PS job the chief reads it; with
                        --hvd each rank reads its share. SIGTERM makes the job finish its step or
@@ -120,7 +121,7 @@ EOF
 die() { echo "start_all: $*" >&2; echo "Run ./start_all.sh -h for usage." >&2; exit 2; }
 
 given_args=()  # flags train.py takes as they are (and checks: one usage line, exit 2)
-lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data="" ckpt="" metrics="" eval_data="" logdir=""
+lr="" model=wdl path_flag="" precision="" optimizer=adam steps=200 epochs="" batch=256 data=() ckpt="" metrics="" eval_data=() logdir=""
 schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() sync=0 hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 ckpt_every="" full_every="" export_dir="" stream="" steps_given=0
@@ -150,8 +151,10 @@ while [ $# -gt 0 ]; do
     --stream) need_value "$@"; stream=$2; shift ;;
     --epochs) need_value "$@"; epochs=$2; shift ;;
     --batch-size) need_value "$@"; batch=$2; shift ;;
-    --data) need_value "$@"; data=$2; shift ;;
-    --eval-data) need_value "$@"; eval_data=$2; shift ;;
+    # Several files, a glob (quoted) or a folder of part files: every value up to the next flag.
+    --data) need_value "$@"; data=("$2"); shift; while [ $# -gt 1 ] && [[ $2 != -* ]]; do data+=("$2"); shift; done ;;
+    --eval-data) need_value "$@"; eval_data=("$2"); shift
+      while [ $# -gt 1 ] && [[ $2 != -* ]]; do eval_data+=("$2"); shift; done ;;
     --schema) need_value "$@"; schema=$2; shift ;;
     --synthetic-rows) need_value "$@"; synthetic_rows=$2; shift ;;
     --lenient) lenient=1 ;;
@@ -264,8 +267,8 @@ else train_args+=(--steps "$steps"); fi
 [ -n "$lr" ] && train_args+=(--lr "$lr")
 train_args+=(${given_args[@]+"${given_args[@]}"})
 [ -n "$path_flag" ] && train_args+=("$path_flag")
-[ -n "$data" ] && train_args+=(--data "$data")
-[ -n "$eval_data" ] && train_args+=(--eval-data "$eval_data")
+[ ${#data[@]} -gt 0 ] && train_args+=(--data "${data[@]}")
+[ ${#eval_data[@]} -gt 0 ] && train_args+=(--eval-data "${eval_data[@]}")
 [ -n "$ckpt" ] && train_args+=(--checkpoint-dir "$ckpt")
 [ -n "$ckpt_every" ] && train_args+=(--checkpoint-every "$ckpt_every")
 [ -n "$full_every" ] && train_args+=(--full-every "$full_every")
@@ -349,7 +352,7 @@ print(*[s.getsockname()[1] for s in socks])")"
   echo "[start_all] synchronous job: $num_workers worker(s) on TensorFlow's collectives, logs in $logdir;" \
        "training (${train_args[*]})"
   network_line "the workers' gRPC ports ${ports[*]}" "TensorFlow gRPC"
-  if [ -z "$stream" ] && { [ -z "$data" ] || [ "$data" = synthetic ]; }; then  # once, before the workers read it
+  if [ -z "$stream" ] && { [ ${#data[@]} -eq 0 ] || [ "${data[0]}" = synthetic ]; }; then  # once, before the workers read it
     "$PY" models/train.py "${train_args[@]}" --prepare-data || exit 1
   fi
   pids=()
@@ -405,7 +408,7 @@ if [ -n "$role" ]; then
     echo "[start_all] chief: training (${train_args[*]})"
     exec "$PY" models/train.py "${train_args[@]}" "${cluster[@]}"
   fi
-  if [ "$role" = worker ] && [ -z "$stream" ] && { [ -z "$data" ] || [ "$data" = synthetic ]; }; then
+  if [ "$role" = worker ] && [ -z "$stream" ] && { [ ${#data[@]} -eq 0 ] || [ "${data[0]}" = synthetic ]; }; then
     echo "[start_all] worker $index: preparing the synthetic data the chief trains on"
     "$PY" models/train.py "${train_args[@]}" --prepare-data
   fi

@@ -6,7 +6,13 @@ built-in schemas) and, when the op library still has it, the Criteo-only parser 
 replaced (TtfParseCriteo), on the same blocks. Also measures the whole reader pipeline
 (ttf.data.Reader, batch 4096, no shuffle) on a synthetic file per schema.
 
+--formats: the same Criteo-shaped rows as TSV, Parquet (written by pyarrow, row groups of
+--row-group rows) and TFRecord of tf.train.Example (tf.io.TFRecordWriter), each read to
+batches of 4096 by ttf.data.Reader, and the TFRecord file by stock TFRecordDataset +
+tf.io.parse_example (FixedLenFeatures: no keys, no transform), interleaved.
+
     .venv/bin/python benchmarks/parse.py --repeats 7
+    .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 200000
 """
 import argparse
 import os
@@ -21,6 +27,9 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.csv as pacsv  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # measured on tf_keras (ttf runs on Keras 3 too)
@@ -45,6 +54,70 @@ def time_call(fn, repeats_inner=3):
     return (time.process_time() - start) / repeats_inner
 
 
+def format_files(text, directory, row_group):
+    """The rows of a Criteo TSV as Parquet (pyarrow) and TFRecord (tf.io.TFRecordWriter)."""
+    names = ttf.data.CRITEO.header_line(",").split(",")
+    table = pacsv.read_csv(text, read_options=pacsv.ReadOptions(column_names=names),
+                           parse_options=pacsv.ParseOptions(delimiter="\t"),
+                           convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names[14:]}))
+    parquet = os.path.join(directory, "criteo.parquet")
+    pq.write_table(table, parquet, row_group_size=row_group)
+    record = os.path.join(directory, "criteo.tfrecord")
+    columns = table.to_pydict()
+    with tf.io.TFRecordWriter(record) as writer:
+        for i in range(table.num_rows):
+            feature = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[columns["label"][i]]))}
+            for n in names[1:14]:
+                if columns[n][i] is not None:
+                    feature[n] = tf.train.Feature(float_list=tf.train.FloatList(value=[columns[n][i]]))
+            for n in names[14:]:
+                if columns[n][i] is not None:
+                    feature[n] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[columns[n][i].encode()]))
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return parquet, record
+
+
+def stock_tfrecord(path, batch_size):
+    """The stock reading of the same records: FixedLenFeatures with defaults, parse_example."""
+    names = ttf.data.CRITEO.header_line(",").split(",")
+    spec = {"label": tf.io.FixedLenFeature([], tf.int64)}
+    spec.update({n: tf.io.FixedLenFeature([], tf.float32, default_value=0.0) for n in names[1:14]})
+    spec.update({n: tf.io.FixedLenFeature([], tf.string, default_value="") for n in names[14:]})
+    return (tf.data.TFRecordDataset(path, buffer_size=1 << 20).batch(batch_size)
+            .map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=tf.data.AUTOTUNE).prefetch(2))
+
+
+def formats(args):
+    directory = tempfile.mkdtemp(prefix="ttf_formats_bench_")
+    text = synthetic_lines("criteo", args.file_rows, directory)
+    parquet, record = format_files(text, directory, args.row_group)
+    runs = {"text (TSV), ttf.data.Reader": lambda: ttf.data.Reader(text).dataset(4096, shuffle=False),
+            "Parquet, ttf.data.Reader": lambda: ttf.data.Reader(parquet).dataset(4096, shuffle=False),
+            "TFRecord, ttf.data.Reader": lambda: ttf.data.Reader(record).dataset(4096, shuffle=False),
+            "TFRecord, stock TFRecordDataset + parse_example": lambda: stock_tfrecord(record, 4096)}
+    seconds = {name: [] for name in runs}
+    for _ in range(args.repeats):
+        for name, make in runs.items():
+            def run(make=make):
+                for _ in make():
+                    pass
+            seconds[name].append(time_call(run, repeats_inner=1))
+    from _results import machine
+    print(f"Machine: {machine(ROOT)}; TensorFlow {tf.__version__}, pyarrow {pa.__version__}. {args.threads} "
+          f"intra-op thread(s); {args.file_rows:,} Criteo-shaped rows, batch 4096, Parquet row groups of "
+          f"{args.row_group:,}; process CPU seconds (all threads) per epoch, medians of {args.repeats} interleaved "
+          "repetitions.\n")
+    print("| input | median CPU s | rows per CPU s | vs text | vs stock TFRecord |")
+    print("|---|---|---|---|---|")
+    text_s = statistics.median(seconds["text (TSV), ttf.data.Reader"])
+    stock_s = statistics.median(seconds["TFRecord, stock TFRecordDataset + parse_example"])
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median:.3f} | {args.file_rows / median:,.0f} | {text_s / median:.2f}x | "
+              f"{stock_s / median:.2f}x |")
+    print("\nall runs (s):", {k: [round(v, 3) for v in vs] for k, vs in seconds.items()})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
@@ -52,9 +125,13 @@ def main():
     parser.add_argument("--file-rows", type=int, default=500_000, help="rows of the pipeline's file (default 500000)")
     parser.add_argument("--no-pipeline", action="store_true", help="time the op calls only")
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow's intra-op threads (default 1)")
+    parser.add_argument("--formats", action="store_true", help="text vs Parquet vs TFRecord pipelines (see above)")
+    parser.add_argument("--row-group", type=int, default=65_536, help="--formats: Parquet rows per row group")
     args = parser.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    if args.formats:
+        return formats(args)
 
     directory = tempfile.mkdtemp(prefix="ttf_parse_bench_")
     blocks, files = {}, {}

@@ -29,12 +29,14 @@ def parse_args(argv, description=None):
                         "(CSV with header: 21 categorical + the hour stamp as hour of day and day of week) or a "
                         "JSON schema file (docs/data.md)")
     p.add_argument("--data", nargs="+", default=["synthetic"],
-                   help="data files of --schema, plain or .gz; or 'synthetic' (default): rows of a planted model "
+                   help="data of --schema: files (delimited text plain or .gz, Parquet, TFRecord of tf.train.Example "
+                        "plain or .gz), globs, or folders of part files (hidden, '_*' and '*.crc' files skipped; "
+                        "one format per job); or 'synthetic' (default): rows of a planted model "
                         "(ttf.data.Synthetic) of --schema, written to data/cache on first use (see "
                         "--synthetic-rows), whose best achievable AUC is printed beside the AUC reached; or "
                         "'sample': the bundled real rows (data/criteo_sample.txt, data/avazu_sample.txt)")
     p.add_argument("--eval-data", nargs="+", default=None,
-                   help="eval files (default: every 5th line of --data, held out of training)")
+                   help="eval data, as --data (default: every 5th row of --data, held out of training)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per step and worker (default 256)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, default=None, help="global steps to train to (default 200)")
@@ -173,9 +175,7 @@ def parse_args(argv, description=None):
         if schema.name not in SAMPLE_DATA:
             p.error(f"no bundled sample for schema {schema.name!r}; give --data FILE")
         args.data = [SAMPLE_DATA[schema.name]]
-    for path in ([] if args.synthetic else args.data) + (args.eval_data or []):
-        if not os.path.exists(path):
-            p.error(f"data file not found: {path}")
+    check_data_paths(p, args)
     if not (math.isfinite(args.lr) and args.lr > 0):
         p.error(f"--lr must be a finite number > 0, got {args.lr}")
     if args.max_non_finite_steps < 0:
@@ -297,6 +297,20 @@ def add_stream_args(p):
     group.add_argument("--stream-journal", default=None, metavar="FILE",
                        help="append one line per step to FILE: the step number, then the stream example ids it "
                             "trained (ttf.data.ID_SHIFT); for exactly-once audits")
+
+
+def check_data_paths(p, args):
+    """--data and --eval-data (files, globs or folders) of one format. A missing path or a folder
+    without data files is the Reader's one-line error (exit 2) when train.py opens them."""
+    formats = {}
+    for flag, paths in (("--data", [] if args.synthetic else args.data), ("--eval-data", args.eval_data or [])):
+        if paths:
+            try:
+                formats[flag] = ttf.data.data_format(ttf.data.expand_paths(paths))
+            except (ValueError, OSError):
+                continue  # raised again, as one line, by ttf.data.Reader in train.py
+    if len(set(formats.values())) > 1:
+        p.error(f"--data is {formats['--data']}, --eval-data {formats['--eval-data']}: give one format per job")
 
 
 def check_stream_args(p, args):

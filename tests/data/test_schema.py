@@ -204,8 +204,10 @@ def test_file_errors_name_the_file(tmp_path):
         ttf.data.Reader(write(tmp_path / "empty.csv", ""), SHOP)
     with pytest.raises(ValueError, match=r"only.csv: only a header line, no data lines"):
         ttf.data.Reader(write(tmp_path / "only.csv", header), SHOP)
-    with pytest.raises(IsADirectoryError, match=r"is a directory"):
-        ttf.data.Reader(str(tmp_path), SHOP)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "_SUCCESS").write_text("")
+    with pytest.raises(ValueError, match=r"folder .*folder holds no data files"):  # a folder is its part files
+        ttf.data.Reader(str(tmp_path / "folder"), SHOP)
     with pytest.raises(FileNotFoundError, match=r"data file not found: .*nothing.csv"):
         ttf.data.Reader(str(tmp_path / "nothing.csv"), SHOP)
     wrong = write(tmp_path / "wrong.csv", header.replace("price", "cost") + SHOP_LINES[0] + "\n")

@@ -182,7 +182,7 @@ def test_train_cli_data_errors_are_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "cut.csv.gz").write_bytes(gzip.compress("\n".join(good).encode())[:900])
     cases["cut.csv.gz"] = "cut.csv.gz: truncated gzip file"
     (tmp_path / "adir").mkdir()
-    cases["adir"] = "adir is a directory"
+    cases["adir"] = "adir holds no data files"  # a folder is its part files; this one has none
     for name, message in cases.items():
         code = train.main(["--tiacc", "--steps", "5", "--batch-size", "16", "--data", str(tmp_path / name)])
         err = capsys.readouterr().err

@@ -1,9 +1,12 @@
-"""Schema-driven input: CTR log files (delimited text, plain or gzip) parsed in C++.
+"""Schema-driven input: CTR log files (delimited text, plain or gzip; Parquet; TFRecord of
+tf.train.Example) parsed in C++.
 
 The pipeline reads each file as blocks of `block_lines` consecutive lines (so every
 per-element tf.data step runs once per block, not once per line), numbers the lines,
 parses each block with one TtfParseLines call (in parallel over blocks and over lines),
-shuffles, and cuts batches of exactly `batch_size` rows with `Dataset.rebatch`.
+shuffles, and cuts batches of exactly `batch_size` rows with `Dataset.rebatch`. Parquet and
+TFRecord files come as columns (ttf/data/_columnar.py) and join the same pipeline after
+their decode.
 """
 import gzip
 import os
@@ -13,7 +16,7 @@ import zlib
 import tensorflow as tf
 
 from ttf._ops import ops
-from ttf.data import _shares
+from ttf.data import _columnar, _files, _shares
 from ttf.data._schema import CRITEO, load_schema
 
 NUM_DENSE = CRITEO.num_dense
@@ -109,10 +112,6 @@ def _first_lines(path):
 def _check_file(path, schema):
     """Checks one data file against the schema's header rule; returns the number of its
     first data line (2 after a header, else 1). Raises a one-line error naming the file."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"data file not found: {path}")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a directory; give the data files in it (for example {path}/*)")
     if path.endswith(".gz"):
         _check_gzip(path)
     lines = _first_lines(path)
@@ -138,8 +137,9 @@ def _check_file(path, schema):
 class Reader:
     """Reads CTR log files by a schema into batches for training.
 
-    Each file is delimited text, plain or gzip (`.gz`), with the columns the schema
-    declares (ttf.data.Schema: label, dense, categorical, multi-hot, hour stamp, skipped
+    Each file is delimited text, plain or gzip (`.gz`), Parquet, or TFRecord of
+    tf.train.Example (plain or `.gz`), with the columns the schema declares (by position in
+    text, by name in Parquet and TFRecord: docs/data.md, "Your data") (ttf.data.Schema: label, dense, categorical, multi-hot, hour stamp, skipped
     columns; header; delimiter). Elements are `(features, label float32 [B])` with features
     `{"ids": int64 [B, F], "dense": float32 [B, D], <multi-hot name>: ragged int64 [B, None]}`
     ("ids" and "dense" only when the schema has such columns): ids are keys tagged by field
@@ -152,19 +152,23 @@ class Reader:
     `report()`, and a line `ttf.data: skipped K more bad line(s), N in all, ...` printed to
     stderr at the end of every pass that skipped lines. Nothing is dropped silently.
 
-    Files are checked when the reader is made, in both modes: a missing file, a directory,
-    an empty file (or a header alone), a header that does not match the schema, and a
+    Files are checked when the reader is made, in both modes: a missing file, a folder
+    without data files, files of mixed formats, an empty file (or a header alone), a header that does not match the schema, and a
     truncated or corrupt gzip file (read to its end once, here) each raise one clear error
     naming the file.
 
     Args:
-      paths: a file name or a list of them (str or os.PathLike).
+      paths: a file, a glob, a folder of part files (hidden, `_*` and `*.crc` files skipped),
+        or a list of them (str or os.PathLike; any scheme tf.io.gfile reads): see
+        ttf.data.expand_paths.
       schema: a Schema, "criteo" (default), "avazu", or a JSON schema file.
       strict: fail on a bad line (True) or skip and count it (False).
 
     Raises:
-      ValueError: no paths, an empty file, a bad header or gzip file, an unknown schema.
-      FileNotFoundError / IsADirectoryError: a path is missing or a directory.
+      ValueError: no paths, an empty file, a bad header or gzip file, an unknown schema, mixed
+        formats, a Parquet or TFRecord file without a column the schema reads or with a type
+        it cannot read, a truncated or corrupt file.
+      FileNotFoundError: a path is missing.
 
     Example:
       >>> import ttf
@@ -175,15 +179,19 @@ class Reader:
     """
 
     def __init__(self, paths, schema="criteo", strict=True):
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        self.paths = [os.fspath(p) for p in paths]
-        if not self.paths:
+        if not isinstance(paths, (str, os.PathLike)) and not list(paths):
             raise ValueError("a Reader needs at least one file")
+        self.paths = _files.expand_paths(paths)
+        self.format = _files.data_format(self.paths)
         self.schema = load_schema(schema)
         self.strict = strict
-        self._first_lines = [_check_file(p, self.schema) for p in self.paths]
         self._attrs = _op_attrs(self.schema)
+        self._source = None  # Parquet or TFRecord: the files' units, checked against the schema
+        if self.format == _files.TEXT:
+            self._first_lines = [_check_file(p, self.schema) for p in self.paths]
+        else:
+            source = _columnar.ParquetSource if self.format == _files.PARQUET else _columnar.TFRecordSource
+            self._source = source(self.paths, self.schema, self._attrs, strict)
         self._plans = {}  # num_shares -> the split of the files (share_dataset)
         with tf.init_scope():
             self._bad_lines = tf.Variable(0, dtype=tf.int64, trainable=False, name="reader_bad_lines")
@@ -232,6 +240,13 @@ class Reader:
             raise ValueError(f"num_epochs must be > 0 or None (forever), got {num_epochs}")
         if split not in ("all", "train", "eval"):
             raise ValueError(f"split must be 'all', 'train' or 'eval', got {split!r}")
+        if self._source is not None:
+            units = tf.data.Dataset.range(len(self._source.units))
+            if shuffle:
+                units = units.shuffle(len(self._source.units), seed=seed, reshuffle_each_iteration=True)
+            rows = _columnar.unit_rows(self._source, units, self._finish, split, holdout_every, block_lines)
+            return self._batches(rows, batch_size, shuffle, seed, num_epochs, drop_remainder, shuffle_buffer,
+                                 block_lines, shuffle_window)
 
         files = tf.data.Dataset.from_tensor_slices((
             self.paths, tf.constant(self._first_lines, tf.int64),
@@ -257,17 +272,25 @@ class Reader:
         # background thread), so rows keep file order.
         blocks = files.interleave(file_blocks, cycle_length=min(len(self.paths), 8) if shuffle else 1,
                                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        strict, bad_lines, schema, attrs = self.strict, self._bad_lines, self.schema, self._attrs
+        strict, attrs = self.strict, self._attrs
 
         def parse(path, numbers, text):
-            labels, dense, ids, values, lengths, bad = ops().ttf_parse_lines(text, path, numbers, strict=strict,
-                                                                              **attrs)
-            if not strict:
-                bad_lines.assign_add(bad)
-            return _features(schema, ids, dense, values, lengths), labels
+            return self._finish(*ops().ttf_parse_lines(text, path, numbers, strict=strict, **attrs))
 
         rows = blocks.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if not strict:
+        return self._batches(rows, batch_size, shuffle, seed, num_epochs, drop_remainder, shuffle_buffer, block_lines,
+                             shuffle_window)
+
+    def _finish(self, labels, dense, ids, values, lengths, bad):
+        """Decoded columns -> (features, labels), counting bad rows (strict=False)."""
+        deps = [self._bad_lines.assign_add(bad)] if not self.strict else []
+        with tf.control_dependencies(deps):
+            return _features(self.schema, ids, dense, values, lengths), tf.identity(labels)
+
+    def _batches(self, rows, batch_size, shuffle, seed, num_epochs, drop_remainder, shuffle_buffer, block_lines,
+                 shuffle_window):
+        """Parsed blocks of rows -> shuffled batches of batch_size rows (dataset())."""
+        if not self.strict:
             rows = rows.concatenate(self._report_at_end())
         if shuffle:
             rows = rows.shuffle(max(1, shuffle_buffer // block_lines), seed=seed, reshuffle_each_iteration=True)
@@ -325,28 +348,35 @@ class Reader:
             raise ValueError(f"the InputPosition has {position.num_shares} share(s), the split {num_shares}")
         key = (num_shares,)
         if key not in self._plans:
-            self._plans[key] = _shares.plan_shares(self.paths, self._first_lines, num_shares)
+            self._plans[key] = (_columnar.plan_units(self._source, num_shares) if self._source is not None
+                                else _shares.plan_shares(self.paths, self._first_lines, num_shares))
         plan = self._plans[key]
-        layout = _shares.layout_id(plan)
+        layout = (_shares.layout_id(plan) if self._source is None
+                  else _shares.layout_id([[dict(path=str(self._source.layout()[u]), size=0, begin=0, end=0)
+                                           for u in units] for units in plan]))
         start = None
         if position is not None:
             with tf.init_scope():  # eager even while a dataset function is traced (parameter-server workers)
                 start = position.start_of(share, layout)
                 position.layout.assign(layout)
-        strict, bad_lines, schema, attrs = self.strict, self._bad_lines, self.schema, self._attrs
+        strict, attrs = self.strict, self._attrs
 
         def parse_window(path, numbers, text, permute_seed):
-            labels, dense, ids, values, lengths, bad = ops().ttf_parse_lines(text, path, numbers, strict=strict,
-                                                                              **attrs)
-            deps = [bad_lines.assign_add(bad)] if not strict else []
-            with tf.control_dependencies(deps):
-                element = (_features(schema, ids, dense, values, lengths), labels)
-                return _permute_rows(element, permute_seed) if shuffle else element
+            element = self._finish(*ops().ttf_parse_lines(text, path, numbers, strict=strict, **attrs))
+            return _permute_rows(element, permute_seed) if shuffle else element
 
+        if self._source is not None:
+            data = _columnar.share_rows(self._source, plan[share], share, self._finish, batch_size, seed=seed,
+                                        num_epochs=num_epochs, start=start, window_lines=window_lines, split=split,
+                                        holdout_every=holdout_every, shuffle=shuffle)
+            return self._share_tail(data, batch_size)
         keep_line = None if split == "all" else (lambda numbers: tf.equal(numbers % holdout_every == 0,
                                                                           split == "eval"))
         data = _shares.share_dataset(plan[share], share, parse_window, batch_size, seed=seed, num_epochs=num_epochs,
                                      start=start, window_lines=window_lines, keep_line=keep_line)
+        return self._share_tail(data, batch_size)
+
+    def _share_tail(self, data, batch_size):
         if data is None:  # nothing (left) to read in this share: the element structure, no element
             empty = self.dataset(batch_size, shuffle=False).take(0)
             data = empty.map(lambda f, l: (f, l, tf.zeros([len(_shares.POSITION_FIELDS)], tf.int64)))

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from ttf.data._schema import load_schema
+from ttf.data._stream_files import DecodedFile, concat_rows, is_columnar
 
 # An example id: (file sequence number or Kafka partition) << ID_SHIFT | line number or offset.
 ID_SHIFT = 40
@@ -112,7 +113,10 @@ class StreamSource(tf.Module):
         lines, ids, wheres, numbers, event_time, position = self._read(batch_size)
         if not lines:
             return None
-        features, labels, bad = self._parse(lines, wheres, numbers)
+        if isinstance(lines[0], tuple):  # rows of Parquet or TFRecord files, decoded already
+            (features, labels), bad = concat_rows(lines), 0
+        else:
+            features, labels, bad = self._parse(lines, wheres, numbers)
         if bad:
             # A skipped bad line has no row: keep the ids of the rows parsed (the op keeps order).
             ids = ids[:0]  # unknown which were dropped; ids are for audits, exact only when strict
@@ -221,9 +225,11 @@ class FolderStream(StreamSource):
     The contract: a producer writes a file under a hidden or `.tmp` name and renames it into
     place when complete (a rename within one filesystem is atomic), so a file seen here never
     grows; names sort in arrival order (e.g. `part-000123.tsv` or a UTC time stamp). Files
-    whose names start with "." or end in ".tmp" are ignored; so is a file whose name sorts
-    before the one being read (it arrived too late: a warning names it). Files are plain
-    text of the schema (no gzip); a header line is skipped when the schema has one.
+    whose names start with "." or "_" or end in ".tmp" or ".crc" are ignored; so is a file
+    whose name sorts before the one being read (it arrived too late: a warning names it).
+    Files are plain text of the schema (no gzip; a header line is skipped when the schema
+    has one), or Parquet or TFRecord files (by suffix or Parquet's magic; one format per
+    stream), each decoded whole when reached, its position a row index.
 
     Position (checkpointed): the file being read, the byte offset and 1-based number of its
     next line, and the file's sequence number among this share's files (0 for the first file
@@ -257,10 +263,11 @@ class FolderStream(StreamSource):
         self.share_positions = tf.Variable("", trainable=False, name="share_positions")  # JSON: merge_shares
         self._reading = None  # (name, offset, line, sequence) read ahead of the committed position
         self._listed = None  # names seen by the last listing (None: not listed yet)
+        self._decoded = None  # the Parquet or TFRecord file being read, decoded whole
 
     def _files_after(self, name):
         names = sorted(n for n in os.listdir(self.directory)
-                       if not n.startswith(".") and not n.endswith(".tmp")
+                       if not n.startswith((".", "_")) and not n.endswith((".tmp", ".crc"))
                        and zlib.crc32(n.encode()) % self.num_shares == self.share)
         later = [n for n in names if n > name]
         if self._listed is not None:  # a name new since the last listing that sorts before the current file
@@ -313,7 +320,20 @@ class FolderStream(StreamSource):
         deadline = None
         while len(lines) < batch_size:
             path = os.path.join(self.directory, name) if name else None
-            size = os.path.getsize(path) if path and os.path.exists(path) else 0
+            if path and is_columnar(path):  # a position is a row index; a "line" here is a slice of rows
+                if self._decoded is None or self._decoded.path != path:
+                    self._decoded = DecodedFile(path, self.schema, self.strict)
+                take = min(batch_size - sum(len(l) for _, l in lines), self._decoded.rows - offset)
+                if take > 0:
+                    lines.append(self._decoded.rows_between(offset, offset + take))
+                    ids += [((sequence * self.num_shares + self.share) << ID_SHIFT) | (offset + i + 1)
+                            for i in range(take)]
+                    offset, line = offset + take, offset + take + 1
+                    event_time = max(event_time, os.path.getmtime(path))
+                    if sum(len(l) for _, l in lines) >= batch_size:
+                        break
+                    continue
+            size = os.path.getsize(path) if path and os.path.exists(path) and not is_columnar(path) else 0
             if path and offset < size:
                 with open(path, "rb") as f:
                     f.seek(offset)
@@ -335,11 +355,14 @@ class FolderStream(StreamSource):
                 event_time = max(event_time, os.path.getmtime(path))
                 continue
             later = self._files_after(name)
-            if later and path and size == 0 and offset == 0:
+            if later and path and offset == 0 and not is_columnar(path) and os.path.getsize(path) == 0:
                 self.empty_files += 1
                 print(f"[stream] skipped the empty file {path} ({self.empty_files} so far)", file=sys.stderr,
                       flush=True)
             if later:  # the current file is done (renamed into place whole): the next one
+                if lines and is_columnar(os.path.join(self.directory, later[0])) != isinstance(lines[0], tuple):
+                    raise ValueError(f"stream folder {self.directory}: {later[0]} and {name} are of two formats "
+                                     "(text, Parquet, TFRecord); a stream takes one")
                 name, offset, line, sequence = later[0], 0, 1, sequence + 1
                 continue
             if lines:
@@ -381,6 +404,8 @@ class FolderStream(StreamSource):
         name, offset, _, _ = self._committed()
         path = os.path.join(self.directory, name)
         waiting = (os.path.getsize(path) - offset) if name and os.path.exists(path) else 0
+        if name and self._decoded is not None and self._decoded.path == path:  # offset is a row: bytes pro rata
+            waiting = os.path.getsize(path) * (self._decoded.rows - offset) // max(self._decoded.rows, 1)
         waiting += sum(os.path.getsize(os.path.join(self.directory, n)) for n in self._files_after(name))
         return dict(lag_bytes=waiting, lag_messages=-1)
 
@@ -549,66 +574,6 @@ class KafkaStream(StreamSource):
 
     def close(self):
         self._consumer.close()
-
-
-def parse_stream_spec(spec):
-    """`folder:DIR` -> ("folder", DIR); `kafka:HOST:PORT[,HOST:PORT]/TOPIC` -> ("kafka", (bootstrap, topic)).
-
-    Raises:
-      ValueError: a malformed spec (naming the expected form), a missing folder, or
-        (kafka) confluent-kafka not installed.
-    """
-    kind, _, rest = spec.partition(":")
-    if kind == "folder" and rest:
-        if not os.path.isdir(rest):
-            raise ValueError(f"stream folder not found: {rest}")
-        return "folder", rest
-    if kind == "kafka" and "/" in rest and rest.split("/", 1)[0] and rest.split("/", 1)[1]:
-        try:
-            import confluent_kafka  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-        except ImportError as err:
-            raise ValueError("a kafka stream needs confluent-kafka: pip install confluent-kafka") from err
-        return "kafka", tuple(rest.split("/", 1))
-    raise ValueError(f"a stream must be folder:DIR or kafka:HOST:PORT/TOPIC, got {spec!r}")
-
-
-def read_kafka_config(path):
-    """A Kafka client properties file (`key=value` lines, `#` comments: librdkafka's names,
-    e.g. security.protocol=SASL_SSL, ssl.ca.location, sasl.mechanisms, sasl.username,
-    sasl.password) -> {key: value}, passed to the consumer as they are.
-
-    Raises:
-      ValueError: a line that is not `key=value`, naming the file and line.
-    """
-    config = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith(("#", "!")):
-                continue
-            key, sep, value = line.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"{path}:{number}: expected key=value (a Kafka client property), got {line!r}")
-            config[key.strip()] = value.strip()
-    return config
-
-
-def open_stream(spec, schema="criteo", share=0, num_shares=1, strict=True, poll_seconds=1.0, kafka_config=None):
-    """A stream source from a spec (parse_stream_spec). Create it where its variables must
-    live: in a parameter-server job under the strategy's scope, after connecting.
-    kafka_config: extra consumer settings ({name: value}, e.g. TLS and SASL; see
-    read_kafka_config), for a kafka spec only.
-
-    Example:
-      >>> import ttf
-      >>> stream = ttf.data.open_stream("folder:/tmp")  # then stream.next_batch(4096), stream.commit(batch)
-    """
-    kind, where = parse_stream_spec(spec)
-    if kind == "folder":
-        if kafka_config:
-            raise ValueError(f"Kafka settings were given for a folder stream ({spec}): drop them")
-        return FolderStream(where, schema, share, num_shares, strict, poll_seconds)
-    return KafkaStream(where[0], where[1], schema, share, num_shares, strict, poll_seconds, config=kafka_config)
 
 
 def zero_features(schema, rows=2):

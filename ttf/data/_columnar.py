@@ -1,0 +1,422 @@
+"""Parquet and TFRecord input: a schema's columns matched by name, encoded in C++.
+
+Both formats come as columns: Parquet's row groups decoded by pyarrow (in tf.data's threads,
+pyarrow releasing the GIL while it decodes), TFRecord's tf.train.Example records by
+tf.io.parse_example. One TtfEncodeColumns call turns a unit's columns into the text
+reader's outputs by the same value rules (ops/kernels/parse_values.h): an integer is the
+value of its decimal text, a string the value of its bytes, so "05db9164" is the same key
+in TSV, Parquet and TFRecord.
+
+A unit is a Parquet row group (the unit of parallel decoding, of shares and of positions)
+or a TFRecord file (read in windows of records).
+"""
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from ttf._ops import ops
+
+INTS, FLOATS, ARROW_STRINGS, STRINGS, DICTIONARY = 0, 1, 2, 3, 4
+_NUMERIC_KINDS = ("label", "dense")
+_EMPTY = {np.uint8: np.zeros(0, np.uint8), np.int64: np.zeros(0, np.int64), np.float64: np.zeros(0, np.float64)}
+_ARRAY_DTYPES = (tf.uint8, tf.int64, tf.int64, tf.float64, tf.int64, tf.uint8)  # valid splits ints floats offsets bytes
+
+
+def _columns(schema, attrs):
+    """(column, attr index) of the schema's columns that are read (all but Skip)."""
+    return [(c, i) for i, c in enumerate(schema.columns) if c.kind != "skip"]
+
+
+def _wanted(column):
+    return "an integer, float or boolean" if column.kind in _NUMERIC_KINDS else "an integer or string"
+
+
+class _Encoder:
+    """The TtfEncodeColumns call of one schema and one layout of sources."""
+
+    def __init__(self, schema, attrs, sources, row_word, strict):
+        self.schema, self.sources, self.strict = schema, sources, strict
+        read = _columns(schema, attrs)
+        pick = lambda key: [attrs[key][i] for _, i in read]  # noqa: E731
+        self.attrs = dict(kinds=pick("kinds"), sources=sources, slots=pick("slots"), value_modes=pick("value_modes"),
+                          log1p=pick("log1p"), defaults=pick("defaults"), names=pick("names"),
+                          num_dense=attrs["num_dense"], num_fields=attrs["num_fields"],
+                          num_multi_hot=attrs["num_multi_hot"], row_word=row_word, schema_name=attrs["schema_name"],
+                          strict=strict)
+
+    def __call__(self, location, numbers, error, arrays, strings):
+        """arrays: per column (valid, splits, ints, floats, offsets, bytes); strings: per column.
+        Returns (labels, dense, ids, multi-hot values, multi-hot lengths, bad rows)."""
+        lists = [list(group) for group in zip(*arrays)]
+        return ops().ttf_encode_columns(location, numbers, error, *lists, strings, **self.attrs)
+
+
+# ---------------------------------------------------------------------------------------- Parquet
+
+def _open_parquet(path, dictionary_columns=()):
+    try:
+        return pq.ParquetFile(tf.io.gfile.GFile(path, "rb") if "://" in path else path,
+                              read_dictionary=list(dictionary_columns) or None)
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); a truncated or corrupt "
+                         "file: write or copy it again") from None
+
+
+def _parquet_source(path, column, arrow_schema, schema_name):
+    """The source code of one schema column in a Parquet file; ValueError when it cannot be read."""
+    if arrow_schema.get_field_index(column.name) < 0:
+        names = arrow_schema.names
+        raise ValueError(f"{path}: no column {column.name!r}, which schema {schema_name!r} reads (the file has "
+                         f"{', '.join(names[:12])}{', ...' if len(names) > 12 else ''})")
+    kind = arrow_schema.field(column.name).type
+    shown = kind
+    if column.kind == "multi_hot":
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            raise ValueError(f"{path}: column {column.name!r} is {shown}; a MultiHot column takes a list of "
+                             "integers or strings")
+        kind = kind.value_type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if column.kind in _NUMERIC_KINDS:
+        if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+            return INTS
+        if pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+            return FLOATS
+    elif pa.types.is_integer(kind):
+        return INTS
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+            or pa.types.is_large_binary(kind):
+        return ARROW_STRINGS
+    raise ValueError(f"{path}: column {column.name!r} is {shown}; a {type(column).__name__} column takes "
+                     f"{_wanted(column)}{' list' if column.kind == 'multi_hot' else ''}")
+
+
+def _arrow_arrays(array, source, multi_hot):
+    """One column of a row group as the op's (valid, splits, ints, floats, offsets, bytes)."""
+    splits = _EMPTY[np.int64]
+    if multi_hot:  # a null list is an empty list; list_flatten drops null lists' items
+        lengths = pc.list_value_length(array).fill_null(0).to_numpy()
+        splits = np.zeros(len(array) + 1, np.int64)
+        np.cumsum(lengths, out=splits[1:])
+        array = pc.list_flatten(array)
+    if pa.types.is_dictionary(array.type):
+        if source == DICTIONARY:
+            return _dictionary_arrays(array)
+        array = array.dictionary_decode()
+    valid = array.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8) if array.null_count else _EMPTY[np.uint8]
+    ints, floats, offsets, data = _EMPTY[np.int64], _EMPTY[np.float64], _EMPTY[np.int64], _EMPTY[np.uint8]
+    if source == INTS:
+        ints = array.cast(pa.int64()).fill_null(0).to_numpy()
+    elif source == FLOATS:
+        floats = array.cast(pa.float64()).fill_null(0).to_numpy()
+    else:
+        offsets, data = _binary_buffers(array)
+    return valid, splits, ints, floats, offsets, data
+
+
+def _binary_buffers(array):
+    """(offsets int64 [n + 1], bytes uint8) of a string or binary array."""
+    array = array.cast(pa.large_binary())
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64)[array.offset:array.offset + len(array) + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None and buffers[2].size else _EMPTY[np.uint8]
+    return offsets, data
+
+
+def _dictionary_arrays(array):
+    """A dictionary-encoded string column (one value per row) as the op's arrays: indices and entries."""
+    valid = array.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8) if array.null_count else _EMPTY[np.uint8]
+    indices = array.indices.cast(pa.int64()).fill_null(0).to_numpy()
+    offsets, data = _binary_buffers(array.dictionary)
+    return valid, _EMPTY[np.int64], indices, _EMPTY[np.float64], offsets, data
+
+
+class ParquetSource:
+    """The row groups of Parquet files, checked against a schema when made."""
+
+    row_word = "row"
+
+    def __init__(self, paths, schema, attrs, strict):
+        self.schema, self.paths = schema, paths
+        self.read_columns = [c for c, _ in _columns(schema, attrs)]
+        self.units = []  # (path, row group, first row of the group in its file, rows)
+        sources, first = None, None
+        for path in paths:
+            f = _open_parquet(path)
+            found = [_parquet_source(path, c, f.schema_arrow, schema.name) for c in self.read_columns]
+            if sources is None:
+                sources, first = found, path
+            elif found != sources:
+                c = next(c for c, a, b in zip(self.read_columns, found, sources) if a != b)
+                raise ValueError(f"{path}: column {c.name!r} has another type than in {first}; give files of one "
+                                 "layout")
+            row = 0
+            for group in range(f.metadata.num_row_groups):
+                rows = f.metadata.row_group(group).num_rows
+                if rows:
+                    self.units.append((path, group, row, rows))
+                row += rows
+        if not self.units:
+            raise ValueError(f"{', '.join(paths)}: no rows in the Parquet file(s)")
+        # Categorical strings are read as dictionaries (as Parquet stores them): a key per distinct value.
+        sources = [DICTIONARY if s == ARROW_STRINGS and c.kind == "categorical" else s
+                   for c, s in zip(self.read_columns, sources)]
+        self.dictionary_columns = [c.name for c, s in zip(self.read_columns, sources) if s == DICTIONARY]
+        self.encode = _Encoder(schema, attrs, sources, self.row_word, strict)
+        self._local = threading.local()
+
+    def weight(self, unit):
+        return self.units[unit][3]
+
+    def layout(self):
+        return [(path, group, rows) for path, group, _, rows in self.units]
+
+    def _file(self, path):
+        files = self._local.__dict__.setdefault("files", {})
+        if path not in files:
+            files[path] = _open_parquet(path, self.dictionary_columns)
+        return files[path]
+
+    def _read(self, unit, keep_mode, holdout_every):
+        """numpy: row numbers (in the group), error, and the columns of the kept rows of one unit."""
+        path, group, first_row, rows = self.units[unit]
+        numbers = np.arange(rows, dtype=np.int64)
+        keep = None
+        if keep_mode:  # the held-out split: rows whose 1-based number in the file is a multiple of holdout_every
+            keep = ((first_row + numbers + 1) % holdout_every == 0) == (keep_mode == 2)
+            numbers = numbers[keep]
+        try:
+            table = self._file(path).read_row_group(group, columns=[c.name for c in self.read_columns],
+                                                    use_threads=False)
+            if keep is not None:
+                table = table.filter(pa.array(keep))
+            if any(table.column(n).num_chunks > 1 for n in self.dictionary_columns):
+                table = table.unify_dictionaries()
+            out = [numbers, b""]
+            for column, source in zip(self.read_columns, self.encode.sources):
+                out += _arrow_arrays(table.column(column.name).combine_chunks(), source, column.kind == "multi_hot")
+            return out
+        except (pa.ArrowException, OSError) as err:
+            empties = [_EMPTY[np.uint8], _EMPTY[np.int64], _EMPTY[np.int64], _EMPTY[np.float64], _EMPTY[np.int64],
+                       _EMPTY[np.uint8]]
+            reason = f"cannot decode the row group ({str(err).splitlines()[0]}): a corrupt file"
+            return [numbers, reason.encode()] + empties * len(self.read_columns)
+
+    def decode(self, unit, split="all", holdout_every=5):
+        """(labels, dense, ids, values, lengths, bad) of one unit (a tensor index), in a graph."""
+        keep_mode = {"all": 0, "train": 1, "eval": 2}[split]
+        n = len(self.read_columns)
+        out = tf.numpy_function(lambda u: self._read(int(u), keep_mode, holdout_every), [unit],
+                                [tf.int64, tf.string] + list(_ARRAY_DTYPES) * n, stateful=False)
+        for t in out:
+            t.set_shape([] if t.dtype == tf.string else [None])
+        arrays = [out[2 + 6 * c:8 + 6 * c] for c in range(n)]
+        paths = tf.constant([u[0] for u in self.units])
+        groups = tf.constant([u[1] for u in self.units], tf.int64)
+        location = tf.strings.join([tf.gather(paths, unit), ": row group ",
+                                    tf.strings.as_string(tf.gather(groups, unit))])
+        return self.encode(location, out[0], out[1], arrays, [tf.zeros([0], tf.string)] * n)
+
+
+# --------------------------------------------------------------------------------------- TFRecord
+
+_FEATURE_SOURCES = {"int64_list": INTS, "float_list": FLOATS, "bytes_list": STRINGS}
+_SOURCE_DTYPES = {INTS: tf.int64, FLOATS: tf.float32, STRINGS: tf.string}
+_SAMPLE_RECORDS = 1000
+
+
+def compression_of(path):
+    return "GZIP" if path.endswith(".gz") else ""
+
+
+def _sample_records(path):
+    """Up to _SAMPLE_RECORDS records of one file (numpy bytes); ValueError on a corrupt file."""
+    try:
+        return [r.numpy() for r in tf.data.TFRecordDataset(path, compression_of(path)).take(_SAMPLE_RECORDS)]
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+        raise ValueError(f"{path}: not a readable TFRecord file ({err.message.splitlines()[0]}); a truncated or "
+                         "corrupt file, or a GZIP file without the .gz suffix") from None
+
+
+class TFRecordSource:
+    """TFRecord files of tf.train.Example, checked against a schema when made: each file's first
+    records are read, and the list type of every feature (int64, float, bytes) taken from them."""
+
+    row_word = "record"
+
+    def __init__(self, paths, schema, attrs, strict):
+        self.schema, self.paths = schema, paths
+        self.read_columns = [c for c, _ in _columns(schema, attrs)]
+        seen = {}
+        for path in paths:
+            records = _sample_records(path)
+            if not records:
+                raise ValueError(f"{path}: empty TFRecord file, no records")
+            for raw in records:
+                example = tf.train.Example.FromString(raw)
+                for column in self.read_columns:
+                    feature = example.features.feature.get(column.name)
+                    if feature is not None and feature.WhichOneof("kind") is not None:
+                        kind = _FEATURE_SOURCES[feature.WhichOneof("kind")]
+                        if seen.setdefault(column.name, (kind, path))[0] != kind:
+                            raise ValueError(f"{path}: feature {column.name!r} is a {feature.WhichOneof('kind')} "
+                                             f"here and another list in {seen[column.name][1]}; give files of one "
+                                             "layout")
+        sources = []
+        for column in self.read_columns:
+            if column.name not in seen:
+                if column.kind == "label":
+                    raise ValueError(f"{paths[0]}: no feature {column.name!r} (the label of schema {schema.name!r}) "
+                                     f"in the first {_SAMPLE_RECORDS} records of any file")
+                sources.append(FLOATS if column.kind in _NUMERIC_KINDS else STRINGS)
+                continue
+            source, path = seen[column.name]
+            if (source == FLOATS) != (column.kind in _NUMERIC_KINDS) and source != INTS:
+                raise ValueError(f"{path}: feature {column.name!r} is a {'float' if source == FLOATS else 'bytes'}"
+                                 f"_list; a {type(column).__name__} column takes {_wanted(column)}")
+            sources.append(source)
+        self.sources = sources
+        self.units = [(path, 0, 0, tf.io.gfile.stat(path).length) for path in paths]
+        self.encode = _Encoder(schema, attrs, sources, self.row_word, strict)
+        self.features = {c.name: tf.io.RaggedFeature(_SOURCE_DTYPES[s], row_splits_dtype=tf.int64)
+                         for c, s in zip(self.read_columns, sources)}
+
+    def weight(self, unit):
+        return self.units[unit][3]
+
+    def layout(self):
+        return [(path, size) for path, _, _, size in self.units]
+
+    def records(self, unit, start=0):
+        """(index of the window, records) of one file from record `start`, as a tf.data.Dataset."""
+        path = tf.gather(tf.constant(self.paths), unit)
+        compression = tf.gather(tf.constant([compression_of(p) for p in self.paths]), unit)
+        return tf.data.TFRecordDataset(path, compression, buffer_size=1 << 20).skip(start)
+
+    def decode_records(self, unit, numbers, records):
+        """(labels, dense, ids, values, lengths, bad) of records numbered `numbers` (0-based) of one file."""
+        parsed = tf.io.parse_example(records, self.features)
+        arrays, strings = [], []
+        empty = {d: tf.zeros([0], d) for d in (tf.uint8, tf.int64, tf.float64, tf.string)}
+        for column, source in zip(self.read_columns, self.sources):
+            ragged = parsed[column.name]
+            values = ragged.values
+            arrays.append((empty[tf.uint8], ragged.row_splits,
+                           values if source == INTS else empty[tf.int64],
+                           tf.cast(values, tf.float64) if source == FLOATS else empty[tf.float64],
+                           empty[tf.int64], empty[tf.uint8]))
+            strings.append(values if source == STRINGS else empty[tf.string])
+        location = tf.gather(tf.constant(self.paths), unit)
+        return self.encode(location, numbers, tf.constant(""), arrays, strings)
+
+
+# ------------------------------------------------------------------------------ datasets and shares
+
+def _keep(numbers, split, holdout_every):
+    """The held-out split by 1-based row number: eval keeps multiples of holdout_every."""
+    return tf.equal((numbers + 1) % holdout_every == 0, split == "eval")
+
+
+def unit_rows(source, units, finish, split="all", holdout_every=5, block_records=4096):
+    """(features, labels) per decoded piece of the units in `units` (a dataset of unit indices)."""
+    parallel = dict(num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if isinstance(source, ParquetSource):
+        return units.map(lambda u: finish(*source.decode(u, split, holdout_every)), **parallel)
+
+    def blocks(unit):
+        def number(index, records):
+            numbers = index * block_records + tf.range(tf.size(records, out_type=tf.int64))
+            if split != "all":
+                keep = _keep(numbers, split, holdout_every)
+                numbers, records = tf.boolean_mask(numbers, keep), tf.boolean_mask(records, keep)
+            return unit, numbers, records
+        return source.records(unit).batch(block_records).enumerate().map(number)
+
+    return (units.interleave(blocks, cycle_length=min(len(source.units), 8), **parallel)
+            .map(lambda u, n, r: finish(*source.decode_records(u, n, r)), **parallel))
+
+
+def plan_units(source, num_shares):
+    """Units dealt to `num_shares` shares of about equal weight (rows or bytes), each in file order."""
+    shares, loads = [[] for _ in range(num_shares)], [0] * num_shares
+    for unit in sorted(range(len(source.units)), key=lambda u: -source.weight(u)):
+        share = loads.index(min(loads))
+        shares[share].append(unit)
+        loads[share] += source.weight(unit)
+    return [sorted(share) for share in shares]
+
+
+def share_rows(source, unit_ids, share_index, finish, batch_size, *, seed, num_epochs, start, window_lines,
+               split, holdout_every, shuffle):
+    """Batches of one share of units with their position (the layout of _shares.POSITION_FIELDS).
+
+    A window is a whole row group (Parquet) or window_lines records (TFRecord); its start and
+    end (row or record index in the unit) stand in both the byte and the line fields.
+    """
+    epoch0, piece0, byte0, _, skip0 = (0, 0, -1, -1, 0) if start is None else [int(v) for v in start]
+    if not unit_ids or (num_epochs is not None and epoch0 >= num_epochs):
+        return None
+    units = tf.constant(unit_ids, tf.int64)
+    parquet = isinstance(source, ParquetSource)
+
+    def batches(epoch, piece, begin, end, skip, element):
+        features, labels = element
+        if shuffle:
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(tf.shape(labels)[0]), seed=tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + epoch,
+                                                               piece * (1 << 40) + begin]))
+            features = {k: tf.gather(v, order) for k, v in features.items()}
+            labels = tf.gather(labels, order)
+        last = (tf.cast(tf.size(labels), tf.int64) + batch_size - 1) // batch_size - 1
+
+        def with_position(index, element):
+            position = tf.stack([tf.cast(share_index, tf.int64), epoch, piece, begin, begin, index,
+                                 tf.cast(index == last, tf.int64), end, end])
+            return element[0], element[1], position
+
+        return (tf.data.Dataset.from_tensors((features, labels)).rebatch(batch_size).enumerate()
+                .map(with_position).skip(skip))
+
+    def epoch_batches(epoch, restored):
+        first = piece0 if restored else 0
+        if parquet:  # whole row groups, decoded ahead in parallel; a finished first group (start at its end) is past
+            first += 1 if restored and byte0 > 0 else 0
+            pieces = tf.data.Dataset.range(first, len(unit_ids))
+            rows = tf.constant([source.units[u][3] for u in unit_ids], tf.int64)
+            decoded = pieces.map(lambda p: (p, finish(*source.decode(units[p], split, holdout_every))),
+                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            skip_first, zero = tf.constant(skip0 if restored else 0, tf.int64), tf.constant(0, tf.int64)
+            return decoded.flat_map(lambda p, e: batches(epoch, p, zero, tf.gather(rows, p),
+                                                         tf.where(tf.equal(p, first), skip_first, zero), e))
+
+        def piece_windows(piece):
+            at_restored = tf.logical_and(tf.equal(piece, piece0), restored)
+            zero = tf.constant(0, tf.int64)
+            begin = tf.where(at_restored, tf.constant(max(byte0, 0), tf.int64), zero)
+            skip = tf.where(at_restored, tf.constant(skip0, tf.int64), zero)
+            unit = tf.gather(units, piece)
+
+            def window(index, records):
+                w_begin = begin + index * window_lines
+                numbers = w_begin + tf.range(tf.size(records, out_type=tf.int64))
+                kept_numbers, kept = numbers, records
+                if split != "all":
+                    keep = _keep(numbers, split, holdout_every)
+                    kept_numbers, kept = tf.boolean_mask(numbers, keep), tf.boolean_mask(records, keep)
+                end = w_begin + tf.cast(tf.size(records), tf.int64)
+                return w_begin, end, tf.where(index == 0, skip, tf.zeros_like(skip)), finish(*source.decode_records(unit, kept_numbers,
+                                                                                                  kept))
+
+            windows = source.records(unit, begin).batch(window_lines).enumerate().map(
+                window, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            return windows.flat_map(lambda b, e, s, element: batches(epoch, piece, b, e, s, element))
+
+        return tf.data.Dataset.range(first, len(unit_ids)).flat_map(piece_windows)
+
+    first = epoch_batches(tf.constant(epoch0, tf.int64), start is not None and byte0 >= 0)
+    later = tf.data.Dataset.range(epoch0 + 1, num_epochs if num_epochs is not None else 1 << 62)
+    return first.concatenate(later.flat_map(lambda e: epoch_batches(e, False)))
