@@ -2,7 +2,7 @@
 
 The compiler is the system g++ with the flags TensorFlow reports through tf.sysconfig, so
 the library matches the installed TensorFlow's ABI. A library loads only in the TensorFlow
-minor it was built for (TF 2.16 .. 2.21 are supported), so its name carries that minor and
+minor it was built for (TF 2.16 .. 2.22 are supported; 2.22 as its release candidate), so its name carries that minor and
 builds for two versions coexist in one checkout (ttf/_ops.py loads the running one's). Objects are compiled in parallel and
 only when their source (or any header in ops/) changed, so a rebuild after a one-file edit
 takes one compile and a link:
@@ -41,7 +41,7 @@ def _tf_flags():
     except ImportError as err:
         sys.exit(
             "ttf: building the ops needs TensorFlow's headers, but TensorFlow is not importable "
-            f"({err}). Install it first (TensorFlow 2.16 .. 2.21): pip install -r requirements.txt"
+            f"({err}). Install it first (TensorFlow 2.16 .. 2.22): pip install -r requirements.txt"
         )
     return tf.__version__, tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
 
@@ -108,6 +108,20 @@ def _installed_tf_version():
     return _tf_flags()[0]
 
 
+# The TensorFlow range ttf builds against (pyproject.toml's build requirement says the same), and the
+# newest minor with a tf-keras: 2.22 has none (Keras 3 only; docs/versions.md).
+TF_RANGE = "tensorflow>=2.16,<2.23"
+LAST_TF_KERAS_MINOR = (2, 21)
+
+
+def _requirements():
+    """What the package (and so each wheel) requires: the TensorFlow range, NumPy, and tf-keras only
+    for a minor that has one (tf-keras pins its own minor, so pip picks the installed TF's). Declaring
+    tf-keras under 2.22 would make pip refuse the install: every tf-keras asks for TF 2.21 or older."""
+    minor = tuple(int(p) for p in _tf_minor(_installed_tf_version()).split("."))
+    return [TF_RANGE, "numpy"] + (["tf-keras>=2.16,<2.22"] if minor <= LAST_TF_KERAS_MINOR else [])
+
+
 def _version():
     """ttf's version with the TensorFlow minor its op library is built for as the local label
     (0.1.0+tf2.21): one wheel per TensorFlow minor, each named for it, as the library inside is."""
@@ -121,6 +135,7 @@ sources = sorted(
 )
 setup(
     version=_version(),
+    install_requires=_requirements(),
     ext_modules=[Extension(LIB_NAME, sources=sources)],
     cmdclass={"build_ext": BuildOps},
 )

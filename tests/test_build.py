@@ -1,6 +1,7 @@
 """The op build across TensorFlow versions: a library per TF minor, a clear error naming the
 rebuild when the running TensorFlow has none, and set-up files that agree on the versions."""
 import glob
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -33,28 +34,45 @@ def test_a_missing_library_names_the_versions_built_and_how_to_rebuild(monkeypat
 
 
 def test_every_requirements_file_pins_a_tensorflow_inside_the_declared_range():
+    """Each requirements file pins a TensorFlow of the range setup.py and pyproject.toml declare, with its
+    tf-keras where that minor has one (2.16 .. 2.21) and a Keras 3 and no tf-keras where it has none."""
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
-    declared = project["project"]["dependencies"] + project["build-system"]["requires"]
-    assert "tensorflow>=2.16,<2.22" in declared and not any(d.startswith("tensorflow==") for d in declared)
-    files = [os.path.join(ROOT, "requirements.txt")] + glob.glob(os.path.join(ROOT, "requirements-tf*.txt"))
-    assert len(files) >= 2
+    assert "dependencies" in project["project"]["dynamic"] and "dependencies" not in project["project"]
+    setup_py = open(os.path.join(ROOT, "setup.py")).read()
+    assert 'TF_RANGE = "tensorflow>=2.16,<2.23"' in setup_py
+    assert "tensorflow>=2.16,<2.23" in project["build-system"]["requires"]
+    files = [os.path.join(ROOT, "requirements.txt")] + [
+        p for p in glob.glob(os.path.join(ROOT, "requirements-tf*.txt")) if not p.endswith("-nodeps.txt")]
+    assert len(files) >= 3
     for path in files:
         text = open(path).read()
-        tf_pin = re.search(r"^tensorflow==(2\.(\d+)\.\d+)$", text, re.M)
+        tf_pin = re.search(r"^tensorflow==(2\.(\d+)\.\d+(rc\d+)?)$", text, re.M)
+        assert tf_pin and 16 <= int(tf_pin.group(2)) <= 22, path
         keras_pin = re.search(r"^tf-keras==(2\.(\d+))\.\d+$", text, re.M)
-        assert tf_pin and keras_pin, path
-        assert 16 <= int(tf_pin.group(2)) <= 21 and keras_pin.group(2) == tf_pin.group(2), path  # tf-keras matches TF
+        if int(tf_pin.group(2)) <= 21:
+            assert keras_pin and keras_pin.group(2) == tf_pin.group(2), path  # tf-keras matches TF
+        else:  # no tf-keras exists: Keras 3 (keras-nightly, as TF 2.22.0rc0 declares), and never tf-keras
+            assert not re.search(r"^tf-keras", text, re.M) and re.search(r"^keras(-nightly)?==3\.", text, re.M), path
         name = os.path.basename(path)
         if name != "requirements.txt":
             assert name == f"requirements-tf2.{tf_pin.group(2)}.txt", path
+
+
+def test_the_package_requires_tf_keras_only_where_the_running_minor_has_one():
+    """The installed ttf's metadata (setup.py's _requirements, computed when it was built here): tf-keras
+    for 2.16 .. 2.21, none for 2.22, which has none (declaring it would make pip refuse the install)."""
+    requires = importlib.metadata.requires("ttf") or []
+    minor = tuple(int(p) for p in _ops.TF_MINOR.split("."))
+    assert "tensorflow<2.23,>=2.16" in requires or "tensorflow>=2.16,<2.23" in requires, requires
+    assert any(r.startswith("tf-keras") for r in requires) == (minor <= (2, 21)), requires
 
 
 def test_setup_names_the_choices_for_an_unknown_tensorflow_version():
     proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup_env.sh")], env={**os.environ, "TTF_TF": "9.9"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert "TTF_TF=9.9: no requirements-tf9.9.txt; choose one of: 2.16" in proc.stderr
+    assert "TTF_TF=9.9: no requirements-tf9.9.txt; choose one of: 2.16 2.22 (or" in proc.stderr
 
 
 def test_a_library_built_for_another_tensorflow_raises_naming_the_rebuild(tmp_path):

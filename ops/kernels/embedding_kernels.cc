@@ -568,7 +568,7 @@ class TableDestroyOp : public OpKernel {
   }
   void Compute(OpKernelContext* ctx) override {
     const Status s = DeleteResource(ctx, HandleFromInput(ctx, 0));
-    if (!ignore_lookup_error_ || !errors::IsNotFound(s)) OP_REQUIRES_OK(ctx, s);
+    if (!ignore_lookup_error_ || !absl::IsNotFound(s)) OP_REQUIRES_OK(ctx, s);
   }
 
  private:
