@@ -133,15 +133,18 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   const TableShard& sh = *shards_[s];
   const bool tiered = config_.tiered();
   int64_t disk_hits = 0, disk_waits = 0;
-  // Training: whole disk records are read (one pread either way) and staged for the update.
-  const int64_t stride = sh.rows.store.stride();
-  const int64_t staged_record_bytes = sizeof(RowMeta) + stride * sizeof(float);
   thread_local std::vector<char> to_stage;
   thread_local std::vector<std::pair<int64_t, uint32_t>> staged_keys;  // (key, slot)
   to_stage.clear();
   staged_keys.clear();
   const int64_t dim = config_.dim;
   std::shared_lock<std::shared_mutex> lock(sh.mu);
+  // Training: whole disk records are read (one pread either way) and staged for the update.
+  // The stride is read under the lock: an import or slot re-layout changes it (and the disk
+  // file's records) under the lock held exclusively; read before it, a changed layout made
+  // a lookup read its last record past the file's end and stage records of the old size.
+  const int64_t stride = sh.rows.store.stride();
+  const int64_t staged_record_bytes = sizeof(RowMeta) + stride * sizeof(float);
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
   // The keys without a DRAM row are read from disk first, all at once (LocateMany): a

@@ -146,3 +146,37 @@ def test_a_chain_of_deltas_taken_during_training_rebuilds_the_table():
     final = set(ops().ttf_table_export(h)[0].numpy().tolist())
     assert len(final) > 1000
     assert mirror == final, (len(mirror - final), len(final - mirror))
+
+
+def test_tiered_training_lookups_read_disk_rows_at_the_layout_of_their_lock(tmp_path):
+    """A training lookup of a tiered table reads (and stages) whole disk records, of the row
+    stride its shard holds under the lock. Read before the lock (the fuzzer's rare InternalError
+    in a race), an import that changed the slot layout meanwhile (Adam's 3 * DIM floats a row ->
+    DIM) made it read its last disk record past the end of the file ("the SSD tier ... failed
+    (reading rows: Input/output error)") and stage records too short for the update's promotion."""
+    h = ops().ttf_embedding_table(dim=DIM, initializer="constant", init_a=1.0, num_shards=1, dram_budget=1,
+                                  ssd_dir=str(tmp_path), shared_name=f"race_{next(_names)}")
+    n = 8  # one DRAM row (the budget's floor), the others on disk: the last record is always read
+    keys = np.arange(n, dtype=np.int64)
+    empty = (tf.zeros([0], tf.int64), tf.zeros([0, 2], tf.int64))
+    adam = (keys, np.concatenate([np.ones((n, DIM)), np.zeros((n, 2 * DIM))], 1).astype(np.float32),
+            np.ones((n, 2), np.int64), *empty, "adam", [0.0, 0.0], 1)
+    plain = (keys, np.ones((n, DIM), np.float32), np.ones((n, 2), np.int64), *empty, "", tf.zeros([0]), 1)
+
+    def lookup(rng, step):
+        rows = ops().ttf_embedding_lookup(h, keys, dim=DIM)[0].numpy()  # training: whole records read and staged
+        np.testing.assert_array_equal(rows, 1.0)
+
+    def apply(rng, step):  # promotes the staged records (zero gradients: every row stays 1.0)
+        try:
+            ops().ttf_table_apply_sgd(h, keys, np.zeros((n, DIM), np.float32), 0.1, step)
+        except tf.errors.InvalidArgumentError:
+            pass  # Adam's slots in the table: sgd cannot update it (refused before any row changes)
+        except tf.errors.AbortedError:
+            pass  # an import changed the layout under this update: reported, never silent
+
+    def import_(rng, step):
+        ops().ttf_table_import(h, *(adam if step % 2 else plain))
+
+    errors = run_concurrently((lookup, lookup, lookup, apply, import_), seconds=3)
+    assert not errors, [str(err) for err in errors[:3]]
