@@ -355,7 +355,8 @@ class FolderStream(StreamSource):
                 event_time = max(event_time, os.path.getmtime(path))
                 continue
             later = self._files_after(name)
-            if later and path and offset == 0 and not is_columnar(path) and os.path.getsize(path) == 0:
+            if later and path and offset == 0 and os.path.exists(path) and not is_columnar(path) \
+                    and os.path.getsize(path) == 0:
                 self.empty_files += 1
                 print(f"[stream] skipped the empty file {path} ({self.empty_files} so far)", file=sys.stderr,
                       flush=True)
