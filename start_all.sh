@@ -91,6 +91,10 @@ One role of a multi-host job (run once per task, on its host; or set TF_CONFIG i
   --worker-hosts H     host:port,... of every worker task
   --chief-host H       host:port of the chief
   -h, --help           this help
+  --script FILE        run your own script (a ttf.distribute.Job chief) instead of models/train.py: as the
+                       chief of the local parameter-server cluster, with TF_CONFIG naming the cluster and
+                       its chief role (ttf.distribute.resolve_task(ttf.distribute.tf_config_from_env())
+                       .cluster_config()), or alone with --single; ARGS after -- go to it (docs/job.md)
   -- ARGS              pass ARGS to models/train.py as they are (any of its flags: python models/train.py -h)
 
 Examples:
@@ -125,7 +129,7 @@ schema="" synthetic_rows="" lenient=0 verbose=0
 extra_train_args=() sync=0 hvd=0 hvd_compression="" hvd_hosts="" hvd_host_index="" hvd_rendezvous="" hvd_iface=""
 ckpt_every="" full_every="" export_dir="" stream="" steps_given=0
 isolation=1 num_ps=1 num_workers=2 single=0 role="" index=0 ps_hosts="" worker_hosts="" chief_host=""
-local_flag="" index_given=0 job_shape=parameter-server
+local_flag="" index_given=0 job_shape=parameter-server script=""
 need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -155,6 +159,7 @@ while [ $# -gt 0 ]; do
     --schema) need_value "$@"; schema=$2; shift ;;
     --synthetic-rows) need_value "$@"; synthetic_rows=$2; shift ;;
     --lenient) lenient=1 ;;
+    --script) need_value "$@"; script=$2; shift ;;
     --verbose) verbose=1 ;;
     --checkpoint-dir) need_value "$@"; ckpt=$2; shift ;;
     --checkpoint-every) need_value "$@"; ckpt_every=$2; shift ;;
@@ -206,6 +211,12 @@ if [ -n "$role" ] && [ "$job_shape" = parameter-server ] && { [ -z "$ps_hosts" ]
   die "--role needs --ps-hosts, --worker-hosts and --chief-host"
 fi
 
+if [ -n "$script" ]; then
+  [ -f "$script" ] || die "--script $script: no such file"
+  { [ "$hvd" = 1 ] || [ "$sync" = 1 ] || [ -n "$role" ]; } &&
+    die "--script runs your script as the chief of the local parameter-server cluster, or alone with --single;" \
+        "drop --hvd/--sync/--role (a synchronous job runs your script on every worker: docs/job.md)"
+fi
 if [ "$hvd" = 1 ]; then
   { [ -n "$role" ] || [ "$single" = 1 ] || [ "$path_flag" = --tfra ]; } &&
     die "--hvd runs the native or --tiacc path on Horovod ranks; drop --role/--single/--tfra"
@@ -414,6 +425,10 @@ if [ -n "$role" ]; then
 fi
 
 if [ "$single" = 1 ]; then
+  if [ -n "$script" ]; then
+    echo "[start_all] single process: $script ${extra_train_args[*]}"
+    exec "$PY" "$script" ${extra_train_args[@]+"${extra_train_args[@]}"}
+  fi
   echo "[start_all] single process: training (${train_args[*]})"
   exec "$PY" models/train.py "${train_args[@]}"
 fi
@@ -467,8 +482,17 @@ for ((i = 0; i < num_ps + num_workers; i++)); do
 done
 
 wait_until_listening || exit 1
-echo "[start_all] servers ready; chief: training (${train_args[*]})"
-"$PY" models/train.py "${train_args[@]}" "${cluster[@]}" 2>"$logdir/chief.err" > >(tee "$logdir/chief.log") &
+if [ -n "$script" ]; then  # the user's own chief: the cluster and its role in TF_CONFIG
+  quoted() { local IFS=,; printf '"%s"' "$*" | sed 's/,/","/g'; }
+  chief_config="{\"cluster\": {\"ps\": [$(quoted "${ps_list[@]}")], \"worker\": [$(quoted "${worker_list[@]}")],"
+  chief_config+=" \"chief\": [\"127.0.0.1:${ports[num_ps + num_workers]}\"]}, \"task\": {\"type\": \"chief\", \"index\": 0}}"
+  echo "[start_all] servers ready; chief: $script ${extra_train_args[*]} (TF_CONFIG: $chief_config)"
+  TF_CONFIG=$chief_config "$PY" "$script" ${extra_train_args[@]+"${extra_train_args[@]}"} \
+    2>"$logdir/chief.err" > >(tee "$logdir/chief.log") &
+else
+  echo "[start_all] servers ready; chief: training (${train_args[*]})"
+  "$PY" models/train.py "${train_args[@]}" "${cluster[@]}" 2>"$logdir/chief.err" > >(tee "$logdir/chief.log") &
+fi
 chief=$!
 pids+=($chief)
 if [ -n "$stream" ]; then  # SIGTERM: the chief checkpoints (stream position included) and exits; then the servers stop

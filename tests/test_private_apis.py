@@ -27,7 +27,6 @@ MODULE_ATTRS = [
 MODEL_ATTRS = [
     ("_flatten_layers", "ttf/_keras.py (tables_in, used by ttf/serving), ttf/_accelerate.py, ttf/distribute/_table_sharding.py, ttf/precision/_train_step.py"),
     ("_nodes_by_depth", "ttf/_accelerate.py, ttf/distribute/_table_sharding.py"),
-    ("_run_internal_graph", "ttf/distribute/_table_sharding.py"),
 ]
 
 

@@ -8,6 +8,11 @@ op library, so a SavedModel holding ttf layers loads in a fresh process after it
 """
 import os
 
+# Quiet by default: TensorFlow's C++ INFO and WARNING lines say nothing to a ttf user (they
+# apply when ttf is imported before TensorFlow). TF_CPP_MIN_LOG_LEVEL, when set, wins;
+# TTF_VERBOSE=1 shows everything.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TTF_VERBOSE") == "1" else "2")
+
 import tensorflow as _tf  # noqa: E402
 
 __version__ = "0.1.0"

@@ -93,6 +93,11 @@ class FunctionalGraph:
         return layer(*args, **kwargs)
 
     @staticmethod
+    def first_argument(node, name):
+        """The KerasTensor `node`'s layer was called with first (or as `name`), or None."""
+        return node.arguments.args[0] if node.arguments.args else node.arguments.kwargs.get(name)
+
+    @staticmethod
     def producer(tensor):
         """(layer, node index) that made the KerasTensor."""
         history = tensor._keras_history  # pylint: disable=protected-access

@@ -10,6 +10,7 @@ Prints one JSON line of the job's numbers at the end.
 """
 import argparse
 import json
+import os
 import sys
 
 import ttf
@@ -48,6 +49,9 @@ def main(argv):
         topology = ttf.distribute.SyncWorkers(args.sync_hosts, args.task_index)
     elif args.ps_hosts:
         cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
+        topology = ttf.distribute.ParameterServers(cluster)
+    elif os.environ.get("TF_CONFIG"):  # the chief of a cluster TF_CONFIG names (start_all.sh --script)
+        cluster = ttf.distribute.resolve_task(ttf.distribute.tf_config_from_env()).cluster_config()
         topology = ttf.distribute.ParameterServers(cluster)
     else:
         topology = ttf.distribute.OneProcess()

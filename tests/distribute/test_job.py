@@ -338,3 +338,17 @@ def test_own_script_on_a_parameter_server_stream_trains_each_example_once_across
     trained = replay(journal)
     assert len(trained) == len(set(trained)) == sum(map(len, published)), \
         (len(trained), len(set(trained)), text.count("rolled back to"))
+
+
+@pytest.mark.slow
+def test_start_all_runs_a_users_own_script_as_the_chief_of_its_cluster(rows, tmp_path):
+    """./start_all.sh --script: the user's own Job script as the chief of the local
+    parameter-server cluster, the cluster in TF_CONFIG; their arguments after --."""
+    proc = subprocess.run([os.path.join(ROOT, "start_all.sh"), "--script", OWN_JOB, "--", "fit", rows, "--steps", "6",
+                           "--checkpoint-dir", str(tmp_path / "ck")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert '"task": {"type": "chief", "index": 0}' in proc.stdout
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["steps"] == 6 and result["table_summary"][0] > 0
+    assert os.path.exists(tmp_path / "ck" / "ckpt-6.index")

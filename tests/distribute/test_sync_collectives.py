@@ -68,3 +68,18 @@ def test_a_task_index_outside_the_workers_is_refused():
         TFCollectives(worker_hosts="127.0.0.1:1,127.0.0.1:2", task_index=2)
     with pytest.raises(ValueError, match="a task address must be host:port"):
         TFCollectives(worker_hosts="127.0.0.1", task_index=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras", ["2", "3"])
+def test_a_functional_model_exchanges_all_its_tables_at_once(keras, tmp_path):
+    """Two ttf tables of a functional model (Keras 2 and Keras 3) share one exchange per call
+    (ids, rows and gradients in one alltoall each), and sharding keeps the predictions."""
+    env = dict(ENV, TF_USE_LEGACY_KERAS="1") if keras == "2" else {k: v for k, v in ENV.items()
+                                                                  if k != "TF_USE_LEGACY_KERAS"}
+    [proc] = run_workers("sync_grouped.py", tmp_path / "out", count=1, env=env)
+    [output] = finish([proc])
+    assert proc.returncode == 0, output[-4000:]
+    result = json.loads((tmp_path / "out.0.json").read_text())
+    assert result["exchanges"] == [["fields", "users"]], result["exchanges"]
+    assert result["after"] == result["before"]

@@ -252,7 +252,9 @@ class CheckpointManager:
 def _restore(checkpoint, path):
     """Restores `path`, turning a missing or corrupt file into one error naming the checkpoint."""
     try:
-        checkpoint.restore(path)
+        # expect_partial: a job's parts made later (optimizer slots at the first step) would
+        # each print a "Value in checkpoint could not be found" warning that means nothing.
+        checkpoint.restore(path).expect_partial()
     # IndexError: TensorFlow's checkpoint reader on a truncated file ("Read less bytes than requested").
     except (tf.errors.OpError, ValueError, IndexError, message_lib.DecodeError) as error:
         message = error.message if isinstance(error, tf.errors.OpError) else str(error)

@@ -44,19 +44,22 @@ class StreamBatch:
       position: the source's position after this batch (pass the batch to `commit`).
       event_time: wall-clock seconds (time.time) at which the newest example of the
         batch arrived in the stream (file mtime, Kafka message timestamp).
+      bad_lines: lines of the batch skipped as bad (strict=False), counted at `commit`.
     """
     features: dict
     labels: tf.Tensor
     example_ids: np.ndarray
     position: object
     event_time: float
+    bad_lines: int = 0
 
 
 class StreamSource(tf.Module):
     """What both sources share: parsing, waiting, the stop flag and the progress dict.
 
     `progress` is a dict the source keeps current, for progress lines and summaries:
-    examples (committed, over every run restored into this one), examples_per_sec (since the
+    examples (committed, over every run restored into this one), bad_lines and empty_files
+    (skipped by this run: strict=False's bad lines, a folder's empty files), examples_per_sec (since the
     previous `update_progress` call), lag_seconds (now minus the arrival time of the newest
     committed example, 0 when nothing is waiting), lag_messages (examples or messages
     waiting; the folder source: lines not known, -1), lag_bytes (folder: bytes waiting;
@@ -71,10 +74,13 @@ class StreamSource(tf.Module):
         self.strict = strict
         self.poll_seconds = poll_seconds
         self.examples = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples")
+        # Skipped input of this run: bad lines counted at commit (a batch read again after a
+        # rollback counts once), empty files as they are passed over (a folder stream).
+        self.bad_lines = self.empty_files = 0
         self.stop_event = threading.Event()
         self._waiting_since, self._said_waiting = None, False
         self.progress = dict(examples=0, examples_per_sec=0.0, lag_seconds=0.0, lag_messages=-1, lag_bytes=-1,
-                             waiting=False)
+                             waiting=False, bad_lines=0, empty_files=0)
         self._last_progress = (time.monotonic(), None)
         self._last_event_time = None
         self._block = True
@@ -89,8 +95,8 @@ class StreamSource(tf.Module):
 
     def _parse(self, lines, where, numbers):
         from ttf.data._reader import parse_lines  # pylint: disable=import-outside-toplevel
-        features, labels, _ = parse_lines(lines, where, numbers, schema=self.schema, strict=self.strict)
-        return features, labels
+        features, labels, bad = parse_lines(lines, where, numbers, schema=self.schema, strict=self.strict)
+        return features, labels, int(bad)
 
     def next_batch(self, batch_size, block=True):
         """The next batch of up to `batch_size` examples, or None once `stop()` was called
@@ -106,11 +112,11 @@ class StreamSource(tf.Module):
         lines, ids, wheres, numbers, event_time, position = self._read(batch_size)
         if not lines:
             return None
-        features, labels = self._parse(lines, wheres, numbers)
-        if not self.strict and int(tf.size(labels)) < len(lines):
+        features, labels, bad = self._parse(lines, wheres, numbers)
+        if bad:
             # A skipped bad line has no row: keep the ids of the rows parsed (the op keeps order).
             ids = ids[:0]  # unknown which were dropped; ids are for audits, exact only when strict
-        return StreamBatch(features, labels, np.asarray(ids, np.int64), position, event_time)
+        return StreamBatch(features, labels, np.asarray(ids, np.int64), position, event_time, bad)
 
     def commit(self, batch):
         """Records that `batch` was trained: the position moves past it (call after the update)."""
@@ -118,6 +124,7 @@ class StreamSource(tf.Module):
             return
         self._assign(batch.position)
         self.examples.assign_add(int(tf.size(batch.labels)))
+        self.bad_lines += batch.bad_lines
         self._last_event_time = batch.event_time
 
     def empty_batch(self):
@@ -180,7 +187,7 @@ class StreamSource(tf.Module):
         if before is not None and now > then:
             self.progress["examples_per_sec"] = (examples - before) / (now - then)
         self._last_progress = (now, examples)
-        self.progress["examples"] = examples
+        self.progress.update(examples=examples, bad_lines=self.bad_lines, empty_files=self.empty_files)
         self.progress.update(self._lag())
         pending = self.progress["lag_messages"] > 0 or self.progress["lag_bytes"] > 0
         self.progress["lag_seconds"] = (max(0.0, time.time() - self._last_event_time)
@@ -328,6 +335,10 @@ class FolderStream(StreamSource):
                 event_time = max(event_time, os.path.getmtime(path))
                 continue
             later = self._files_after(name)
+            if later and path and size == 0 and offset == 0:
+                self.empty_files += 1
+                print(f"[stream] skipped the empty file {path} ({self.empty_files} so far)", file=sys.stderr,
+                      flush=True)
             if later:  # the current file is done (renamed into place whole): the next one
                 name, offset, line, sequence = later[0], 0, 1, sequence + 1
                 continue

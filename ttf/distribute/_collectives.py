@@ -181,7 +181,14 @@ class TFCollectives(Collectives):
         # context and the coordination service; ttf calls the collective ops itself, so each
         # worker keeps its own model and tables (ttf tables are per-process resources, never
         # MirroredVariables).
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=self.resolver)
+        try:
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=self.resolver)
+        except RuntimeError as error:
+            if "at program startup" not in str(error):
+                raise
+            raise ValueError("make the synchronous topology (SyncWorkers, or TFCollectives) first, before any "
+                             "TensorFlow variable, op or model of this process: TensorFlow enables its collectives "
+                             "only at start-up; then build the model inside topology.scope()") from None
         self._instance_keys = itertools.count(_FIRST_INSTANCE_KEY)
         self._eager_timeout = None
         self._progress = []  # [started, finished] counts of traced collectives, read by the watchdog

@@ -6,6 +6,7 @@ from typing import Optional
 
 ROW_DTYPES = ("fp32", "fp16", "int8")
 PRECISIONS = ("fp32", "bf16", "loss")
+RESUMES = ("refuse", "warm_start")
 
 
 def _positive(owner, name, value, allow_none=False, number=int):
@@ -67,7 +68,12 @@ class JobConfig:
       steps_per_call: training steps per tf.function call (progress and checkpoints then
         fall on multiples of it; a parameter-server job runs this many per worker call).
       log_every: steps between progress lines (and TensorBoard scalars).
-      checkpoint_dir: save here and resume from its latest checkpoint when present.
+      checkpoint_dir: save here and resume from its latest checkpoint when present. The
+        checkpoint must hold this model (its fingerprint: tables, variables, input schema).
+      resume: what to do when checkpoint_dir holds a checkpoint of a different model:
+        "refuse" (default: one ValueError naming the first difference, nothing read or
+        written) or "warm_start" (load the tables and variables that match by name and shape,
+        each listed, and start at step 0 from the start of the input).
       checkpoint_every: steps between checkpoints.
       full_every: every M-th checkpoint is full, the others deltas of the touched rows.
       max_to_keep: full checkpoints kept.
@@ -82,6 +88,9 @@ class JobConfig:
       ttl_seconds: event-time TTL on a stream: evict ids not trained on an example newer than
         this many seconds before the newest one (ttf.embedding.EventTimeTTL).
       journal: append one line per stream step (the step, then its example ids) here.
+      max_bad_fraction: stop with BadInputError when more than this fraction of the lines read
+        so far (after the first 1,000) were skipped as bad (a lenient Reader or stream,
+        strict=False): input that went bad stops the job rather than training on what is left.
     """
 
     batch_size: int = 256
@@ -90,6 +99,7 @@ class JobConfig:
     steps_per_call: int = 1
     log_every: int = 50
     checkpoint_dir: Optional[str] = None
+    resume: str = "refuse"
     checkpoint_every: int = 100
     full_every: int = 1
     max_to_keep: int = 3
@@ -101,6 +111,7 @@ class JobConfig:
     publish: Optional[PublishConfig] = None
     ttl_seconds: Optional[float] = None
     journal: Optional[str] = None
+    max_bad_fraction: float = 0.1
 
     def __post_init__(self):
         for name in ("batch_size", "steps_per_call", "log_every", "checkpoint_every", "full_every", "max_to_keep",
@@ -116,6 +127,10 @@ class JobConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"JobConfig.precision must be one of {PRECISIONS} (resolve 'auto' with "
                              f"ttf.precision.resolve_precision), got {self.precision!r}")
+        if not (isinstance(self.max_bad_fraction, (int, float)) and 0 <= self.max_bad_fraction <= 1):
+            raise ValueError(f"JobConfig.max_bad_fraction must be a number in [0, 1], got {self.max_bad_fraction!r}")
+        if self.resume not in RESUMES:
+            raise ValueError(f"JobConfig.resume must be one of {RESUMES}, got {self.resume!r}")
         _positive("JobConfig", "ttl_seconds", self.ttl_seconds, allow_none=True, number=float)
         if self.publish is not None and not isinstance(self.publish, PublishConfig):
             raise ValueError(f"JobConfig.publish must be a ttf.distribute.PublishConfig or None, "

@@ -28,6 +28,7 @@ Example (one process; the same script is the chief of a cluster with
     print(job.evaluate(ttf.data.Reader(["day_1.tsv"], "criteo")))
 """
 import contextlib
+import dataclasses
 import time
 
 import numpy as np
@@ -35,8 +36,10 @@ import tensorflow as tf
 
 from ttf import summary as _summary
 from ttf.checkpoint import CheckpointManager
+from ttf.checkpoint._fingerprint import ModelFingerprint, warm_start
 from ttf.data import InputPosition, best_auc, zero_features
 from ttf.distribute import _errors
+from ttf.distribute import _checks
 from ttf.distribute._attempts import StepAttempts
 from ttf.distribute._config import JobConfig
 from ttf.distribute._topology import OneProcess
@@ -80,9 +83,13 @@ class Job:
     def __init__(self, model, optimizer, loss=None, *, forward=None, topology=None, config=None, log=None,
                  checkpoint_extras=None):
         self.topology = topology or OneProcess()
-        self.config = config or JobConfig()
-        if not isinstance(self.config, JobConfig):
-            raise ValueError(f"config must be a ttf.distribute.JobConfig, got {type(self.config).__name__}")
+        config = config or JobConfig()
+        if not isinstance(config, JobConfig):
+            raise ValueError(f"config must be a ttf.distribute.JobConfig, got {type(config).__name__}")
+        # Every task reads the chief's folders: a relative path would mean each task's own.
+        publish = config.publish and dataclasses.replace(config.publish, base=_checks.absolute_path(config.publish.base))
+        self.config = config = dataclasses.replace(config, checkpoint_dir=_checks.absolute_path(config.checkpoint_dir),
+                                                   publish=publish)
         if self.config.steps_per_call > self.topology.max_steps_per_call:
             raise ValueError(f"steps_per_call={self.config.steps_per_call}: a {self.topology.name} job runs one step "
                              f"per call at most {self.topology.max_steps_per_call} (its collectives take a new instance "
@@ -91,14 +98,16 @@ class Job:
         self.forward = forward or model
         self.loss = loss or sigmoid_cross_entropy
         self._log = log or _print
+        _checks.check_in_scope(self.topology, model, optimizer)
         with self.topology.scope():
-            self.optimizer = self.topology.prepare(model, optimizer)
+            self.optimizer = self.topology.prepare(model, _checks.job_optimizer(model, optimizer))
             self.position = InputPosition(self.topology.num_shares)
             self.precision = policy_for(self.config.precision)
             self.auc_window = _summary.RollingAUC(self.config.auc_window) if self.config.logdir else None
         self._extras = dict(checkpoint_extras or {})
         self.stream = self.event_ttl = self.manager = self.publisher = self.train_step = self.guard = None
         self.stop = None
+        self._reader, self._bad_before = None, 0  # fit's lenient Reader: its bad lines count as skipped input
         self._ready = False
         self._last_checkpoint = -1
         self._summary = None
@@ -111,13 +120,16 @@ class Job:
         if self.topology.is_chief:
             self._log(message)
 
-    def _setup(self, sample_features, stream=None):
+    def _setup(self, sample_features, what, stream=None, schema=None):
+        """Builds and checks the model on `sample_features` (a batch of `what`), then restores
+        checkpoint_dir's latest checkpoint when it holds this model."""
         if self._ready:
             return
         config, topology = self.config, self.topology
         with topology.scope():
-            if not self.model.built:
-                self.model(sample_features, training=False)  # variables (on the ps tasks in a cluster)
+            if not self.model.built:  # variables (on the ps tasks in a cluster)
+                _checks.call_on(self.model, sample_features, what)
+            _checks.check_output(self.forward, sample_features, what)
             parts = {"model": self.model, "optimizer": self.optimizer, "input_position": self.position}
             if stream is not None:
                 parts["stream_position"] = stream
@@ -138,12 +150,15 @@ class Job:
                                                   finite_across=topology.finite_across())
                 parts["train_step"] = self.train_step
             parts.update(self._extras)
+            fingerprint = ModelFingerprint.of(tf.train.Checkpoint(**parts), schema)
+            parts["fingerprint"] = fingerprint.variable()  # every checkpoint knows the model it holds
             self.checkpoint = tf.train.Checkpoint(**parts)
         if config.checkpoint_dir:
             self.manager = CheckpointManager(self.checkpoint, config.checkpoint_dir, full_every=config.full_every,
                                              max_to_keep=config.max_to_keep)
-            self._check_auc_window()
-            if self.manager.restore_latest() is not None:
+            resumed = self._resume(fingerprint)
+            _checks.check_reachable(topology, config.checkpoint_dir)
+            if resumed:
                 self.log(f"resumed from {self.manager.latest} at step {self.step()}")
                 self.log("input position: " + ", ".join(
                     f"share {i} at epoch {e}, line {line} + {k} batch(es)" if line >= 0 else f"share {i} not started"
@@ -160,6 +175,26 @@ class Job:
         self._summary = _summary.JobSummary(config.logdir, writer=topology.is_chief) if config.logdir else None
         self.step_before = self.step()
         self._ready = True
+
+    def _resume(self, fingerprint):
+        """Restores checkpoint_dir's latest checkpoint if it holds this model (True); refuses one
+        of another model in one line, or warm-starts from its matching parts (False: step 0)."""
+        directory = self.config.checkpoint_dir
+        latest = self.manager.latest or tf.train.latest_checkpoint(directory)
+        if latest is None:
+            return False
+        saved = ModelFingerprint.saved_in(latest)
+        difference = fingerprint.first_difference(saved)
+        if difference is None:
+            self._check_auc_window()
+            return self.manager.restore_latest() is not None
+        if self.config.resume == "refuse":
+            raise ValueError(f"checkpoint_dir {directory} holds a checkpoint of another model: {difference}. Nothing "
+                             "was restored or written; give a new checkpoint_dir, or JobConfig(resume='warm_start') "
+                             "to start this model from the parts that match")
+        self.log(f"checkpoint_dir {directory} holds another model ({difference}): warm start at step 0")
+        warm_start(fingerprint, saved, directory, self.log)
+        return False
 
     def _loss_fn(self):
         """The step's loss: the mean of the examples' losses over every process's batch (so
@@ -207,6 +242,29 @@ class Job:
         self.topology.sync_positions(self.position)
         total = self.position.examples_trained()
         return total, total - self.examples_before
+
+    def skipped_input(self):
+        """{"bad_lines", "empty_files"} skipped by this run (strict=False's bad lines of the
+        Reader or stream, a folder stream's empty files). Raises BadInputError past
+        config.max_bad_fraction of the lines read."""
+        if self.stream is not None:
+            progress, _ = self.topology.stream_progress(self.stream)
+            bad, empty, examples = progress["bad_lines"], progress["empty_files"], progress["examples"]
+        else:
+            bad = self._reader.bad_lines - self._bad_before if self._reader is not None else 0
+            empty, examples = 0, self.examples_trained()[1]
+        read = bad + examples
+        if read >= 1000 and bad > self.config.max_bad_fraction * read:
+            raise _errors.BadInputError(
+                f"{bad} of the last {read} input lines were bad ({100 * bad / read:.1f}%, over max_bad_fraction="
+                f"{self.config.max_bad_fraction}): the input went bad; fix it, or raise JobConfig.max_bad_fraction")
+        return {"bad_lines": bad, "empty_files": empty}
+
+    def skipped_text(self):
+        """', K bad lines skipped' (and empty files) for a progress line, or ''."""
+        skipped = self.skipped_input()
+        text = f", {skipped['bad_lines']} bad line(s) skipped" if skipped["bad_lines"] else ""
+        return text + (f", {skipped['empty_files']} empty file(s) skipped" if skipped["empty_files"] else "")
 
     def table_summary(self):
         """(ids stored, checksum, value sum) over every shard of the model's ttf tables, or None."""
@@ -286,6 +344,7 @@ class Job:
         if self._summary is None:
             return
         values = {_summary.LOSS: loss, _summary.AUC: self.auc_window.auc(),
+                  "input/bad_lines": self.skipped_input()["bad_lines"],
                   _summary.EXAMPLES_PER_SEC: steps_per_sec * self.config.batch_size * self.topology.size,
                   _summary.BF16_SHARE: self.bf16_fraction(step - self.step_before),
                   _summary.SKIPPED_STEPS: self.skipped_steps()}
@@ -327,14 +386,21 @@ class Job:
                 raise ValueError("steps_per_call > 1 needs a ttf.data.Reader; give steps_per_call=1 with a "
                                  "tf.data.Dataset")
             first = lambda: next(iter(data))[0]  # noqa: E731
+            what, schema = "the dataset's first batch", None
             dataset = lambda share: self.topology.slice_batches(data, config.batch_size)  # noqa: E731
         else:
             first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
+            what, schema = f"the reader's batches (schema {data.schema.name!r})", data.schema
+            # Its counter lives in this process: a parameter-server job's workers parse (and count) elsewhere.
+            self._reader = None if self.topology.coordinated else data
             dataset = lambda share: data.share_dataset(  # noqa: E731
                 config.batch_size, share, self.topology.num_shares, position=self.position, seed=config.seed,
                 split=split, num_epochs=None if config.steps else config.epochs)
         with self._errors():
-            self._setup(first())
+            sample = first()  # (its iterator is gone: the lines it parsed ahead are counted by now)
+            if self._reader is not None:
+                self._bad_before = self._reader.bad_lines
+            self._setup(sample, what, schema=schema)
             start = self.step()
             if self.topology.coordinated:
                 steps, seconds = _loops.fit_coordinated(self, dataset)
@@ -346,22 +412,25 @@ class Job:
             self.maybe_publish(final=True)
         return self._result(start, steps, seconds)
 
-    def follow(self, spec, schema="criteo", strict=True, poll_seconds=1.0, kafka_config=None):
+    def follow(self, spec, schema=None, strict=True, poll_seconds=1.0, kafka_config=None):
         """Trains on a stream until SIGTERM/SIGINT (or config.steps): folder:DIR or
         kafka:HOST:PORT/TOPIC (ttf.data.open_stream). Each batch's position is committed after
         its update, so every checkpoint pairs the model with the stream position it has seen;
         on a stop it publishes and checkpoints, then returns this run's numbers. Each worker
-        or rank trains its share (Kafka partitions, folder files by name)."""
+        or rank trains its share (Kafka partitions, folder files by name). schema: the stream's
+        columns (a ttf.data.Schema, "criteo" (the default), "avazu" or a JSON file)."""
         from ttf.distribute import _loops  # noqa: PLC0415
 
         if self.config.epochs is not None:
             raise ValueError("follow runs a stream until stopped (or JobConfig.steps): drop JobConfig.epochs")
         with self._errors():
             with self.topology.scope():  # its position lives where the job's variables do
-                self.stream = self.topology.open_stream(spec, schema=schema, strict=strict, poll_seconds=poll_seconds,
+                self.stream = self.topology.open_stream(spec, schema=schema or "criteo", strict=strict, poll_seconds=poll_seconds,
                                                         kafka_config=kafka_config)
             self.stream.on_idle = self.maybe_publish  # an idle stream still publishes its last steps' rows
-            self._setup(zero_features(schema), self.stream)
+            what = (f"the stream's features by schema {schema!r}" if schema is not None else
+                    "the stream's features by the default schema 'criteo' (give follow(schema=...) for another)")
+            self._setup(zero_features(self.stream.schema), what, self.stream, schema=self.stream.schema)
             start = self.step()
             if self.topology.coordinated:
                 steps, seconds = _loops.follow_coordinated(self)
@@ -377,7 +446,7 @@ class Job:
 
     def _result(self, start, steps, seconds):
         steps_run = self.step() - start
-        return {"steps": self.step(), "steps_run": steps_run, "timed_steps": steps, "seconds": seconds,
+        return {**self.skipped_input(), "steps": self.step(), "steps_run": steps_run, "timed_steps": steps, "seconds": seconds,
                 "steps_per_sec": steps / seconds if seconds > 0 else float("nan"),
                 "bf16_fraction": self.bf16_fraction(steps_run), "skipped_steps": self.skipped_steps(),
                 "cpu_seconds_per_step": self.timed_cpu / steps if self.timed_cpu is not None and steps else None}

@@ -12,7 +12,8 @@ from ttf.distribute._stop import StopOnSignal
 def _progress_line(job, step, loss, steps_per_sec, skipped):
     ranks = f" ({job.topology.size} ranks)" if job.topology.synchronous else ""
     job.log(f"step {step}: loss {loss:.4f}, {steps_per_sec:.1f} steps/s"
-            + (f", {skipped} skipped as non-finite" if skipped else "") + job.table_progress() + ranks)
+            + (f", {skipped} skipped as non-finite" if skipped else "") + job.skipped_text() + job.table_progress()
+            + ranks)
 
 
 def fit_local(job, dataset):
@@ -153,6 +154,7 @@ def fit_coordinated(job, dataset):
     last_log = time.perf_counter()
     while target is None or job.step() < target:
         chunk = config.log_every if target is None else min(config.log_every, target - job.step())
+        chunk = min(chunk, _to_next_checkpoint(job))
         losses, skipped = run(low, chunk)
         if not losses:
             if len(finished) == workers:  # epochs: every worker's share ran out
@@ -163,12 +165,20 @@ def fit_coordinated(job, dataset):
             low = job.use_bf16(float("nan") if skip else loss)  # a skipped step holds float32
         now = time.perf_counter()
         job.log(f"step {job.step()}: loss {losses[-1]:.4f}, {chunk / (now - last_log):.1f} global steps/s"
-                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else "") + job.table_progress())
+                + (f", {sum(skipped)} skipped as non-finite" if any(skipped) else "") + job.skipped_text()
+                + job.table_progress())
         job.write_summary(job.step(), losses[-1], chunk / (now - last_log))
         last_log = now
         job._maybe_checkpoint(job.step(), every_chunk=True)  # pylint: disable=protected-access
         job.maybe_publish()
     return job.step() - timed_from, time.perf_counter() - timed_start
+
+
+def _to_next_checkpoint(job):
+    """Steps to the next multiple of checkpoint_every: a coordinated job schedules its steps in
+    chunks, cut there so that checkpoints land on those multiples on every topology."""
+    every = job.config.checkpoint_every
+    return every - job.step() % every if job.manager is not None else 1 << 62
 
 
 def _open_journal(job):
@@ -192,7 +202,7 @@ def _stream_progress_line(job, step, loss):
     publisher = job.publisher
     published = f", published base {publisher.version} sequence {publisher.sequence}" if publisher else ""
     job.log(f"step {step}: loss {loss:.4f}, {progress['examples_per_sec']:.1f} examples/s, {lag}, "
-            f"{progress['examples']} examples trained{published}{evicted}" + job.table_progress())
+            f"{progress['examples']} examples trained{published}{evicted}" + job.skipped_text() + job.table_progress())
     job.write_summary(step, loss, extra={_summary.EXAMPLES_PER_SEC: progress["examples_per_sec"],
                                          "stream/lag_seconds": progress["lag_seconds"],
                                          "stream/lag_messages": progress["lag_messages"]})
@@ -268,6 +278,7 @@ def follow_coordinated(job):
         while not stop.requested and (config.steps is None or step < config.steps):
             # One batch per worker; a round never waits for more than the first batch and one poll.
             room = workers if config.steps is None else min(workers, config.steps - step)
+            room = min(room, _to_next_checkpoint(job))
             batches = [stream.next_batch(config.batch_size)]
             if batches[0] is None:  # stopped
                 break

@@ -121,7 +121,8 @@ def stream_progress(coll, stream):
         every = coll.allgather_object(mine, "ttf_stream_progress")
     merged = dict(local)
     merged["examples"] = stream.merged_examples + sum(e["since"] for e in every)
-    merged["examples_per_sec"] = sum(e["examples_per_sec"] for e in every)
+    for field in ("examples_per_sec", "bad_lines", "empty_files"):
+        merged[field] = sum(e[field] for e in every)
     merged["lag_seconds"] = max(e["lag_seconds"] for e in every)
     for field in ("lag_messages", "lag_bytes"):  # -1: unknown on some share
         merged[field] = -1 if any(e[field] < 0 for e in every) else sum(e[field] for e in every)

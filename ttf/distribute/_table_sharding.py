@@ -22,6 +22,10 @@ import warnings
 import tensorflow as tf
 
 from ttf._keras import KERAS3
+if KERAS3:
+    from ttf._keras3 import FunctionalGraph as _graph
+else:
+    from ttf._keras import FunctionalGraph as _graph
 from ttf._ops import ops
 from ttf.distribute._collectives import CollectiveMisuseError
 from ttf.distribute._wire import from_wire, itemsize, to_wire, wire_dtype
@@ -224,7 +228,7 @@ def shard_tables(model, collectives, compression="none", group=None, make_shardi
     """Shards every ttf table of `model` over the workers of `collectives` (create it before
     the model). Returns the sharded layers. A layer already sharded over parameter servers
     (shard_devices) cannot also be sharded over workers. A functional tf_keras model makes
-    one exchange per step for all its tables; a Keras 3 or subclassed model one per table.
+    one exchange per step for all its tables (Keras 2 or 3); a subclassed model one per table.
     (group, make_sharding: a backend's own grouping function and TableSharding maker.)"""
     layers = tables_in(model)
     if not layers:
@@ -239,49 +243,52 @@ def shard_tables(model, collectives, compression="none", group=None, make_shardi
         if tf.executing_eagerly() and int(layer.tables[0].size()) > 0:
             # Rows already there (ttf.accelerate's, a restore before sharding): keep the owned ones.
             sharding.import_table(layer, layer.tables[0].export())
-    grouped = set() if KERAS3 else (group or _group_lookups)(model, sharding)
+    grouped = (group or _group_lookups)(model, sharding)
     apart = [layer.name for layer in layers if id(layer) not in grouped]
     if len(layers) > 1 and apart:
-        why = ("it is a Keras 3 model (ttf groups the lookups of functional tf_keras models)" if KERAS3 else
-               "they are not called at the top level of a functional model (subclassed or nested models)")
         warnings.warn(
             f"ttf: {len(apart)} of the {len(layers)} ttf tables of {model.name} ({', '.join(apart)}) each make "
-            f"their own exchange per step, since {why}: more, smaller alltoalls. Build the model functionally "
-            "(tf_keras) to exchange every table's ids, rows and gradients in one alltoall each.", stacklevel=2)
+            "their own exchange per step, since they are not called at the top level of a functional model "
+            "(subclassed or nested models): more, smaller alltoalls. Build the model functionally to exchange "
+            "every table's ids, rows and gradients in one alltoall each.", stacklevel=2)
     return layers
 
 
 def _group_lookups(model, sharding):
-    """Makes a functional model look up all its ttf tables in one exchange: each call first
-    computes the ids of every ttf layer call (a sub-model from the inputs to those ids),
-    exchanges them all at once, and the layers then take their rows from that exchange.
-    Returns the ids of the grouped layers (none for a subclassed model, or one ttf call)."""
-    if not hasattr(model, "_nodes_by_depth"):
+    """Makes a functional model (Keras 2 or 3, or a Sequential) look up all its ttf tables in
+    one exchange: each call first computes the ids of every ttf layer call (a sub-model from
+    the inputs to those ids), exchanges them all at once, and the layers then take their rows
+    from that exchange. Returns the ids of the grouped layers (none for a subclassed model,
+    or one ttf call)."""
+    functional = _graph.functional(model)
+    if functional is None:
         return set()
-    nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)  # the order _run_internal_graph runs
-             for node in model._nodes_by_depth[depth]  # pylint: disable=protected-access
-             if not node.is_input and isinstance(node.layer, DynamicEmbedding) and node.layer.sharding is sharding]
+    by_depth = _graph.nodes_by_depth(functional)
+    nodes = [node for depth in sorted(by_depth, reverse=True) for node in by_depth[depth]  # the order the graph runs
+             if not node.is_input and isinstance(_graph.layer(node), DynamicEmbedding)
+             and _graph.layer(node).sharding is sharding]
     if len(nodes) < 2:
         return set()
-    ids_structure = [node.call_args[0] if node.call_args else node.call_kwargs.get("ids") for node in nodes]
+    layers = [_graph.layer(node) for node in nodes]
+    ids_structure = [_graph.first_argument(node, "ids") for node in nodes]
     try:
         if any(ids is None for ids in ids_structure):
             raise ValueError("a ttf layer was called without its ids as the first argument")
-        ids_model = tf.keras.Model(model._nested_inputs, tf.nest.flatten(ids_structure),  # pylint: disable=protected-access
+        ids_model = tf.keras.Model(_graph.structures(functional)[0], tf.nest.flatten(ids_structure),
                                    name=f"{model.name}_ttf_ids")
     except (ValueError, TypeError) as err:
         warnings.warn(f"ttf: cannot group the ttf lookups of {model.name} into one exchange ({err}); "
                       "each table makes its own", stacklevel=3)
         return set()
-    run = model._run_internal_graph  # pylint: disable=protected-access
+    call = functional.call
 
-    def grouped_run(inputs, training=None, mask=None):
-        if any(node.layer._serving_table is not None for node in nodes):  # pylint: disable=protected-access
-            return run(inputs, training=training, mask=mask)  # export_for_serving is tracing: no exchange
-        flat_ids = ids_model(inputs)
+    def grouped_call(inputs, training=None, mask=None, **kwargs):
+        if any(layer._serving_table is not None for layer in layers):  # pylint: disable=protected-access
+            return call(inputs, training=training, mask=mask, **kwargs)  # export_for_serving is tracing: no exchange
+        flat_ids = ids_model(inputs, training=training)
         ids = tf.nest.pack_sequence_as(ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
-        requests = [(node.layer, *node.layer.keys_of(x)) for node, x in zip(nodes, ids)]
-        trains = [node.layer.trains(training) for node in nodes]
+        requests = [(layer, *layer.keys_of(x)) for layer, x in zip(layers, ids)]
+        trains = [layer.trains(training) for layer in layers]
         queues = {}
         for flag in sorted(set(trains)):  # a frozen table takes part in a find-only exchange
             chosen = [request for request, trained in zip(requests, trains) if trained == flag]
@@ -289,12 +296,12 @@ def _group_lookups(model, sharding):
                 queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
         outer, sharding._grouped = sharding._grouped, queues  # pylint: disable=protected-access
         try:
-            return run(inputs, training=training, mask=mask)
+            return call(inputs, training=training, mask=mask, **kwargs)
         finally:
             sharding._grouped = outer  # pylint: disable=protected-access
 
-    model._run_internal_graph = grouped_run  # pylint: disable=protected-access
-    return {id(node.layer) for node in nodes}
+    functional.call = grouped_call  # this model's calls (Keras calls self.call) exchange once
+    return {id(layer) for layer in layers}
 
 
 def table_size(model, collectives):

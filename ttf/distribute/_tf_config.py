@@ -203,8 +203,12 @@ class TaskRole:
         else:
             job = (f"a synchronous job ({len(self.worker_hosts.split(','))} worker(s)"
                    + (f", chief {self.chief_host})" if self.chief_host else ", worker 0 acting as chief)"))
-        where = (f"listens on 0.0.0.0:{self.address.rpartition(':')[2]} (cluster address {self.address}; every "
-                 "address of this host, TensorFlow gRPC, no authentication)" if self.address
+        # Inside the private network namespace ttf's launcher makes (TTF_NETWORK=private), every
+        # address is loopback: no process outside the job reaches it.
+        reach = ("every address of this job's private network namespace: loopback only"
+                 if os.environ.get("TTF_NETWORK") == "private" else "every address of this network namespace")
+        where = (f"listens on 0.0.0.0:{self.address.rpartition(':')[2]} (cluster address {self.address}; {reach}, "
+                 "TensorFlow gRPC, no authentication)" if self.address
                  else "listens on nothing (not a member of the training cluster)")
         return f"role {self.task_type} {self.task_index} of {job}, from {self.source}: {where}"
 
