@@ -82,8 +82,11 @@ for delta in range(4):
     fail[0] = delta == 2 and rank == 1  # a full disk on rank 1 only: both ranks pause
     results.append(publisher.maybe_publish())
     fail[0] = False
+step(600)
 clock[0] += 1
-results.append(publisher.maybe_publish())  # resumes: everything since the last whole delta
+results.append(publisher.maybe_publish())  # that step's rows
+clock[0] += 1
+results.append(publisher.maybe_publish())  # no step since: no delta (every rank agrees)
 out = {"written": written, "results": results, "paused": publisher.paused, "refusal": refusal}
 # The reference: every rank's rows and the ids any rank saw, gathered for this check only.
 mine = layer.tables[0].export()

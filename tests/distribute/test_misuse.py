@@ -140,8 +140,9 @@ def test_follow_without_the_stream_schema_says_so(tmp_path):
 
 def test_relative_checkpoint_dir_is_made_absolute_here(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    job = job_of(model_of(), "relative_ck")
+    job = job_of(model_of(), "relative_ck", publish=ttf.distribute.PublishConfig("serving"))
     assert job.config.checkpoint_dir == str(tmp_path / "relative_ck")
+    assert job.config.publish.base == str(tmp_path / "serving")
 
 
 def test_sync_workers_made_after_the_model_is_one_line():

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # A fresh process with Python's default warning filters, as a user's script runs.
 EXPORT = r"""
 import numpy as np, keras, tensorflow as tf, ttf
@@ -38,6 +40,7 @@ def run_fresh(code, cwd):
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # fresh TensorFlow processes
 def test_model_export_warns_in_one_line_naming_export_for_serving(tmp_path):
     proc = run_fresh(EXPORT, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

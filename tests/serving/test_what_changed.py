@@ -7,13 +7,19 @@ The reference is the trainer itself: the keys each step touched (layer.keys_of) 
 (TtfTableExport), as in test_publish.py."""
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import ttf
 from tests.serving.test_publish import Clock, assert_follower_equals_trainer, layer_keys, make_model, train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def manifest(base, version, sequence):
@@ -39,31 +45,30 @@ def test_an_idle_publisher_writes_no_delta_and_a_delta_holds_only_the_rows_since
     base = str(tmp_path / "ctr")
     model, optimizer = make_model()
     layer = model.get_layer("sparse")
-    publisher = ttf.serving.Publisher(model, base, publish_every=0.05)  # the real clock
+    clock = Clock()
+    publisher = ttf.serving.Publisher(model, base, publish_every=1, clock=clock)
     train(model, optimizer, [[1, 2], [3, 4]])
     assert publisher.maybe_publish() == (1, 0)
     follower = ttf.serving.DeltaFollower(base)
-    until = time.monotonic() + 2.0
-    while time.monotonic() < until:  # idle: no step, no eviction, for 2 s (40 intervals)
+    for _ in range(40):  # idle: no step, no eviction, for 40 intervals
+        clock.now += 1
         assert publisher.maybe_publish() is None
-        time.sleep(0.01)
     assert publisher.publish(with_dense=True) == (1, 0)  # a job's last publish, idle: nothing either
     assert deltas(base) == [] and publisher.sequence == 0
 
     train(model, optimizer, [[5, 6]])
-    time.sleep(0.06)
+    clock.now += 1
     assert publisher.maybe_publish() == (1, 1)
     assert sorted(delta_keys(base, 1, 1)) == sorted(layer_keys(layer, [[5, 6]]))  # that step's rows only
     assert manifest(base, 1, 1)["dense"] is not None  # the dense weights changed with them
     train(model, optimizer, [[7, 8]])
     train(model, optimizer, [[9, 10]])
-    time.sleep(0.06)
+    clock.now += 1
     assert publisher.maybe_publish() == (1, 2)
     assert sorted(delta_keys(base, 1, 2)) == sorted(layer_keys(layer, [[7, 8], [9, 10]]))  # not [5, 6] again
-    until = time.monotonic() + 1.0
-    while time.monotonic() < until:
+    for _ in range(20):
+        clock.now += 1
         assert publisher.maybe_publish() is None
-        time.sleep(0.01)
     assert deltas(base) == ["0000000001", "0000000002"]
     assert follower.sync() == 2
     assert_follower_equals_trainer(follower, layer, layer_keys(layer, [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]))
@@ -128,3 +133,40 @@ def test_a_follower_joining_late_replays_only_the_deltas_since_the_last_base(tmp
     follower = ttf.serving.DeltaFollower(base)
     assert (follower.version, follower.sequence) == (3, 0)
     assert_follower_equals_trainer(follower, layer, layer_keys(layer, [[0, 1]]))
+
+
+@pytest.mark.slow  # a fresh TensorFlow process
+def test_an_idle_online_job_writes_no_delta(tmp_path):
+    """The user's own script (tests/distribute/own_job.py) follows a folder and publishes every
+    0.5 s: it trains a file's rows and publishes them, then, with no file arriving for 4 s
+    (8 intervals, each an idle poll that asks to publish), writes no delta; its last publish at
+    SIGTERM, with nothing new, writes none either."""
+    sample = os.path.join(ROOT, "data", "criteo_sample.txt")
+    header, *lines = open(sample, encoding="utf-8").read().splitlines(keepends=True)
+    incoming, base, journal = tmp_path / "incoming", tmp_path / "publish", tmp_path / "journal"
+    incoming.mkdir()
+    (tmp_path / "part").write_text(header + "".join(lines[:48]))
+    os.rename(tmp_path / "part", incoming / "part-000.txt")
+    job = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "distribute", "own_job.py"), "follow",
+                            f"folder:{incoming}", "--batch-size", "8", "--journal", str(journal),
+                            "--publish", str(base)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and job.poll() is None and not (
+                journal.exists() and len(journal.read_text().splitlines()) == 6):
+            time.sleep(0.1)  # the file's 6 steps trained
+        published = None
+        while time.time() < deadline and job.poll() is None and published != deltas(str(base)):
+            published = deltas(str(base))
+            time.sleep(3.0)  # until the last steps' delta is out (a publish every 0.5 s)
+        assert published, "no delta published"
+        time.sleep(4.0)
+        assert deltas(str(base)) == published  # idle: nothing written
+    finally:
+        job.send_signal(signal.SIGTERM)
+        out = job.communicate(timeout=300)[0]
+    assert job.returncode == 0, out[-3000:]
+    assert deltas(str(base)) == published and len(open(journal).readlines()) == 6, out[-3000:]
+    follower = ttf.serving.DeltaFollower(str(base))
+    assert (follower.version, follower.sequence) == (1, len(published)) and follower.refused is None

@@ -86,7 +86,9 @@ class Job:
         if not isinstance(config, JobConfig):
             raise ValueError(f"config must be a ttf.distribute.JobConfig, got {type(config).__name__}")
         # Every task reads the chief's folders: a relative path would mean each task's own.
-        self.config = config = dataclasses.replace(config, checkpoint_dir=_checks.absolute_path(config.checkpoint_dir))
+        publish = config.publish and dataclasses.replace(config.publish, base=_checks.absolute_path(config.publish.base))
+        self.config = config = dataclasses.replace(config, checkpoint_dir=_checks.absolute_path(config.checkpoint_dir),
+                                                   publish=publish)
         if self.config.steps_per_call > self.topology.max_steps_per_call:
             raise ValueError(f"steps_per_call={self.config.steps_per_call}: a {self.topology.name} job runs one step "
                              f"per call at most {self.topology.max_steps_per_call} (its collectives take a new instance "
