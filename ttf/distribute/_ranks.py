@@ -16,6 +16,7 @@ import os
 import tensorflow as tf
 
 from ttf.data import open_stream as _open_stream
+from ttf.distribute._checks import absolute_path
 from ttf.embedding import tables_in
 from ttf.serving import Publisher as _Publisher
 from ttf.serving._publish import exported_steps
@@ -254,7 +255,7 @@ def export_for_serving(coll, model, base, **kwargs):
     rank, size = coll.rank, coll.size
     row_dtype = kwargs.get("row_dtype", tf.float32)
     layers = tables_in(model)
-    mine, local = [], {"error": None, "layouts": [], "base": os.path.abspath(os.fspath(base))}
+    mine, local = [], {"error": None, "layouts": [], "base": absolute_path(os.fspath(base))}
     try:
         for layer in layers:
             shard, step = HashedShard.of_table(layer.tables[0], layer.dim, row_dtype, f"shard_{rank}",
