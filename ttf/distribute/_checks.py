@@ -40,11 +40,15 @@ def check_in_scope(topology, model, optimizer):
     strategy = topology.strategy
     if strategy is None:
         return
-    outside = [v for v in model.variables if not strategy.extended.variable_created_in_scope(v)]
+    # A Keras 3 variable holds its TensorFlow variable as .value.
+    variables = [v if isinstance(v, tf.Variable) else getattr(v, "value", None) for v in model.variables]
+    outside = [v for v in variables
+               if isinstance(v, tf.Variable) and not strategy.extended.variable_created_in_scope(v)]
     if outside:
         raise ValueError(f"the model's variables (e.g. {outside[0].name}) were made outside topology.scope(): on a "
                          f"{topology.name} job build the model and optimizer inside `with topology.scope():`")
     iterations = getattr(optimizer, "_iterations", None)
+    iterations = iterations if isinstance(iterations, tf.Variable) else getattr(iterations, "value", None)
     if isinstance(iterations, tf.Variable) and not strategy.extended.variable_created_in_scope(iterations):
         raise ValueError("the optimizer was made outside topology.scope(): on a "
                          f"{topology.name} job make it inside `with topology.scope():` with the model")
