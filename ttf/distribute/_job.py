@@ -38,8 +38,7 @@ from ttf import summary as _summary
 from ttf.checkpoint import CheckpointManager
 from ttf.checkpoint._fingerprint import ModelFingerprint, warm_start
 from ttf.data import InputPosition, best_auc, zero_features
-from ttf.distribute import _errors
-from ttf.distribute import _checks
+from ttf.distribute import _checks, _errors, _user_data
 from ttf.distribute._attempts import StepAttempts
 from ttf.distribute._config import JobConfig
 from ttf.distribute._topology import OneProcess
@@ -365,12 +364,19 @@ class Job:
 
     def fit(self, data, split="all"):
         """Trains on `data` to config.steps (or for config.epochs); then checkpoints and
-        publishes a last time. Returns {"steps", "timed_steps", "seconds", ...} of this run.
+        publishes a last time. Returns {"steps", "timed_steps", "seconds", ...} of this run;
+        "data_ran_out_at_step" is the step where the data ended before config.steps (also a
+        warning line), else None.
 
         Args:
           data: a ttf.data.Reader (each worker or rank reads its own share; the position is
-            checkpointed), or a tf.data.Dataset of (features, labels) batches (one process
-            and Horovod ranks; each rank keeps its slice of every batch).
+            checkpointed); or your own pipeline, `dataset_fn(input_context) -> tf.data.Dataset`
+            of (features, labels) batches of config.batch_size rows, called once per input share
+            with a tf.distribute.InputContext (every topology: each worker or rank its
+            input_pipeline_id); or one tf.data.Dataset (one process and synchronous ranks; each
+            rank keeps its slice of every batch). With epochs the job repeats a pipeline
+            `epochs` times. Where a pipeline stands is checkpointed (docs/job.md, "Your own
+            tf.data pipeline"); where it cannot be kept exactly, one line says so at start.
           split: "all", "train" (every 5th line held out) of a Reader.
         """
         from ttf.distribute import _loops  # noqa: PLC0415
@@ -378,16 +384,14 @@ class Job:
         config = self.config
         if config.steps is None and config.epochs is None:
             raise ValueError("JobConfig needs steps or epochs for fit (follow runs a stream until stopped)")
-        if isinstance(data, tf.data.Dataset):
-            if self.topology.coordinated:
-                raise ValueError("a parameter-server job reads a ttf.data.Reader (each worker its own share, its "
-                                 "position checkpointed); pass fit() a Reader instead of a tf.data.Dataset")
-            if config.steps_per_call > 1:
-                raise ValueError("steps_per_call > 1 needs a ttf.data.Reader; give steps_per_call=1 with a "
-                                 "tf.data.Dataset")
-            first = lambda: next(iter(data))[0]  # noqa: E731
-            what, schema = "the dataset's first batch", None
-            dataset = lambda share: self.topology.slice_batches(data, config.batch_size)  # noqa: E731
+        user = None
+        if _user_data.is_user_data(data):
+            user = _user_data.UserData(self, data)
+            if user.checkpointable and (not self._ready or _user_data.ITERATOR_ENTRY in self._extras):
+                # One process: the iterator's own state goes into the checkpoint (a slot made once).
+                user.slot = self._extras.setdefault(_user_data.ITERATOR_ENTRY, tf.Module())
+            first, dataset = user.sample_features, user.share_dataset
+            what, schema = user.what, None
         else:
             first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
             what, schema = f"the reader's batches (schema {data.schema.name!r})", data.schema
@@ -401,16 +405,20 @@ class Job:
             if self._reader is not None:
                 self._bad_before = self._reader.bad_lines
             self._setup(sample, what, schema=schema)
+            if user is not None:
+                user.resume()
             start = self.step()
             if self.topology.coordinated:
-                steps, seconds = _loops.fit_coordinated(self, dataset)
-            else:
-                steps, seconds = _loops.fit_local(self, dataset)
+                steps, seconds, ran_out = _loops.fit_coordinated(self, dataset)
+            else:  # a Reader's shares with steps never end; every other input may, on any rank
+                steps, seconds, ran_out = _loops.fit_local(self, dataset, finite=user is not None or not config.steps)
             self._save_at_end()
             if self.manager is not None:
                 self.log(f"checkpoint {self.manager.latest}")
             self.maybe_publish(final=True)
-        return self._result(start, steps, seconds)
+        result = self._result(start, steps, seconds)
+        result["data_ran_out_at_step"] = ran_out
+        return result
 
     def follow(self, spec, schema=None, strict=True, poll_seconds=1.0, kafka_config=None):
         """Trains on a stream until SIGTERM/SIGINT (or config.steps): folder:DIR or

@@ -1,6 +1,7 @@
 """The training loops of `Job`: each step in this process (one process, each rank of a
 synchronous job), or scheduled on a parameter-server job's workers by its chief. Batch
-training (`fit_*`) and stream training (`follow_*`). Each returns (steps timed, seconds)."""
+training (`fit_*`) and stream training (`follow_*`). Each returns (steps timed, seconds);
+`fit_*` also the step where the data ran out before JobConfig.steps (or None)."""
 import time
 
 import tensorflow as tf
@@ -16,14 +17,25 @@ def _progress_line(job, step, loss, steps_per_sec, skipped):
             + ranks)
 
 
-def fit_local(job, dataset):
-    """Every step in this process (Horovod: every rank, its share, the ranks in step)."""
+def _ran_out(job, step, target):
+    """The step where the data ended before `target` (saying so in one line), else None."""
+    if target is None or step >= target:
+        return None
+    job.log(f"warning: the data ran out at step {step} before steps={target}: give more data (or repeat() it), "
+            "or fewer steps")
+    return step
+
+
+def fit_local(job, dataset, finite=True):
+    """Every step in this process (Horovod: every rank, its share, the ranks in step).
+    finite: the shares may end (on several ranks: every rank stops when one runs out).
+    Returns (steps timed, seconds, the step where the data ran out before config.steps or None)."""
     config, topology = job.config, job.topology
     target = config.steps
     step = job.step()
     if target is not None and step >= target:
         job.log(f"already at step {step} >= steps {target}; nothing to train")
-        return 0, 0.0
+        return 0, 0.0, None
     per_call = config.steps_per_call
     warmup, timed_start, run = max(5, per_call), None, 0
     last_log, last_log_step = time.perf_counter(), step
@@ -34,7 +46,7 @@ def fit_local(job, dataset):
         calls = per_call if target is None else min(per_call, target - step)
         if calls == 1:
             batch = next(iterator, None)
-            if target is None and topology.size > 1:  # epochs: every rank stops when one runs out
+            if finite and topology.size > 1:  # every rank stops when one runs out
                 if not topology.all_have(batch is not None):
                     break
             if batch is None:
@@ -63,10 +75,11 @@ def fit_local(job, dataset):
         job.maybe_publish()
         if ran < calls:  # the data ran out
             break
+    ran_out = _ran_out(job, step, target)
     if timed_start is None:  # shorter than the warm-up: time everything
-        return run, max(time.perf_counter() - last_log, 1e-9)
+        return run, max(time.perf_counter() - last_log, 1e-9), ran_out
     job.timed_cpu += time.process_time()
-    return run - timed_from, time.perf_counter() - timed_start
+    return run - timed_from, time.perf_counter() - timed_start, ran_out
 
 
 def fit_coordinated(job, dataset):
@@ -171,7 +184,7 @@ def fit_coordinated(job, dataset):
         last_log = now
         job._maybe_checkpoint(job.step(), every_chunk=True)  # pylint: disable=protected-access
         job.maybe_publish()
-    return job.step() - timed_from, time.perf_counter() - timed_start
+    return job.step() - timed_from, time.perf_counter() - timed_start, _ran_out(job, job.step(), target)
 
 
 def _to_next_checkpoint(job):
