@@ -77,7 +77,8 @@ class UserData:
             raise ValueError(f"the dataset_fn of a parameter-server job runs on the workers, which cannot run this "
                              f"process's Python, and it {self.reason[1]}: {_FIXES['python']}")
         # One process: the iterator's own state is the position, when TensorFlow can save it.
-        self.checkpointable = (not topology.coordinated and not topology.synchronous and bool(self.config.checkpoint_dir)
+        one_process = not topology.coordinated and not topology.synchronous
+        self.checkpointable = (one_process and bool(self.config.checkpoint_dir)
                                and not (self.reason and self.reason[0] in ("python", "random"))
                                and _saves(self._batches(0)))
         self.slot = None  # the job's iterator slot (a tf.Module), given by Job.fit when it holds one
@@ -99,7 +100,7 @@ class UserData:
         """Share `share`'s batches with positions: (features, labels, position int64 [9]),
         from its batch `skip` on."""
         dataset = self._pipeline(share)
-        if self.config.epochs is not None:
+        if self.config.epochs is not None and self.config.epochs > 1:  # (one epoch: the iterator saved by steps fits)
             dataset = dataset.repeat(self.config.epochs)
         if self.dataset_fn is None:  # every rank reads the whole Dataset: its slice of each batch
             dataset = self.topology.slice_batches(dataset, self.config.batch_size)
