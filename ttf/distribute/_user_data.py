@@ -64,6 +64,7 @@ class UserData:
                              "pipelines end at different steps would wait on each other inside one call); give "
                              "steps_per_call=1")
         self.kind = "dataset_fn" if self.dataset_fn else "dataset"
+        self.what = f"the {self.kind}'s batches"  # (in the job's one-line errors about the model's input)
         first = self._pipeline(0)
         if not isinstance(first, tf.data.Dataset):
             raise ValueError(f"dataset_fn must return a tf.data.Dataset of (features, labels) batches, got "
@@ -126,10 +127,11 @@ class UserData:
         return self._batches(share, trained if self.topology.coordinated else int(trained))
 
     def sample_features(self):
-        """Zeros shaped as one batch of features, to build the model (no input is read)."""
+        """Zeros shaped as a batch of 2 of the features, to build and check the model (no input
+        is read)."""
         specs = self.element_spec[0]
         if all(isinstance(s, tf.TensorSpec) and s.shape.rank is not None for s in tf.nest.flatten(specs)):
-            return tf.nest.map_structure(lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), specs)
+            return tf.nest.map_structure(lambda s: tf.zeros([d or 2 for d in s.shape], s.dtype), specs)
         return next(iter(self._pipeline(0)))[0]  # ragged or sparse features: the first batch
 
     # ---- the position: checked and resumed after the job's restore ----
