@@ -6,7 +6,8 @@ restarted.
 
     python dataset_fn_job.py write FILE --rows N            the records: row r's field 0 holds MARKER + r
     python dataset_fn_job.py fit FILE --checkpoint-dir D [--epochs 1 | --steps N]
-                             [--ps-hosts .. --worker-hosts .. --chief-host ..] [--unseeded]
+                             [--ps-hosts .. --worker-hosts .. --chief-host .. | --sync-hosts H:P,H:P --task-index I]
+                             [--unseeded]
 
 Prints one JSON line of the job's numbers at the end.
 """
@@ -73,11 +74,15 @@ def main(argv):
     p.add_argument("--ps-hosts")
     p.add_argument("--worker-hosts")
     p.add_argument("--chief-host")
+    p.add_argument("--sync-hosts")
+    p.add_argument("--task-index", type=int)
     args = p.parse_args(argv)
     if args.mode == "write":
         write(args.path, args.rows)
         return 0
-    if args.ps_hosts:
+    if args.sync_hosts:  # made before the model: TensorFlow renames the devices for collectives
+        topology = ttf.distribute.SyncWorkers(args.sync_hosts, args.task_index)
+    elif args.ps_hosts:
         topology = ttf.distribute.ParameterServers(
             ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host))
     else:
@@ -90,6 +95,7 @@ def main(argv):
     job = ttf.distribute.Job(model, optimizer, topology=topology, config=config)
     result = job.fit(make_dataset_fn(args.path, args.batch_size, None if args.unseeded else 7))
     result["examples_trained"] = job.examples_trained()[0]
+    result["table_summary"] = job.table_summary()
     print("RESULT " + json.dumps(result, default=str), flush=True)
     return 0
 

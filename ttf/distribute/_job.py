@@ -391,7 +391,7 @@ class Job:
                 # One process: the iterator's own state goes into the checkpoint (a slot made once).
                 user.slot = self._extras.setdefault(_user_data.ITERATOR_ENTRY, tf.Module())
             first, dataset = user.sample_features, user.share_dataset
-            what, schema = "the dataset's first batch", None
+            what, schema = user.what, None
         else:
             first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
             what, schema = f"the reader's batches (schema {data.schema.name!r})", data.schema

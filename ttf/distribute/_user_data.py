@@ -64,6 +64,7 @@ class UserData:
                              "pipelines end at different steps would wait on each other inside one call); give "
                              "steps_per_call=1")
         self.kind = "dataset_fn" if self.dataset_fn else "dataset"
+        self.what = f"the {self.kind}'s batches"  # (in the job's one-line errors about the model's input)
         first = self._pipeline(0)
         if not isinstance(first, tf.data.Dataset):
             raise ValueError(f"dataset_fn must return a tf.data.Dataset of (features, labels) batches, got "
@@ -77,7 +78,8 @@ class UserData:
             raise ValueError(f"the dataset_fn of a parameter-server job runs on the workers, which cannot run this "
                              f"process's Python, and it {self.reason[1]}: {_FIXES['python']}")
         # One process: the iterator's own state is the position, when TensorFlow can save it.
-        self.checkpointable = (not topology.coordinated and not topology.synchronous and bool(self.config.checkpoint_dir)
+        one_process = not topology.coordinated and not topology.synchronous
+        self.checkpointable = (one_process and bool(self.config.checkpoint_dir)
                                and not (self.reason and self.reason[0] in ("python", "random"))
                                and _saves(self._batches(0)))
         self.slot = None  # the job's iterator slot (a tf.Module), given by Job.fit when it holds one
@@ -99,7 +101,7 @@ class UserData:
         """Share `share`'s batches with positions: (features, labels, position int64 [9]),
         from its batch `skip` on."""
         dataset = self._pipeline(share)
-        if self.config.epochs is not None:
+        if self.config.epochs is not None and self.config.epochs > 1:  # (one epoch: the iterator saved by steps fits)
             dataset = dataset.repeat(self.config.epochs)
         if self.dataset_fn is None:  # every rank reads the whole Dataset: its slice of each batch
             dataset = self.topology.slice_batches(dataset, self.config.batch_size)
@@ -125,10 +127,11 @@ class UserData:
         return self._batches(share, trained if self.topology.coordinated else int(trained))
 
     def sample_features(self):
-        """Zeros shaped as one batch of features, to build the model (no input is read)."""
+        """Zeros shaped as a batch of 2 of the features, to build and check the model (no input
+        is read)."""
         specs = self.element_spec[0]
         if all(isinstance(s, tf.TensorSpec) and s.shape.rank is not None for s in tf.nest.flatten(specs)):
-            return tf.nest.map_structure(lambda s: tf.zeros([d or 1 for d in s.shape], s.dtype), specs)
+            return tf.nest.map_structure(lambda s: tf.zeros([d or 2 for d in s.shape], s.dtype), specs)
         return next(iter(self._pipeline(0)))[0]  # ragged or sparse features: the first batch
 
     # ---- the position: checked and resumed after the job's restore ----
@@ -194,7 +197,7 @@ def _saves(dataset):
         for name in tf.io.gfile.glob(path + "*"):
             tf.io.gfile.remove(name)
         return True
-    except (tf.errors.FailedPreconditionError, tf.errors.UnimplementedError, tf.errors.InvalidArgumentError):
+    except tf.errors.OpError:  # FailedPrecondition: "EagerPyFunc is stateful", Unimplemented, ...
         return False
 
 
