@@ -181,8 +181,10 @@ class Reader:
     """
 
     def __init__(self, paths, schema="criteo", strict=True):
-        if not isinstance(paths, (str, os.PathLike)) and not list(paths):
-            raise ValueError("a Reader needs at least one file")
+        if not isinstance(paths, (str, os.PathLike)):
+            paths = list(paths)
+            if not paths:
+                raise ValueError("a Reader needs at least one file")
         self.paths = _files.expand_paths(paths)
         self.format = _files.data_format(self.paths)
         self.schema = load_schema(schema)
