@@ -270,3 +270,20 @@ def test_folder_stream_reads_parquet_and_tfrecord_files_exactly_once(tmp_path):
         after = drain(resumed, 70, 190)
         assert before + after == list(range(400)), fmt  # neither skipped nor repeated, in file order
         assert resumed.next_batch(70, block=False) is None and int(resumed.examples.numpy()) == 400
+
+
+def test_every_format_reads_through_tensorflows_file_systems(tmp_path, text):
+    """ram:// (TensorFlow's in-process file system) stands for gs://, s3://, hdfs://: listing,
+    globbing, format detection and reading all go through tf.io.gfile."""
+    folder, columns = "ram://ttf_formats_test/text", "ram://ttf_formats_test/columns"  # ram:// lists by prefix:
+    tf.io.gfile.makedirs(folder)  # no folder name may start another's
+    tf.io.gfile.copy(SAMPLE, f"{folder}/part-0.csv", overwrite=True)
+    local = str(tmp_path / "p.parquet")
+    pq.write_table(pacsv.read_csv(SAMPLE), local, row_group_size=64)
+    tf.io.gfile.makedirs(columns)
+    tf.io.gfile.copy(local, f"{columns}/part-0", overwrite=True)  # no suffix: PAR1 magic
+    tf.io.gfile.GFile(f"{columns}/_SUCCESS", "w").close()
+    assert_same(read_all([folder]), text)
+    assert_same(read_all([columns]), text)
+    reader = ttf.data.Reader(f"{columns}/part-*")
+    assert reader.format == "parquet" and sum(len(l) for _, l, _ in reader.share_dataset(64, 1, 2)) > 0

@@ -10,7 +10,11 @@ in TSV, Parquet and TFRecord.
 A unit is a Parquet row group (the unit of parallel decoding, of shares and of positions)
 or a TFRecord file (read in windows of records).
 """
+import os
+import shutil
+import tempfile
 import threading
+import weakref
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +30,7 @@ _EMPTY = {np.uint8: np.zeros(0, np.uint8), np.int64: np.zeros(0, np.int64), np.f
 _ARRAY_DTYPES = (tf.uint8, tf.int64, tf.int64, tf.float64, tf.int64, tf.uint8)  # valid splits ints floats offsets bytes
 
 
-def _columns(schema, attrs):
+def _columns(schema):
     """(column, attr index) of the schema's columns that are read (all but Skip)."""
     return [(c, i) for i, c in enumerate(schema.columns) if c.kind != "skip"]
 
@@ -40,7 +44,7 @@ class _Encoder:
 
     def __init__(self, schema, attrs, sources, row_word, strict):
         self.schema, self.sources, self.strict = schema, sources, strict
-        read = _columns(schema, attrs)
+        read = _columns(schema)
         pick = lambda key: [attrs[key][i] for _, i in read]  # noqa: E731
         self.attrs = dict(kinds=pick("kinds"), sources=sources, slots=pick("slots"), value_modes=pick("value_modes"),
                           log1p=pick("log1p"), defaults=pick("defaults"), names=pick("names"),
@@ -57,9 +61,10 @@ class _Encoder:
 
 # ---------------------------------------------------------------------------------------- Parquet
 
-def _open_parquet(path, dictionary_columns=()):
+def _open_parquet(path, remote, dictionary_columns=()):
+    """pyarrow's ParquetFile of a local path, or of its local copy in `remote` (another file system)."""
     try:
-        return pq.ParquetFile(tf.io.gfile.GFile(path, "rb") if "://" in path else path,
+        return pq.ParquetFile(remote.get(path, path),
                               read_dictionary=list(dictionary_columns) or None)
     except (pa.ArrowException, OSError) as err:
         raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); a truncated or corrupt "
@@ -142,11 +147,21 @@ class ParquetSource:
 
     def __init__(self, paths, schema, attrs, strict):
         self.schema, self.paths = schema, paths
-        self.read_columns = [c for c, _ in _columns(schema, attrs)]
+        self.read_columns = [c for c, _ in _columns(schema)]
         self.units = []  # (path, row group, first row of the group in its file, rows)
+        # Files on another file system (gs://, s3://, hdfs://, ram://) are copied to a local temporary folder
+        # through tf.io.gfile first: pyarrow reading a Python file object or an in-memory buffer inside tf.data's
+        # threads hung or crashed (TF 2.21, pyarrow 26), a local file does not.
+        self._remote = {}
+        if any("://" in p for p in paths):
+            folder = tempfile.mkdtemp(prefix="ttf_parquet_")
+            weakref.finalize(self, shutil.rmtree, folder, True)
+            for i, path in enumerate(p for p in paths if "://" in p):
+                self._remote[path] = os.path.join(folder, f"{i}.parquet")
+                tf.io.gfile.copy(path, self._remote[path])
         sources, first = None, None
         for path in paths:
-            f = _open_parquet(path)
+            f = _open_parquet(path, self._remote)
             found = [_parquet_source(path, c, f.schema_arrow, schema.name) for c in self.read_columns]
             if sources is None:
                 sources, first = found, path
@@ -178,7 +193,7 @@ class ParquetSource:
     def _file(self, path):
         files = self._local.__dict__.setdefault("files", {})
         if path not in files:
-            files[path] = _open_parquet(path, self.dictionary_columns)
+            files[path] = _open_parquet(path, self._remote, self.dictionary_columns)
         return files[path]
 
     def _read(self, unit, keep_mode, holdout_every):
@@ -250,7 +265,7 @@ class TFRecordSource:
 
     def __init__(self, paths, schema, attrs, strict):
         self.schema, self.paths = schema, paths
-        self.read_columns = [c for c, _ in _columns(schema, attrs)]
+        self.read_columns = [c for c, _ in _columns(schema)]
         seen = {}
         for path in paths:
             records = _sample_records(path)

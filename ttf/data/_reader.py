@@ -80,14 +80,16 @@ def parse_lines(lines, filenames, line_numbers, schema="criteo", strict=True):
 
 
 def _open(path):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    """A file through TensorFlow's file systems (any scheme tf.io.gfile reads), gunzipped for .gz."""
+    f = tf.io.gfile.GFile(path, "rb")
+    return gzip.GzipFile(fileobj=f, mode="rb") if path.endswith(".gz") else f
 
 
 def _check_gzip(path):
     """Reads a gzip file to its end: a truncated or corrupt file is a ValueError naming it
     (TensorFlow's reader would stop at the cut without a word)."""
     try:
-        with gzip.open(path, "rb") as f:
+        with _open(path) as f:
             while f.read(1 << 24):
                 pass
     except EOFError:
@@ -179,8 +181,10 @@ class Reader:
     """
 
     def __init__(self, paths, schema="criteo", strict=True):
-        if not isinstance(paths, (str, os.PathLike)) and not list(paths):
-            raise ValueError("a Reader needs at least one file")
+        if not isinstance(paths, (str, os.PathLike)):
+            paths = list(paths)
+            if not paths:
+                raise ValueError("a Reader needs at least one file")
         self.paths = _files.expand_paths(paths)
         self.format = _files.data_format(self.paths)
         self.schema = load_schema(schema)

@@ -20,9 +20,9 @@ after the batch trained. A share read from a restored position starts at that wi
 (a seek) and drops its first trained batches (the same permutation: the same rows), so a
 job restarted from a checkpoint neither skips nor repeats rows.
 """
+import gzip
 import hashlib
 import json
-import os
 import sys
 
 import numpy as np
@@ -36,7 +36,7 @@ _CHUNK_BYTES = 1 << 20
 def _newlines_before(path, offsets):
     """The number of b'\\n' before each byte offset of `offsets` (sorted ascending)."""
     counts, seen, done = [], 0, 0
-    with open(path, "rb") as f:
+    with tf.io.gfile.GFile(path, "rb") as f:
         for offset in offsets:
             while done < offset:
                 block = f.read(min(1 << 24, offset - done))
@@ -52,7 +52,7 @@ def _line_start_after(path, offset, size):
     """The first line start at or after byte `offset` (size when none)."""
     if offset <= 0:
         return 0
-    with open(path, "rb") as f:
+    with tf.io.gfile.GFile(path, "rb") as f:
         f.seek(offset - 1)
         while True:
             block = f.read(1 << 16)
@@ -67,14 +67,13 @@ def _body_start(path, first_line):
     """Byte offset of line `first_line` (1: 0; 2: after the header line) of a plain file."""
     if first_line == 1:
         return 0
-    with open(path, "rb") as f:
+    with tf.io.gfile.GFile(path, "rb") as f:
         return len(f.readline())
 
 
 def _gzip_size(path):
-    import gzip
     size = 0
-    with gzip.open(path, "rb") as f:
+    with gzip.GzipFile(fileobj=tf.io.gfile.GFile(path, "rb"), mode="rb") as f:
         while True:
             block = f.read(1 << 24)
             if not block:
@@ -95,7 +94,7 @@ def plan_shares(paths, first_lines, num_shares):
     files = []
     for path, first_line in zip(paths, first_lines):
         gz = path.endswith(".gz")
-        size = _gzip_size(path) if gz else os.path.getsize(path)
+        size = _gzip_size(path) if gz else tf.io.gfile.stat(path).length
         begin = _body_start(path, first_line) if not gz else None
         files.append((path, gz, size, begin, first_line))
     total = sum(size for _, _, size, _, _ in files)
@@ -106,8 +105,7 @@ def plan_shares(paths, first_lines, num_shares):
             # The header (if any) is skipped by line count when reading: begin = header bytes.
             header = 0
             if first_line == 2:
-                import gzip
-                with gzip.open(path, "rb") as f:
+                with gzip.GzipFile(fileobj=tf.io.gfile.GFile(path, "rb"), mode="rb") as f:
                     header = len(f.readline())
             pieces.append(dict(path=path, compression="GZIP", size=size, begin=header, end=size, first_line=first_line))
             continue
