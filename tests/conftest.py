@@ -30,7 +30,7 @@ KERAS3_DIR = os.path.join(TESTS_DIR, "keras3")
 # Files of the tf_keras set that pass on Keras 3 as they are (checked on TensorFlow 2.22.0rc0): where
 # there is no tf_keras they run in the Keras 3 set. With tf_keras they stay in the tf_keras set.
 ANY_KERAS = [os.path.join(TESTS_DIR, *name.split("/")) for name in (
-    "test_build.py", "test_resource_names.py",
+    "test_build.py", "test_resource_names.py", "test_wheel.py",
     "embedding/test_table_ops.py", "embedding/test_table_checkpoint_ops.py", "embedding/test_table_eviction.py",
     "embedding/test_table_hot_path.py", "embedding/test_table_memory.py", "embedding/test_table_races.py",
     "embedding/test_table_validation.py", "embedding/test_admission_sketch.py", "embedding/test_event_ttl.py",
