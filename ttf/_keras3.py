@@ -2,7 +2,7 @@
 when tf.keras resolves to it. Everything here is checked by tests/keras3/test_private_apis.py,
 which fails naming the internal when a Keras release changes it.
 
-- Model.compile is wrapped where Keras 3 defines it (Trainer), see install_compile.
+- Model.compile is wrapped where Keras 3 defines it (its trainer class), see install_compile.
 - A replaced train_step (ttf.precision.use_adaptive_precision) updates the model's loss
   metric itself, as Keras 3's own train_step does (track_loss).
 - Legacy HDF5 saving (model.save("m.h5")) writes the layers' variables only, so a model
@@ -11,15 +11,28 @@ which fails naming the internal when a Keras release changes it.
 """
 import importlib
 
-# Model.compile is Trainer.compile: wrapping it there (not as Model.compile) keeps Keras 3's
-# `.keras` loading compiling the model (compile_from_config skips a class that overrides it).
-TRAINER = ("keras.src.trainers.trainer", "Trainer")
+# Model.compile is the trainer's compile: wrapping it there (not as Model.compile) keeps Keras 3's
+# `.keras` loading compiling the model (compile_from_config skips a class that overrides it). The
+# class is found through Model's MRO, not by name: Keras 3.16 (TensorFlow 2.22.0rc0's keras-nightly)
+# renamed keras.src.trainers.trainer.Trainer to BaseTrainer.
+TRAINER_MODULE = "keras.src.trainers.trainer"
+
+
+def trainer_class():
+    """The class of keras.src.trainers.trainer whose compile keras.Model.compile is (Trainer up to
+    Keras 3.15, BaseTrainer from 3.16)."""
+    model = importlib.import_module("keras").Model
+    owner = next((c for c in model.__mro__ if "compile" in vars(c)), None)
+    if owner is None or owner.__module__ != TRAINER_MODULE:
+        raise ImportError(f"ttf: keras.Model.compile is no longer defined in {TRAINER_MODULE} (it is "
+                          f"{getattr(owner, '__qualname__', None)} of {getattr(owner, '__module__', None)}): "
+                          "this Keras moved a private internal ttf wraps; install the Keras your TensorFlow pins")
+    return owner
 
 
 def install_compile(wrap):
-    """Wraps Keras 3's Trainer.compile (which Model.compile is) with `wrap(original)`."""
-    module_name, class_name = TRAINER
-    trainer = getattr(importlib.import_module(module_name), class_name)
+    """Wraps Keras 3's trainer compile (which Model.compile is) with `wrap(original)`."""
+    trainer = trainer_class()
     trainer.compile = wrap(trainer.compile)
 
 
@@ -37,15 +50,28 @@ def install_h5_refusal(refuse):
 
 # Keras 3's model.export() saves the variables and the lookup-table resources it finds, but
 # not other checkpointed state: a ttf layer's rows live in its LogicalTable (the layer's
-# checkpoint entry), so the archive is given those too. No public hook for it either.
-EXPORT_ARCHIVE = ("keras.src.backend.tensorflow.export", "TFExportArchive", "_backend_track_layer")
+# checkpoint entry), so the archive is given those too. No public hook for it either. The
+# TensorFlow backend's archive class is found by its method, not its name: Keras 3.16 renamed
+# TFExportArchive to SavedModelExportArchive.
+EXPORT_MODULE, EXPORT_HOOK = "keras.src.backend.tensorflow.export", "_backend_track_layer"
+
+
+def export_archive_class():
+    """The TensorFlow backend's export archive: the class of EXPORT_MODULE that defines EXPORT_HOOK
+    (TFExportArchive up to Keras 3.15, SavedModelExportArchive from 3.16)."""
+    module = importlib.import_module(EXPORT_MODULE)
+    found = [c for c in vars(module).values()
+             if isinstance(c, type) and c.__module__ == EXPORT_MODULE and EXPORT_HOOK in vars(c)]
+    if len(found) != 1:
+        raise ImportError(f"ttf: {EXPORT_MODULE} has {len(found)} classes defining {EXPORT_HOOK}, not one: this Keras "
+                          "moved a private internal ttf hooks into; install the Keras your TensorFlow pins")
+    return found[0]
 
 
 def install_export_tables(tables_in):
     """Makes Keras 3's export archive keep the rows of every ttf layer in a tracked layer."""
-    module_name, class_name, method = EXPORT_ARCHIVE
-    archive = getattr(importlib.import_module(module_name), class_name)
-    original = getattr(archive, method)
+    archive = export_archive_class()
+    original = getattr(archive, EXPORT_HOOK)
 
     def track_layer(self, layer):
         original(self, layer)
@@ -53,7 +79,7 @@ def install_export_tables(tables_in):
         held += [t.logical_table for t in tables_in(layer) if all(t.logical_table is not h for h in held)]
         self._tf_trackable.ttf_logical_tables = held  # tracked: the SavedModel's checkpoint holds the rows
 
-    setattr(archive, method, track_layer)
+    setattr(archive, EXPORT_HOOK, track_layer)
 
 
 class FunctionalGraph:
