@@ -117,9 +117,10 @@ LAST_TF_KERAS_MINOR = (2, 21)
 def _requirements():
     """What the package (and so each wheel) requires: the TensorFlow range, NumPy, and tf-keras only
     for a minor that has one (tf-keras pins its own minor, so pip picks the installed TF's). Declaring
-    tf-keras under 2.22 would make pip refuse the install: every tf-keras asks for TF 2.21 or older."""
+    tf-keras under 2.22 would make pip refuse the install: every tf-keras asks for TF 2.21 or older.
+    pyarrow: ttf.data reads Parquet through it."""
     minor = tuple(int(p) for p in _tf_minor(_installed_tf_version()).split("."))
-    return [TF_RANGE, "numpy"] + (["tf-keras>=2.16,<2.22"] if minor <= LAST_TF_KERAS_MINOR else [])
+    return [TF_RANGE, "numpy", "pyarrow>=14"] + (["tf-keras>=2.16,<2.22"] if minor <= LAST_TF_KERAS_MINOR else [])
 
 
 def _version():
