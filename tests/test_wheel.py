@@ -45,14 +45,14 @@ def _closure(names):
 
 def _venv_with_tensorflow(path):
     """A new venv holding this environment's TensorFlow and tf-keras (where it has one) with their
-    dependencies, and pip, and nothing else (no ttf, no pytest): their installed files hard-linked in,
-    the dist-info included, so pip sees them installed. What `pip install tensorflow==X tf-keras==X`
+    dependencies, pyarrow (ttf's), and pip, and nothing else (no ttf, no pytest): their installed files
+    hard-linked in, the dist-info included, so pip sees them installed. What `pip install tensorflow==X tf-keras==X pyarrow`
     makes, in seconds instead of minutes (pip's files linked too: ensurepip alone takes 15 s here)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, capture_output=True, timeout=120)
     site = subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           check=True, capture_output=True, text=True).stdout.strip()
     here = sysconfig.get_path("purelib")
-    dists = _closure(["tensorflow", "tf-keras", "pip"])  # no tf-keras for TensorFlow 2.22: Keras 3 alone
+    dists = _closure(["tensorflow", "tf-keras", "pyarrow", "pip"])  # no tf-keras for TensorFlow 2.22: Keras 3 alone
     names = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() for d in dists}
     assert names >= {"tensorflow", "numpy"} and names & {"keras", "keras-nightly"}, names
     for dist in dists:

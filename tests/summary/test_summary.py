@@ -13,7 +13,7 @@ import ttf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_TAGS = ["train/loss", "train/auc_window", "train/examples_per_sec", "train/bf16_share", "train/skipped_steps",
-              "tables/ttf_sparse/rows", "tables/ttf_sparse/rows_evicted", "eval/auc", "eval/logloss"]
+              "input/bad_lines", "tables/ttf_sparse/rows", "tables/ttf_sparse/rows_evicted", "eval/auc", "eval/logloss"]
 
 
 def pairwise_auc(labels, scores):

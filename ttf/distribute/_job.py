@@ -343,7 +343,7 @@ class Job:
         if self._summary is None:
             return
         values = {_summary.LOSS: loss, _summary.AUC: self.auc_window.auc(),
-                  "input/bad_lines": self.skipped_input()["bad_lines"],
+                  _summary.BAD_LINES: self.skipped_input()["bad_lines"],
                   _summary.EXAMPLES_PER_SEC: steps_per_sec * self.config.batch_size * self.topology.size,
                   _summary.BF16_SHARE: self.bf16_fraction(step - self.step_before),
                   _summary.SKIPPED_STEPS: self.skipped_steps()}

@@ -25,8 +25,8 @@ Example:
   >>> with ttf.summary.JobSummary(tempfile.mkdtemp()) as summary:
   ...     summary.scalars({ttf.summary.LOSS: 0.45, ttf.summary.AUC: window.auc()}, step=1)
 """
-from ttf.summary._scalars import (AUC, BF16_SHARE, EXAMPLES_PER_SEC, LOSS, SKIPPED_STEPS, JobSummary, RollingAUC,
+from ttf.summary._scalars import (AUC, BAD_LINES, BF16_SHARE, EXAMPLES_PER_SEC, LOSS, SKIPPED_STEPS, JobSummary, RollingAUC,
                                   read_scalars, table_scalars)
 
-__all__ = ["AUC", "BF16_SHARE", "EXAMPLES_PER_SEC", "LOSS", "SKIPPED_STEPS", "JobSummary", "RollingAUC",
+__all__ = ["AUC", "BAD_LINES", "BF16_SHARE", "EXAMPLES_PER_SEC", "LOSS", "SKIPPED_STEPS", "JobSummary", "RollingAUC",
            "read_scalars", "table_scalars"]

@@ -14,6 +14,7 @@ AUC = "train/auc_window"
 EXAMPLES_PER_SEC = "train/examples_per_sec"
 BF16_SHARE = "train/bf16_share"
 SKIPPED_STEPS = "train/skipped_steps"
+BAD_LINES = "input/bad_lines"
 
 # What tf.summary.scalar (from the tensorboard package) tags a scalar with: TensorBoard's
 # scalars plugin, content version 0. Written through tf.summary.write, which is in
