@@ -173,3 +173,70 @@ def test_bf16_encoding_matches_the_reference_and_is_unbiased(codec):
     _, many = codec("bf16", 5, np.zeros(4096), np.arange(4096), np.full((4096, 1), x, np.float32))
     step = np.float32(2.0**-10)  # bf16's step in [2^-4, 2^-3)
     assert abs(many.mean() - x) < 5 * step / np.sqrt(12 * 4096)
+
+
+# ------------------------------------------------------------------ compressed optimizer states
+
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory):
+    binary = str(tmp_path_factory.mktemp("updates") / "compressed_updates_check")
+    subprocess.run([os.environ.get("CXX", "g++"), "-O3", "-fno-math-errno", "-std=c++17", "-I",
+                    os.path.join(ROOT, "ops", "kernels"),
+                    os.path.join(ROOT, "tests", "embedding", "compressed_updates_check.cc"), "-o", binary], check=True)
+    folder = tmp_path_factory.mktemp("update_rows")
+
+    def run(mode, rows, grads, lr, b1=0.0, b2=0.0, eps=1e-7):
+        src, dst = str(folder / "in"), str(folder / "out")
+        np.concatenate([np.ravel(rows), np.ravel(grads)]).astype(np.float32).tofile(src)
+        steps, n, dim = grads.shape
+        args = [binary, mode, str(dim), str(n), str(steps)] + [repr(float(np.float32(v))) for v in (lr, b1, b2, eps)]
+        subprocess.run(args + [src, dst], check=True)
+        return np.fromfile(dst, np.float32).reshape(rows.shape)
+
+    return run
+
+
+def f32(x):
+    return np.float32(x)
+
+
+def mean_square(g):
+    """MeanSquare: the squares summed in order in float32, then / dim."""
+    total = np.zeros(g.shape[0], np.float32)
+    for j in range(g.shape[1]):
+        total = (total + g[:, j] * g[:, j]).astype(np.float32)
+    return (total / f32(g.shape[1])).astype(np.float32)
+
+
+def test_rowwise_adagrad_matches_the_reference(updates):
+    rng = np.random.default_rng(3)
+    steps, n, dim, lr, eps = 5, 64, 32, f32(0.05), f32(1e-7)
+    rows = np.concatenate([rng.normal(size=(n, dim)), np.full((n, 1), 0.1)], 1).astype(np.float32)
+    grads = rng.normal(size=(steps, n, dim)).astype(np.float32)
+    got = updates("adagrad", rows, grads, lr, eps=eps)
+    ref = rows.copy()
+    for t in range(steps):
+        ref[:, dim] = (ref[:, dim] + mean_square(grads[t])).astype(np.float32)
+        step = (lr / np.sqrt((ref[:, dim] + eps).astype(np.float32))).astype(np.float32)
+        ref[:, :dim] = (ref[:, :dim] - (step[:, None] * grads[t]).astype(np.float32)).astype(np.float32)
+    # float32 operation for operation; sqrt and the in-order sum are exact IEEE in both.
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_partial_rowwise_adam_matches_the_reference(updates):
+    rng = np.random.default_rng(4)
+    steps, n, dim = 6, 64, 32
+    lr, b1, b2, eps = f32(0.01), f32(0.9), f32(0.999), f32(1e-7)
+    rows = np.concatenate([rng.normal(size=(n, dim)), np.zeros((n, dim + 1))], 1).astype(np.float32)
+    grads = rng.normal(size=(steps, n, dim)).astype(np.float32)
+    got = updates("adam", rows, grads, lr, b1, b2, eps)
+    ref = rows.astype(np.float64)
+    for t in range(1, steps + 1):
+        g = grads[t - 1].astype(np.float64)
+        alpha = float(lr) * np.sqrt(1 - float(b2) ** t) / (1 - float(b1) ** t)
+        ref[:, 2 * dim] += ((g * g).mean(1) - ref[:, 2 * dim]) * (1 - float(b2))
+        ref[:, dim:2 * dim] += (g - ref[:, dim:2 * dim]) * (1 - float(b1))
+        ref[:, :dim] -= ref[:, dim:2 * dim] * (alpha / (np.sqrt(ref[:, 2 * dim]) + float(eps)))[:, None]
+    # A float64 reference of the formulas: the float32 kernel within float32 rounding (pow's
+    # bias correction is computed in float32 there).
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
