@@ -79,12 +79,14 @@ if [ -f "$nodeps" ] && { [ ! -f "$nodeps_stamp" ] || ! cmp -s "$nodeps" "$nodeps
   cp "$nodeps" "$nodeps_stamp"
 fi
 [ "$deps_only" = 1 ] && exit 0
-# ttf itself, editable: the stamp holds the checkout it points at.
+# ttf itself, editable: the stamp holds the checkout it points at and its packaging files' checksum, so
+# a change of the package's requirements (setup.py, pyproject.toml) reinstalls it with them.
 editable_stamp=$VENV/.ttf-editable
-if [ "$(cat "$editable_stamp" 2>/dev/null)" != "$PWD" ]; then
+editable_id="$PWD $(cat setup.py pyproject.toml | cksum)"
+if [ "$(cat "$editable_stamp" 2>/dev/null)" != "$editable_id" ]; then
   echo "[setup] installing ttf (editable) and building its ops"
   run_logged "$VENV/bin/python" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -e .
-  echo "$PWD" >"$editable_stamp"
+  echo "$editable_id" >"$editable_stamp"
 fi
 # One op library per TensorFlow minor (ttf/_ttf_ops.tf2.21.so), so venvs of two versions share
 # the checkout. Rebuilt when any file in ops/ is newer than it (incremental, per object).
