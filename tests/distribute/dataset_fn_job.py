@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import ttf
-from tests.distribute.own_job import own_model
+from tests.distribute.own_job import add_topology_flags, own_model, topology_of
 
 MARKER = 10**9  # row r's field-0 id: MARKER + r, so the table's count of that id is the times r was trained
 
@@ -71,22 +71,12 @@ def main(argv):
     p.add_argument("--epochs", type=int)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--unseeded", action="store_true", help="shuffle without a seed")
-    p.add_argument("--ps-hosts")
-    p.add_argument("--worker-hosts")
-    p.add_argument("--chief-host")
-    p.add_argument("--sync-hosts")
-    p.add_argument("--task-index", type=int)
+    add_topology_flags(p)
     args = p.parse_args(argv)
     if args.mode == "write":
         write(args.path, args.rows)
         return 0
-    if args.sync_hosts:  # made before the model: TensorFlow renames the devices for collectives
-        topology = ttf.distribute.SyncWorkers(args.sync_hosts, args.task_index)
-    elif args.ps_hosts:
-        topology = ttf.distribute.ParameterServers(
-            ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host))
-    else:
-        topology = ttf.distribute.OneProcess()
+    topology = topology_of(args)
     with topology.scope():
         model, optimizer = own_model(), ttf.optimizers.Adam(1e-3)
     config = ttf.distribute.JobConfig(batch_size=args.batch_size, steps=args.steps, epochs=args.epochs,

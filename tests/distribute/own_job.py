@@ -27,6 +27,29 @@ def own_model():
     return tf.keras.Model({"ids": ids, "dense": dense}, tf.keras.layers.Dense(1, name="logit")(x))
 
 
+def add_topology_flags(parser):
+    """The flags that pick the topology (topology_of)."""
+    parser.add_argument("--ps-hosts")
+    parser.add_argument("--worker-hosts")
+    parser.add_argument("--chief-host")
+    parser.add_argument("--sync-hosts")
+    parser.add_argument("--task-index", type=int)
+
+
+def topology_of(args):
+    """The user's topology: one synchronous worker, the chief of a parameter-server cluster (by
+    flags or TF_CONFIG), or one process."""
+    if args.sync_hosts:  # made before the model: TensorFlow renames the devices for collectives
+        return ttf.distribute.SyncWorkers(args.sync_hosts, args.task_index)
+    if args.ps_hosts:
+        return ttf.distribute.ParameterServers(
+            ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host))
+    if os.environ.get("TF_CONFIG"):  # the chief of a cluster TF_CONFIG names (start_all.sh --script)
+        return ttf.distribute.ParameterServers(
+            ttf.distribute.resolve_task(ttf.distribute.tf_config_from_env()).cluster_config())
+    return ttf.distribute.OneProcess()
+
+
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["fit", "follow"])
@@ -39,22 +62,9 @@ def main(argv):
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--journal")
     p.add_argument("--publish")
-    p.add_argument("--ps-hosts")
-    p.add_argument("--worker-hosts")
-    p.add_argument("--chief-host")
-    p.add_argument("--sync-hosts")
-    p.add_argument("--task-index", type=int)
+    add_topology_flags(p)
     args = p.parse_args(argv)
-    if args.sync_hosts:  # made before the model: TensorFlow renames the devices for collectives
-        topology = ttf.distribute.SyncWorkers(args.sync_hosts, args.task_index)
-    elif args.ps_hosts:
-        cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
-        topology = ttf.distribute.ParameterServers(cluster)
-    elif os.environ.get("TF_CONFIG"):  # the chief of a cluster TF_CONFIG names (start_all.sh --script)
-        cluster = ttf.distribute.resolve_task(ttf.distribute.tf_config_from_env()).cluster_config()
-        topology = ttf.distribute.ParameterServers(cluster)
-    else:
-        topology = ttf.distribute.OneProcess()
+    topology = topology_of(args)
     with topology.scope():
         model = own_model()
         optimizer = ttf.optimizers.Adam(args.learning_rate)
