@@ -37,16 +37,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
-class Clock:
-    """The Publisher's clock, moved by hand: one delta per publish() while staging."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def say(what):
     print(f"[follower_latency] {time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
 
@@ -55,26 +45,18 @@ def stage(args, staging):
     """Trains and publishes a base and args.deltas deltas into `staging`; returns the model's
     held-out features for prediction and the delta sizes."""
     import ttf  # noqa: PLC0415
-    from models import ctr  # noqa: PLC0415
+    from benchmarks._ctr import ManualClock, deepfm_trainer  # noqa: PLC0415
     rows = args.train_batch * (args.deltas + args.base_steps)
     sample = ttf.data.Synthetic(vocab_per_field=args.vocab).generate(rows + args.batch, seed=3)
-    model = ctr.build(ctr.spec_for("criteo", model="fm", embedding_dim=args.dim), "ttf", seed=0)
-    optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
-
-    @tf.function
-    def step(ids, dense, labels):
-        with tf.GradientTape() as tape:
-            logits = model.logits({"ids": ids, "dense": dense}, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    model, step = deepfm_trainer(args.dim)
 
     def train(i):
         part = slice(i * args.train_batch, (i + 1) * args.train_batch)
-        step(sample["ids"][part], sample["dense"][part], sample["label"][part])
+        step({"ids": sample["ids"][part], "dense": sample["dense"][part]}, sample["label"][part])
 
     model({"ids": sample["ids"][:1], "dense": sample["dense"][:1]}, training=False)
     dtype = {"fp32": tf.float32, "fp16": tf.float16, "int8": tf.int8}[args.rows]
-    clock = Clock()
+    clock = ManualClock()
     publisher = ttf.serving.Publisher(model, staging, publish_every=1, dense_publish_every=1e9, row_dtype=dtype,
                                       clock=clock)
     for i in range(args.base_steps):

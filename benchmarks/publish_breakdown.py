@@ -50,24 +50,16 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
     import ttf  # noqa: PLC0415
-    from models import ctr  # noqa: PLC0415
+    from benchmarks._ctr import deepfm_trainer  # noqa: PLC0415
     from ttf.embedding._table import EmbeddingTable  # noqa: PLC0415
     from ttf.serving import _publish  # noqa: PLC0415
 
     sample = ttf.data.Synthetic(vocab_per_field=200_000).generate(args.train_batch * (args.reps + 20), seed=5)
-    model = ctr.build(ctr.spec_for("criteo", model="fm", embedding_dim=args.dim), "ttf", seed=0)
-    optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
-
-    @tf.function
-    def step(ids, dense, labels):
-        with tf.GradientTape() as tape:
-            logits = model.logits({"ids": ids, "dense": dense}, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    model, step = deepfm_trainer(args.dim)
 
     def train(i):
         part = slice(i * args.train_batch, (i + 1) * args.train_batch)
-        step(sample["ids"][part], sample["dense"][part], sample["label"][part])
+        step({"ids": sample["ids"][part], "dense": sample["dense"][part]}, sample["label"][part])
 
     model({"ids": sample["ids"][:1], "dense": sample["dense"][:1]}, training=False)
     for i in range(20):

@@ -34,17 +34,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import ttf  # noqa: E402
+from benchmarks._ctr import ManualClock, deepfm_trainer  # noqa: E402
 from benchmarks._results import machine, record  # noqa: E402
-from models import ctr  # noqa: E402
 from ttf.data.producer import write_part  # noqa: E402
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def batches(paths, batch, seed):
@@ -54,22 +46,13 @@ def batches(paths, batch, seed):
 def run(args, files, probe, dense_every, folder):
     """One policy: returns its figures (see the module docstring)."""
     tf.keras.utils.set_random_seed(args.seed)
-    spec = ctr.spec_for("criteo", model="fm", embedding_dim=args.embedding_dim)
-    model, optimizer = ctr.build(spec, "ttf", seed=args.seed), ctr.make_optimizer("ttf", "adam", args.lr)
-
-    @tf.function
-    def train_step(features, labels):
-        with tf.GradientTape() as tape:
-            logits = model.logits(features, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        variables = model.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+    model, train_step = deepfm_trainer(args.embedding_dim, seed=args.seed, lr=args.lr)
 
     live = tf.function(lambda features: tf.sigmoid(model.logits(features, training=False)))
     for features, labels in batches(files["warmup"], args.batch, args.seed):
         train_step(features, labels)
     model(probe)  # the export's input signature
-    clock = Clock()
+    clock = ManualClock()
     publisher = ttf.serving.Publisher(model, folder, publish_every=1, dense_publish_every=dense_every, clock=clock)
     publisher.publish()
     follower = ttf.serving.DeltaFollower(folder)
@@ -99,8 +82,8 @@ def run(args, files, probe, dense_every, folder):
     return {"dense_every": dense_every, "deltas": args.steps, "dense_deltas": len(dense_bytes),
             "gap_mean": float(gaps.mean()), "gap_max": float(gaps.max()),
             "gap_mean_worst_delta": float(gaps.mean(axis=1).max()),
-            "jump_mean": max(j[0] for j in jumps), "jump_max": max(j[1] for j in jumps),
-            "worst_row": max(jumps, key=lambda j: j[1])[2:], "row_bytes": statistics.median(row_bytes),
+            "jump_mean": max((j[0] for j in jumps), default=0.0), "jump_max": max((j[1] for j in jumps), default=0.0),
+            "worst_row": max(jumps, key=lambda j: j[1])[2:] if jumps else None, "row_bytes": statistics.median(row_bytes),
             "dense_bytes": dense_bytes[0] if dense_bytes else 0,
             "dense_variables": len(model.variables),
             "dense_params": int(sum(np.prod(v.shape) for v in model.variables))}

@@ -125,24 +125,16 @@ def write_and_load(shard, probe, expected, dim, count):
 def served_auc(args, dtype):
     """A DeepFM trained one pass on args.auc_rows synthetic rows, exported in fp32 and in
     `dtype`, both loaded: held-out AUC of each and the largest probability difference."""
-    from models import ctr  # noqa: PLC0415 (only this part needs the model zoo)
+    from benchmarks._ctr import deepfm_trainer  # noqa: PLC0415 (only this part trains: the rest stays stock TF)
     import ttf  # noqa: PLC0415
     say(f"training a DeepFM (dim {args.dim}) on {args.auc_rows:,} synthetic rows")
     sample = ttf.data.Synthetic(vocab_per_field=100_000).generate(args.auc_rows + args.auc_rows // 4, seed=7)
     train, held = slice(0, args.auc_rows), slice(args.auc_rows, None)
-    model = ctr.build(ctr.spec_for("criteo", model="fm", embedding_dim=args.dim), "ttf", seed=0)
-    optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
-
-    @tf.function
-    def step(ids, dense, labels):
-        with tf.GradientTape() as tape:
-            logits = model.logits({"ids": ids, "dense": dense}, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    model, step = deepfm_trainer(args.dim)
 
     for start in range(0, args.auc_rows, 512):
         part = slice(start, min(args.auc_rows, start + 512))
-        step(sample["ids"][train][part], sample["dense"][train][part], sample["label"][train][part])
+        step({"ids": sample["ids"][train][part], "dense": sample["dense"][train][part]}, sample["label"][train][part])
     model({"ids": sample["ids"][:1], "dense": sample["dense"][:1]}, training=False)  # export needs a called model
     result = {"train_rows": args.auc_rows, "heldout_rows": len(sample["label"][held]),
               "table_keys": int(model.sparse.size())}
