@@ -13,7 +13,7 @@ import ttf  # noqa: F401  (Keras 2 before tf.keras is used)
 MODULE_ATTRS = [
     ("tf_keras.src.saving.legacy.hdf5_format", "save_model_to_hdf5", "ttf/_keras.py"),
     ("tf_keras.src.saving.legacy.hdf5_format", "save_weights_to_hdf5_group", "ttf/_keras.py"),
-    ("tf_keras.src.engine.keras_tensor", "KerasTensor", "ttf/_accelerate.py"),
+    ("tf_keras.src.engine.keras_tensor", "KerasTensor", "ttf/accelerate/_functional.py"),
     ("tf_keras.src.mixed_precision.autocast_variable", "AutoCastVariable", "ttf/precision/_train_step.py"),
     ("tf_keras.src.mixed_precision.autocast_variable", "create_autocast_variable", "ttf/precision/_train_step.py"),
     ("tensorflow.python.eager.record", "could_possibly_record", "ttf/embedding/_layers.py"),
@@ -25,8 +25,8 @@ MODULE_ATTRS = [
 ]
 # Private members of a functional tf.keras model: (attribute, the ttf modules that use it)
 MODEL_ATTRS = [
-    ("_flatten_layers", "ttf/_keras.py (tables_in, used by ttf/serving), ttf/_accelerate.py, ttf/distribute/_table_sharding.py, ttf/precision/_train_step.py"),
-    ("_nodes_by_depth", "ttf/_accelerate.py, ttf/distribute/_table_sharding.py"),
+    ("_flatten_layers", "ttf/_keras.py (tables_in, used by ttf/serving), ttf/accelerate/_functional.py, ttf/distribute/_table_sharding.py, ttf/precision/_train_step.py"),
+    ("_nodes_by_depth", "ttf/accelerate/_functional.py, ttf/distribute/_table_sharding.py"),
 ]
 
 

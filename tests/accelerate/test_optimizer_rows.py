@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
-from ttf._accelerate import FusedLookup
+from ttf.accelerate._functional import FusedLookup
 
 IDS, DIM, STEPS = 8, 4, 6
 
