@@ -12,6 +12,8 @@ def accelerate(model, keep=(), sample=None):
     - each Embedding becomes a ttf table keyed by its ids, and a Hashing, IntegerLookup or
       StringLookup feeding only Embeddings is dropped: the table keys the raw id (ints) or
       a 64-bit hash of it (strings), so there is no vocabulary and no collision;
+    - each nested functional or Sequential block holding Embeddings (TFRS' per-feature
+      `Sequential([StringLookup, Embedding])`) is converted the same way, as a model of its own;
     - the existing rows carry over (id i keeps row i; a vocabulary token keeps its row),
       so predictions before training match the model's (out-of-vocabulary and Hashing
       inputs excepted: they read the table's default row of zeros until trained);

@@ -1,5 +1,6 @@
 """The functional converter: a functional or Sequential model's graph rebuilt with its
-Embeddings as ttf tables (fused where their ids allow), every other layer cloned with its weights."""
+Embeddings as ttf tables (fused where their ids allow), nested functional or Sequential blocks
+holding Embeddings converted the same way, every other layer cloned with its weights."""
 import collections
 import dataclasses
 import warnings
@@ -40,7 +41,9 @@ class Converter:
         self.model_outputs = {id(t) for t in graph.outputs}
         self.model_inputs = {id(t) for t in graph.inputs}
         self.warnings = collections.defaultdict(list)
-        self.clones = {}  # original layer -> its clone in the new model
+        self.clones = {}  # original layer -> its clone in the new model (a nested block: its conversion)
+        self.blocks = set()  # the nested blocks converted (their weights came with them)
+        self.nested_messages = []  # the warnings of the nested blocks' conversions
         self.carried = {}  # new table layer -> (keys, rows) to import
 
     # -- analysis
@@ -58,10 +61,20 @@ class Converter:
                         "which a ttf table does not have; pass keep=[...] with that Embedding's name")
         return [layer for layer in layers if layer.name not in self.keep]
 
-    def nested_models(self):
-        """Warns about nested models holding Embeddings: they stay as they are."""
+    def convert_blocks(self):
+        """Converts each nested functional or Sequential block holding Embeddings that the graph
+        calls (TFRS' Sequential([StringLookup, Embedding])); warns about other nested models
+        holding Embeddings (a subclassed one, or a block the user keeps), which stay as they are."""
+        for layer in dict.fromkeys(_graph.layer(n) for n in self.nodes if not n.is_input):
+            converted = converted_block(layer, self.keep)
+            if converted is not None:
+                self.clones[layer], messages = converted
+                self.blocks.add(layer)
+                self.nested_messages += messages
+        inside = {id(inner) for block in self.blocks
+                  for inner in block._flatten_layers()}  # pylint: disable=protected-access
         for layer in self.model._flatten_layers(include_self=False):  # pylint: disable=protected-access
-            if isinstance(layer, tf.keras.Model) and _holds_embeddings(layer):
+            if id(layer) not in inside and isinstance(layer, tf.keras.Model) and _holds_embeddings(layer):
                 self.warnings["nested model whose Embedding layers stay Keras Embeddings"].append(layer.name)
 
     def source(self, node):
@@ -112,7 +125,7 @@ class Converter:
 
     def run(self):
         embeddings = self.embeddings()
-        self.nested_models()
+        self.convert_blocks()
         calls = {layer: [n for n in layer._inbound_nodes if n in self._node_set()] for layer in embeddings}
         sources = {id(n): self.source(n) for layer in embeddings for n in calls[layer]}
         for layer in embeddings:
@@ -150,7 +163,8 @@ class Converter:
             if id(node) in late:
                 self._rebuild(node, skipped, outputs_of, tables, sources, tensors)
         for layer in list(self.clones):
-            if hasattr(layer, "get_weights"):  # Keras 3 graphs hold weightless keras.ops Operations too
+            # Keras 3 graphs hold weightless keras.ops Operations too; a converted block came with its weights.
+            if hasattr(layer, "get_weights") and layer not in self.blocks:
                 self.clones[layer].set_weights(layer.get_weights())
 
         nested_inputs, nested_outputs = _graph.structures(self.graph)
@@ -249,7 +263,7 @@ class Converter:
         return FusedLookup.column_keys(tf.constant(ids), source.key_kind, tag).numpy(), rows
 
     def _report(self):
-        report(self.warnings, (), stacklevel=3)
+        report(self.warnings, self.nested_messages, stacklevel=3)
 
 
 def _is_lookup(layer):
