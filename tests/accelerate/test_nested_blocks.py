@@ -73,7 +73,9 @@ def test_a_nested_hashing_block_converts_and_a_kept_block_stays():
     a Keras block, and the warning names it."""
     user = tf.keras.Input([], dtype=tf.string, name="user")
     movie = tf.keras.Input([], dtype=tf.int64, name="movie")
-    hashed = tf.keras.Sequential([tf.keras.layers.Hashing(64), tf.keras.layers.Embedding(64, 4)], name="hashed")
+    # The Input says the ids are strings: Keras 3 gives a Sequential without one the Hashing's int64.
+    hashed = tf.keras.Sequential([tf.keras.Input([], dtype=tf.string), tf.keras.layers.Hashing(64),
+                                  tf.keras.layers.Embedding(64, 4)], name="hashed")
     kept = tf.keras.Sequential([tf.keras.layers.IntegerLookup(vocabulary=MOVIES, mask_token=None),
                                 tf.keras.layers.Embedding(len(MOVIES) + 1, 4)], name="kept")
     out = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([hashed(user), kept(movie)]))
