@@ -11,22 +11,22 @@ import ttf  # noqa: F401  (Keras 2 before tf.keras is used)
 
 # (module, attribute, the ttf modules that use it)
 MODULE_ATTRS = [
-    ("tf_keras.src.saving.legacy.hdf5_format", "save_model_to_hdf5", "ttf/_keras.py"),
-    ("tf_keras.src.saving.legacy.hdf5_format", "save_weights_to_hdf5_group", "ttf/_keras.py"),
-    ("tf_keras.src.engine.keras_tensor", "KerasTensor", "ttf/_accelerate.py"),
+    ("tf_keras.src.saving.legacy.hdf5_format", "save_model_to_hdf5", "ttf/_keras_hooks.py"),
+    ("tf_keras.src.saving.legacy.hdf5_format", "save_weights_to_hdf5_group", "ttf/_keras_hooks.py"),
+    ("tf_keras.src.engine.keras_tensor", "KerasTensor", "ttf/accelerate/_functional.py"),
     ("tf_keras.src.mixed_precision.autocast_variable", "AutoCastVariable", "ttf/precision/_train_step.py"),
     ("tf_keras.src.mixed_precision.autocast_variable", "create_autocast_variable", "ttf/precision/_train_step.py"),
     ("tensorflow.python.eager.record", "could_possibly_record", "ttf/embedding/_layers.py"),
     ("tensorflow.python.saved_model.nested_structure_coder", "encode_structure", "ttf/embedding/_table.py"),
     ("tensorflow.python.saved_model.nested_structure_coder", "decode_proto", "ttf/embedding/_table.py"),
     ("tensorflow.python.saved_model.registration", "register_serializable", "ttf/embedding/_table.py"),
-    ("tensorflow", "keras.optimizers.legacy.Optimizer", "ttf/_keras.py"),
+    ("tensorflow", "keras.optimizers.legacy.Optimizer", "ttf/_keras_hooks.py"),
     ("tensorflow.python.framework.func_graph", "FuncGraph.capture_call_time_value", "ttf/distribute/_collectives.py"),
 ]
 # Private members of a functional tf.keras model: (attribute, the ttf modules that use it)
 MODEL_ATTRS = [
-    ("_flatten_layers", "ttf/_keras.py (tables_in, used by ttf/serving), ttf/_accelerate.py, ttf/distribute/_table_sharding.py, ttf/precision/_train_step.py"),
-    ("_nodes_by_depth", "ttf/_accelerate.py, ttf/distribute/_table_sharding.py"),
+    ("_flatten_layers", "ttf/embedding/_layers.py (tables_in), ttf/accelerate/, ttf/distribute/_table_sharding.py, ttf/precision/_train_step.py"),
+    ("_nodes_by_depth", "ttf/_keras.py (FunctionalGraph: ttf/accelerate, ttf/distribute/_table_sharding.py)"),
 ]
 
 

@@ -24,12 +24,13 @@ if os.path.exists(_LIBRARY_PATH):  # (ttf._ops.ops() says how to rebuild when it
     # runs no op, so TensorFlow's context (devices) stays unconfigured until the user's code.
     _tf.load_op_library(_LIBRARY_PATH)
 
-from ttf import _keras, checkpoint, data, distribute, optimizers, precision, summary  # noqa: E402
-from ttf._accelerate import accelerate  # noqa: E402
+from ttf import _keras_hooks, checkpoint, data, distribute, optimizers, precision, summary  # noqa: E402
+# The function, not its package: ttf.accelerate(model) (the package's modules import by full name).
+from ttf.accelerate import accelerate  # noqa: E402
 from ttf.embedding import DynamicEmbedding, FusedEmbedding  # noqa: E402
 from ttf.serving import export_for_serving  # noqa: E402
 
-_keras.install()
+_keras_hooks.install()
 
 __all__ = ["DynamicEmbedding", "FusedEmbedding", "accelerate", "checkpoint", "data", "distribute", "export_for_serving",
            "optimizers", "precision", "summary"]

@@ -1,15 +1,21 @@
 """Keras 3 (the `keras` package, TensorFlow backend): the private Keras internals ttf needs
-when tf.keras resolves to it. Everything here is checked by tests/keras3/test_private_apis.py,
-which fails naming the internal when a Keras release changes it.
+when tf.keras resolves to it (only then imported: see ttf/_keras.py). Everything here is checked
+by tests/keras3/test_private_apis.py, which fails naming the internal when a Keras release changes it.
 
 - Model.compile is wrapped where Keras 3 defines it (its trainer class), see install_compile.
 - A replaced train_step (ttf.precision.use_adaptive_precision) updates the model's loss
   metric itself, as Keras 3's own train_step does (track_loss).
 - Legacy HDF5 saving (model.save("m.h5")) writes the layers' variables only, so a model
-  holding ttf tables is refused before anything is written (as ttf/_keras.py does for
+  holding ttf tables is refused before anything is written (as ttf/_keras_hooks.py does for
   tf_keras); there is no public hook for it.
 """
 import importlib
+
+import keras
+import tensorflow as tf
+
+# keras.src's classes are read where they are used (keras imports them all): a Keras release
+# that moves one fails the ttf function that needs it, not `import ttf`.
 
 # Model.compile is the trainer's compile: wrapping it there (not as Model.compile) keeps Keras 3's
 # `.keras` loading compiling the model (compile_from_config skips a class that overrides it). The
@@ -21,8 +27,7 @@ TRAINER_MODULE = "keras.src.trainers.trainer"
 def trainer_class():
     """The class of keras.src.trainers.trainer whose compile keras.Model.compile is (Trainer up to
     Keras 3.15, BaseTrainer from 3.16)."""
-    model = importlib.import_module("keras").Model
-    owner = next((c for c in model.__mro__ if "compile" in vars(c)), None)
+    owner = next((c for c in keras.Model.__mro__ if "compile" in vars(c)), None)
     if owner is None or owner.__module__ != TRAINER_MODULE:
         raise ImportError(f"ttf: keras.Model.compile is no longer defined in {TRAINER_MODULE} (it is "
                           f"{getattr(owner, '__qualname__', None)} of {getattr(owner, '__module__', None)}): "
@@ -90,11 +95,11 @@ class FunctionalGraph:
     @staticmethod
     def functional(model):
         """The Functional behind `model` (a built Sequential holds one), or None."""
-        from keras.src.models.functional import Functional  # pylint: disable=import-outside-toplevel
-        if isinstance(model, Functional):
+        functional = keras.src.models.functional.Functional
+        if isinstance(model, functional):
             return model
         inner = getattr(model, "_functional", None)  # keras.Sequential, once built
-        return inner if isinstance(inner, Functional) else None
+        return inner if isinstance(inner, functional) else None
 
     @staticmethod
     def nodes_by_depth(model):
@@ -131,7 +136,6 @@ class FunctionalGraph:
 
     @staticmethod
     def new_input(tensor):
-        import keras  # pylint: disable=import-outside-toplevel
         return keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype, sparse=tensor.sparse, ragged=tensor.ragged,
                            name=FunctionalGraph.producer(tensor)[0].name)
 
@@ -155,6 +159,11 @@ class FunctionalGraph:
 def track_loss(model, loss, x):
     """What Keras 3's train_step does after compute_loss: the batch's loss into the model's
     loss metric (the `loss` of fit's logs), weighted by the batch size."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     first = next(t for t in tf.nest.flatten(x) if t is not None)
     model._loss_tracker.update_state(loss, sample_weight=tf.shape(first)[0])  # pylint: disable=protected-access
+
+
+def tracker_class():
+    """Keras 3's Tracker: a layer's record of its sublayers and variables (ttf.accelerate's copy of
+    a Keras 3 model gives each copy its own)."""
+    return keras.src.utils.tracking.Tracker

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
-from ttf._accelerate import FusedLookup
+from ttf.embedding import FusedLookup
 
 CITIES = ["paris", "tokyo", "lima", "oslo", "cairo", "delhi"]
 
@@ -191,7 +191,7 @@ def test_ids_wider_than_56_bits_are_hashed_never_cut():
 def test_models_saved_with_table_lookup_still_load():
     """TableLookup (what accelerate made before FusedLookup took any shape) stays registered:
     its old config (key_kind, mask_value) and its own get_config both give the same lookup."""
-    from ttf._accelerate import TableLookup  # pylint: disable=import-outside-toplevel
+    from ttf.embedding import TableLookup  # pylint: disable=import-outside-toplevel
     written = TableLookup(4, key_kind="string", mask_value="", name="history").get_config()
     old_style = {k: v for k, v in written.items() if k not in ("tags", "key_kinds", "mask_values")}
     old_style.update(key_kind="string", mask_value="")

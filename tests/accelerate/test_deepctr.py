@@ -49,7 +49,7 @@ def check_converted_and_trains(name):
     regularizer = [str(w.message) for w in caught if "regularizer dropped" in str(w.message)]
     assert regularizer and "sparse_emb_C0" in regularizer[0]  # DeepCTR's l2_reg_embedding, named
     assert not any(isinstance(layer, tf.keras.layers.Embedding) for layer in fast.layers)
-    fused = [layer for layer in fast.layers if isinstance(layer, ttf._accelerate.FusedLookup)]
+    fused = [layer for layer in fast.layers if isinstance(layer, ttf.embedding.FusedLookup)]
     # one lookup per embedding width: 8 (the DNN/FM/CIN/cross fields) and 1 (the linear part)
     assert sorted(layer.dim for layer in fused) == [1, 8]
     np.testing.assert_allclose(fast.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)

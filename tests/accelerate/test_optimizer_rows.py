@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
-from ttf._accelerate import FusedLookup
+from ttf.embedding import FusedLookup
 
 IDS, DIM, STEPS = 8, 4, 6
 

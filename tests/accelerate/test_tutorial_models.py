@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
-from ttf._accelerate import FusedLookup
+from ttf.embedding import FusedLookup
 
 USERS = [f"u{i}" for i in range(40)]
 MOVIES = [f"m{i}" for i in range(60)]

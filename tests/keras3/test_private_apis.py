@@ -1,5 +1,5 @@
 """The private Keras 3 internals ttf relies on (ttf/_keras3.py, and Layer._flatten_layers in
-ttf/_keras.py and ttf/serving), checked by name: a Keras release that moves one fails here,
+ttf/embedding's tables_in and ttf.accelerate), checked by name: a Keras release that moves one fails here,
 naming it, instead of deep inside a model."""
 import importlib
 
@@ -20,7 +20,7 @@ def test_keras3_hdf5_writer_is_still_there(module, attr):
 
 def test_keras3_layer_flatten_layers_is_still_there():
     assert hasattr(keras.layers.Layer, "_flatten_layers"), (
-        f"private Keras internal Layer._flatten_layers (ttf/_keras.py tables_in, used by ttf/serving) is gone "
+        f"private Keras internal Layer._flatten_layers (ttf/embedding tables_in, ttf.accelerate) is gone "
         f"in Keras {keras.__version__}")
 
 
@@ -70,3 +70,15 @@ def test_keras3_loss_tracker_is_still_there():
     assert hasattr(getattr(model, "_loss_tracker", None), "update_state"), (
         f"private Keras internal Model._loss_tracker (ttf/_keras3.py track_loss: the loss in model.fit's logs "
         f"under ttf.precision) changed in Keras {keras.__version__}")
+
+
+def test_keras3_layer_tracker_is_still_there():
+    """ttf.accelerate's Keras 3 copy of a subclassed model gives each copied layer's Tracker the
+    copies' ids, and unlocks a built model's trackers to swap its Embeddings."""
+    try:
+        tracker = keras.layers.Dense(1)._tracker
+        assert isinstance(tracker, _keras3.tracker_class())
+        assert all(hasattr(tracker, name) for name in ("stored_ids", "config", "locked", "untrack"))
+    except (AttributeError, AssertionError) as err:
+        pytest.fail(f"private Keras internal keras.src.utils.tracking.Tracker (ttf/_keras3.py tracker_class, used by "
+                    f"ttf/accelerate/_keras3_copy.py and _paths.py) moved in Keras {keras.__version__}: {err!r}")

@@ -33,8 +33,8 @@ import time
 import tensorflow as tf
 
 from ttf._durable import fsync_path, read_text, remove_tree, renames_folders, write_text
-from ttf._keras import tables_in
 from ttf._ops import ops
+from ttf.embedding import tables_in
 from ttf.embedding._table import CHANGE_LOG_READERS
 from ttf.serving._export import SERVING_INFO, check_row_dtype, export_for_serving, quantize_rows, versions
 
