@@ -56,7 +56,13 @@ def _save(trackables, file_prefix):
 def _since_step(logical):
     """None (a full save) or the step a delta starts after (the plan of CheckpointManager.delta_plan)."""
     mode = logical.mode
-    return None if mode is None or not mode.delta else logical.saved_step
+    return None if mode is None or not mode.delta else mode.since[logical.layer.name]
+
+
+def _note_step(logical, step):
+    """The table step a save wrote or a restore read, for the CheckpointManager doing it (eager only)."""
+    if tf.executing_eagerly() and logical.mode is not None:
+        logical.mode.steps[logical.layer.name] = int(step)
 
 
 def _save_table(name, logical, tmp):
@@ -81,8 +87,7 @@ def _save_table(name, logical, tmp):
     with tf.device("CPU:0"):
         header = tf.strings.join([tmp, "-layout"])
         prefixes.append([_save_v2(header, [f"{name}/ttf/{k}" for k in layout], list(layout.values()))])
-    if tf.executing_eagerly():
-        logical.pending_step = int(layout["step"])
+    _note_step(logical, layout["step"])
     return prefixes
 
 
@@ -120,7 +125,8 @@ def write_rank_part(name, logical, prefix, rank, since_step):
     checkpoint) as source `rank`, in pieces of at most PIECE_BYTES, into bundles `prefix`-*
     (eager, on this rank: no row leaves it). since_step: None (full) or the delta's start.
     Returns (the bundles' prefixes, the source's layout as plain Python / NumPy values)
-    for rank 0, which merges every rank's bundles into the checkpoint (_rank_parts)."""
+    for rank 0, whose CheckpointManager.save(step, rank_parts=...) merges every rank's bundles
+    into the checkpoint (_rank_parts)."""
     table = logical.layer.tables[0]
     with tf.device(table._resource_device):  # pylint: disable=protected-access
         written, layout = _write_source(tf.constant(prefix), f"{name}/ttf/src-{rank}", table, since_step)
@@ -130,9 +136,9 @@ def write_rank_part(name, logical, prefix, rank, since_step):
 
 
 def _rank_parts(name, logical, delta):
-    """(prefixes, layouts) of the bundles every Horovod rank wrote for this table (set by
-    ttf.distribute.horovod.save_checkpoint on rank 0 as logical.rank_parts)."""
-    staged = logical.rank_parts
+    """(prefixes, layouts) of the bundles every rank wrote for this table (given to rank 0's
+    CheckpointManager.save by ttf.distribute's save)."""
+    staged = logical.mode and logical.mode.rank_parts
     if staged is None:
         raise ValueError(
             f"{logical.layer.name} is sharded over {logical.layer.sharding.size} Horovod ranks, and each rank writes "
@@ -248,8 +254,7 @@ def _restore_table(name, logical, prefix):
             with tf.control_dependencies([started]):
                 done = tf.identity(done)
             tf.while_loop(lambda i, _: i < num_sources, restore_source, (tf.constant(0, tf.int64), done))
-    if tf.executing_eagerly():
-        logical.saved_step = int(step)
+    _note_step(logical, step)
 
 
 def _restore_attributes(base, logical, prefix):
@@ -262,8 +267,7 @@ def _restore_attributes(base, logical, prefix):
         names = [f"{base}{_ATTRIBUTES}{'delta_' if delta else ''}{f}" for f in fields]
         tensors = dict(zip(fields, _read(prefix, names, [dtypes.get(f, tf.int64) for f in fields])))
     logical.layer.import_table(tensors)
-    if tf.executing_eagerly():
-        logical.saved_step = int(tensors["step"])
+    _note_step(logical, tensors["step"])
 
 
 def _uses_sharded_format(trackable):
