@@ -29,7 +29,9 @@ saved_model/, in TF 2.16 through 2.21), are imported here (and `registration` in
 import sys
 
 import tensorflow as tf
+from tensorflow.python.checkpoint import graph_view  # (private, TF 2.16 through 2.21)
 from tensorflow.python.saved_model import registration, save_context
+from tensorflow.python.trackable import trackable_utils
 
 from ttf._ops import ops
 from ttf.embedding._logical import EXPORT_FIELDS, LogicalTable
@@ -112,9 +114,6 @@ def _write_source(prefix, base, table, since_step):
 def table_names(checkpoint):
     """[(object name, LogicalTable)] of `checkpoint`: the names TensorFlow's save gives the
     tables' entries (`<obj>` above), found the way it finds them (a breadth-first walk)."""
-    from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415 (private, TF 2.16 through 2.21)
-    from tensorflow.python.trackable import trackable_utils  # noqa: PLC0415
-
     objects, paths = graph_view.ObjectGraphView(checkpoint).breadth_first_traversal()
     return [(trackable_utils.object_path_to_string(paths[obj]), obj) for obj in objects
             if isinstance(obj, LogicalTable)]
