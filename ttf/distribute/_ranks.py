@@ -16,9 +16,8 @@ import os
 import tensorflow as tf
 
 from ttf.data import open_stream as _open_stream
-from ttf.distribute._checks import absolute_path
 from ttf.embedding import tables_in
-from ttf._durable import fsync_path
+from ttf._durable import absolute_path, fsync_path
 from ttf.checkpoint._format import table_names, write_rank_part
 from ttf.serving import HashedShard, HashedTable, ServingVersion
 from ttf.serving import Publisher as _Publisher

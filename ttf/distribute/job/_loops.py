@@ -8,7 +8,7 @@ a stream round the coordinator ran twice is rolled back first (`roll_back`).
 or None); `follow` returns (steps, seconds)."""
 import time
 
-from ttf.distribute._stop import StopOnSignal
+from ttf.distribute.job._stop import StopOnSignal
 from ttf.summary import _scalars as _summary
 
 

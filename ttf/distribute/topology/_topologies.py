@@ -1,13 +1,10 @@
 """Where a job runs: one process, a parameter-server cluster, or ranks of a synchronous job.
-
-Two faces, as tf.distribute has Strategy and StrategyExtended:
-- `Topology`, what your code calls: `scope()` (build the model and optimizer in it), `rank`,
-  `num_ranks`, `is_chief`;
-- `JobMechanics`, what `ttf.distribute.Job` calls: the input shares and which one this
-  process reads, how the model is placed (`prepare`), how the processes agree and gather (a
-  no-op where one process runs the job), how each shard's rows are saved, exported and
-  published (each process its own rows; the chief never holds another's), and the step
-  runner (`step_runner`: each step here, or scheduled on a parameter-server job's workers).
+Each topology implements both faces of ttf/distribute/topology/_face.py: `Topology` (scope,
+rank, num_ranks, is_chief) and `JobMechanics`: the input shares and which one this process
+reads, how the model is placed (`prepare`), how the processes agree and gather (a no-op where
+one process runs the job), how each shard's rows are saved, exported and published (each
+process its own rows; the chief never holds another's), and the step runner (`step_runner`:
+each step here, or scheduled on a parameter-server job's workers).
 
     OneProcess()                       everything here
     ParameterServers(cluster)          this process is the chief of a PS job (ClusterConfig)
@@ -15,12 +12,10 @@ Two faces, as tf.distribute has Strategy and StrategyExtended:
     SyncWorkers(worker_hosts, task_index, compression="none")
                                        one worker of a synchronous job on TensorFlow's collectives
 
-The three are siblings: `OneProcess` and `ParameterServers` share the mechanics of a job run
-by one process (`_OneLoop`), the ranks theirs over a Collectives backend (`SynchronousRanks`).
+They are siblings over the defaults of `_Steps`: `OneProcess` and `ParameterServers` share
+the mechanics of a job run by one process (`_OneLoop`), the ranks theirs over a Collectives
+backend (`SynchronousRanks`); none is a special case of another.
 """
-import contextlib
-from typing import Protocol
-
 import numpy as np
 import tensorflow as tf
 
@@ -29,80 +24,24 @@ from ttf.data import stream_batches as _stream_batches
 from ttf.distribute import _errors, _ranks, _table_sharding
 from ttf.distribute._cluster import make_coordinator
 from ttf.distribute._collectives import LostWorkerError, TFCollectives
-from ttf.distribute._steps import CoordinatedSteps, LocalSteps
 from ttf.distribute._wire import wire_dtype
 from ttf.distribute.sync import all_workers, mean_over_examples, rank_slice
+from ttf.distribute.topology._face import Topology
+from ttf.distribute.topology._steps import CoordinatedSteps, LocalSteps
 from ttf.embedding import table_summary as _table_summary
 from ttf.embedding import tables_in
 from ttf.serving import Publisher, export_for_serving
 
 
-class Topology:
-    """The public face of a topology: where your code builds its model, and which process
-    this is."""
-
-    name = "single"
-    rank, num_ranks = 0, 1
-    synchronous = False  # ranks in step, each holding its own shard of every table (models/train.py's reports)
-
-    @property
-    def is_chief(self):
-        return self.rank == 0
-
-    @property
-    def size(self):
-        """num_ranks (the name Horovod uses)."""
-        return self.num_ranks
-
-    def scope(self):
-        """Build the model and optimizer inside it (a strategy's scope in a cluster)."""
-        return contextlib.nullcontext()
-
-    def shape(self):
-        """The topology as the job's metrics report it."""
-        return self.name
-
-
-class JobMechanics(Protocol):
-    """What `Job` asks of a topology (every topology implements it; see the module doc).
-
-    Attributes: num_shares, share (the input share this process reads), max_steps_per_call,
-    strategy (None but on a parameter-server chief), shard_devices (devices the tables are
-    sharded over, or None), table_note (what the table counts of a progress line cover)."""
-
-    def step_runner(self, job): ...
-    def prepare(self, model, optimizer): ...
-    def broadcast_model(self, model): ...
-    def all_have(self, flag): ...
-    def agree(self, value, what="agree"): ...
-    def gather_rows(self, array, name): ...
-    def sum_counts(self, counts): ...
-    def check_same_config(self, config, what): ...
-    def mean_loss(self): ...
-    def finite_across(self): ...
-    def lost(self, error): ...
-    def open_stream(self, spec, **kwargs): ...
-    def stream_batches(self, stream, batch_size, stop, max_steps): ...
-    def stream_progress(self, stream): ...
-    def sync_positions(self, position, stream=None): ...
-    def save(self, manager, step): ...
-    def export_for_serving(self, model, base, row_dtype): ...
-    def publisher(self, model, base, **kwargs): ...
-    def table_summary(self, model): ...
-    def slice_batches(self, dataset, batch_size): ...
-    def eval_batch_size(self, batch_size): ...
-
-
-class _OneLoop(Topology):
-    """The mechanics of a job that one process runs (one process, or a parameter-server
-    job's chief): every agreement and gather is the identity; the tables' shards save,
-    export and publish where they live."""
+class _Steps(Topology):
+    """What every topology has unless it says otherwise: it reads the input share of its
+    rank and runs each step itself; no strategy, no parameter servers."""
 
     max_steps_per_call = 1 << 30
     num_shares = 1
     strategy = coordinator = None
     shard_devices = None
-    table_note = ""
+    table_note = ""  # what a progress line's table counts cover
 
     @property
     def share(self):
@@ -111,6 +50,12 @@ class _OneLoop(Topology):
 
     def step_runner(self, job):
         return LocalSteps(job)
+
+
+class _OneLoop(_Steps):
+    """The mechanics of a job that one process runs (one process, or a parameter-server
+    job's chief): every agreement and gather is the identity; the tables' shards save,
+    export and publish where they live."""
 
     def prepare(self, model, optimizer):
         """Places `model`'s tables and returns the optimizer to train with (before the model's
@@ -235,7 +180,7 @@ class ParameterServers(_OneLoop):
 JOB_COLLECTIVE_TIMEOUT_SECONDS = 600.0
 
 
-class SynchronousRanks(Topology):
+class SynchronousRanks(_Steps):
     """Ranks of a synchronous job over a Collectives backend (ttf/distribute/_collectives.py):
     ttf tables sharded over the ranks, dense gradients averaged, each rank reads its own
     input share and writes its own rows; every mechanic is ttf/distribute/_ranks.py's, written
@@ -243,9 +188,6 @@ class SynchronousRanks(Topology):
 
     synchronous = True
     runtime = "collective"
-    max_steps_per_call = 1 << 30
-    strategy = coordinator = None
-    shard_devices = None
     table_note = " (this rank's table shards)"
 
     def __init__(self, coll, compression="none"):
@@ -253,13 +195,6 @@ class SynchronousRanks(Topology):
         self.coll, self.compression = coll, compression
         self.rank, self.num_ranks = coll.rank, coll.size
         self.num_shares = self.num_ranks
-
-    @property
-    def share(self):
-        return self.rank
-
-    def step_runner(self, job):
-        return LocalSteps(job)
 
     def prepare(self, model, optimizer):
         _table_sharding.shard_tables(model, self.coll, self.compression)

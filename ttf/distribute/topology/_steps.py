@@ -16,7 +16,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from ttf.distribute._attempts import StepAttempts
+from ttf.distribute.topology._attempts import StepAttempts
 from ttf.precision import NonFiniteGuard, low_precision, make_train_step
 
 

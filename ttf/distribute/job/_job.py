@@ -34,12 +34,14 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from ttf._durable import absolute_path
 from ttf.checkpoint import CheckpointManager
 from ttf.checkpoint._fingerprint import ModelFingerprint, warm_start
 from ttf.data import InputPosition, best_auc, zero_features
-from ttf.distribute import _checks, _errors, _loops, _user_data
-from ttf.distribute._config import JobConfig
-from ttf.distribute._topology import OneProcess
+from ttf.distribute import _errors
+from ttf.distribute.job import _checks, _loops, _user_data
+from ttf.distribute.job._config import JobConfig
+from ttf.distribute.topology import OneProcess
 from ttf.embedding import EventTimeTTL, tables_in
 from ttf.precision import policy_for
 from ttf.summary import _scalars as _summary
@@ -85,8 +87,8 @@ class Job:
         if not isinstance(config, JobConfig):
             raise ValueError(f"config must be a ttf.distribute.JobConfig, got {type(config).__name__}")
         # Every task reads the chief's folders: a relative path would mean each task's own.
-        publish = config.publish and dataclasses.replace(config.publish, base=_checks.absolute_path(config.publish.base))
-        self.config = config = dataclasses.replace(config, checkpoint_dir=_checks.absolute_path(config.checkpoint_dir),
+        publish = config.publish and dataclasses.replace(config.publish, base=absolute_path(config.publish.base))
+        self.config = config = dataclasses.replace(config, checkpoint_dir=absolute_path(config.checkpoint_dir),
                                                    publish=publish)
         if self.config.steps_per_call > self.topology.max_steps_per_call:
             raise ValueError(f"steps_per_call={self.config.steps_per_call}: a {self.topology.name} job runs one step "
