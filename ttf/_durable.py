@@ -13,6 +13,14 @@ import os
 import tensorflow as tf
 
 
+def absolute_path(path):
+    """A local path made absolute here (the chief), so every task reads the same folder; a URL
+    (gs://, s3://, hdfs://, ram://) as it is."""
+    if path is None or "://" in path:
+        return path
+    return os.path.abspath(path)
+
+
 def _local(path):
     return "://" not in os.fspath(path)
 

@@ -153,7 +153,7 @@ PIPELINES = {
 @pytest.mark.parametrize("make, kind", PIPELINES.values(), ids=PIPELINES.keys())
 def test_what_makes_a_pipeline_yield_other_batches_when_made_again(records, make, kind):
     """The pipeline's graph read for what changes its batches from one making to the next."""
-    found = ttf.distribute._user_data.nondeterminism(make(tf.data.TFRecordDataset(records)))
+    found = ttf.distribute.job._user_data.nondeterminism(make(tf.data.TFRecordDataset(records)))
     assert (found and found[0]) == kind, found
 
 

@@ -247,7 +247,7 @@ def test_a_round_with_more_step_starts_than_steps_rolls_back_model_and_stream(ro
             table.evict(min_last_seen=1 << 40, min_count=1 << 40)  # every row
     assert job.table_summary()[0] == 0
 
-    assert ttf.distribute._loops.roll_back(job, started=3, steps=2)  # pylint: disable=protected-access
+    assert ttf.distribute.job._loops.roll_back(job, started=3, steps=2)  # pylint: disable=protected-access
     assert job.step() == 10
     np.testing.assert_array_equal(model.get_layer("hidden").kernel.numpy(), kernel)
     restored = job.table_summary()  # ids and checksum of every row; the float64 sum's order differs
@@ -267,7 +267,7 @@ def test_a_round_run_twice_without_checkpoints_says_how_to_get_exactly_once(rows
     job = ttf.distribute.Job(model, optimizer, log=logged.append,
                              config=ttf.distribute.JobConfig(batch_size=64, steps=2))
     job.follow(f"folder:{tmp_path / 'incoming'}", poll_seconds=0.2)
-    assert not ttf.distribute._loops.roll_back(job, started=3, steps=2)  # pylint: disable=protected-access
+    assert not ttf.distribute.job._loops.roll_back(job, started=3, steps=2)  # pylint: disable=protected-access
     assert job.step() == 2
     assert "its batch may be trained twice; give checkpoint_dir for exactly once" in logged[-1], logged[-1]
 

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 import ttf
 from tests.serving.test_publish import DIM, Clock, layer_keys, make_model, train, trainer_rows
-from ttf.serving._export import _ttf_ops_in, dequantize_rows, quantize_rows
+from ttf.serving._export import _ttf_ops_in
+from ttf.serving._frozen import dequantize_rows, quantize_rows
 
 
 def int8_bound(rows):

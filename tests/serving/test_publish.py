@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import ttf
 from ttf.serving import _publish
-from ttf.serving._export import overlay_key
+from ttf.serving._frozen import overlay_key
 
 DIM = 4
 

@@ -14,6 +14,7 @@ import json
 
 import tensorflow as tf
 
+from ttf.checkpoint._manager import CheckpointManager
 from ttf.embedding._logical import LogicalTable
 
 # Parts of a job's checkpoint that describe its progress, not its model: not compared (an
@@ -118,8 +119,6 @@ def warm_start(current, saved, directory, log):
     match: tables with the same layer name and row width, other variables with the same name
     and shape (by path for a checkpoint written before fingerprints). Logs each part, then
     what it left at its initial values. Returns the number of parts loaded."""
-    from ttf.checkpoint._manager import CheckpointManager  # noqa: PLC0415 (the manager imports this module)
-
     by_name = {name: path for path, name in saved.names.items()}
     matched = {}  # current path -> saved path
     for path in list(current.tables) + list(current.variables):

@@ -29,7 +29,9 @@ saved_model/, in TF 2.16 through 2.21), are imported here (and `registration` in
 import sys
 
 import tensorflow as tf
+from tensorflow.python.checkpoint import graph_view  # (private, TF 2.16 through 2.21)
 from tensorflow.python.saved_model import registration, save_context
+from tensorflow.python.trackable import trackable_utils
 
 from ttf._ops import ops
 from ttf.embedding._logical import EXPORT_FIELDS, LogicalTable
@@ -56,7 +58,13 @@ def _save(trackables, file_prefix):
 def _since_step(logical):
     """None (a full save) or the step a delta starts after (the plan of CheckpointManager.delta_plan)."""
     mode = logical.mode
-    return None if mode is None or not mode.delta else logical.saved_step
+    return None if mode is None or not mode.delta else mode.since[logical.layer.name]
+
+
+def _note_step(logical, step):
+    """The table step a save wrote or a restore read, for the CheckpointManager doing it (eager only)."""
+    if tf.executing_eagerly() and logical.mode is not None:
+        logical.mode.steps[logical.layer.name] = int(step)
 
 
 def _save_table(name, logical, tmp):
@@ -81,8 +89,7 @@ def _save_table(name, logical, tmp):
     with tf.device("CPU:0"):
         header = tf.strings.join([tmp, "-layout"])
         prefixes.append([_save_v2(header, [f"{name}/ttf/{k}" for k in layout], list(layout.values()))])
-    if tf.executing_eagerly():
-        logical.pending_step = int(layout["step"])
+    _note_step(logical, layout["step"])
     return prefixes
 
 
@@ -107,9 +114,6 @@ def _write_source(prefix, base, table, since_step):
 def table_names(checkpoint):
     """[(object name, LogicalTable)] of `checkpoint`: the names TensorFlow's save gives the
     tables' entries (`<obj>` above), found the way it finds them (a breadth-first walk)."""
-    from tensorflow.python.checkpoint import graph_view  # noqa: PLC0415 (private, TF 2.16 through 2.21)
-    from tensorflow.python.trackable import trackable_utils  # noqa: PLC0415
-
     objects, paths = graph_view.ObjectGraphView(checkpoint).breadth_first_traversal()
     return [(trackable_utils.object_path_to_string(paths[obj]), obj) for obj in objects
             if isinstance(obj, LogicalTable)]
@@ -120,7 +124,8 @@ def write_rank_part(name, logical, prefix, rank, since_step):
     checkpoint) as source `rank`, in pieces of at most PIECE_BYTES, into bundles `prefix`-*
     (eager, on this rank: no row leaves it). since_step: None (full) or the delta's start.
     Returns (the bundles' prefixes, the source's layout as plain Python / NumPy values)
-    for rank 0, which merges every rank's bundles into the checkpoint (_rank_parts)."""
+    for rank 0, whose CheckpointManager.save(step, rank_parts=...) merges every rank's bundles
+    into the checkpoint (_rank_parts)."""
     table = logical.layer.tables[0]
     with tf.device(table._resource_device):  # pylint: disable=protected-access
         written, layout = _write_source(tf.constant(prefix), f"{name}/ttf/src-{rank}", table, since_step)
@@ -130,9 +135,9 @@ def write_rank_part(name, logical, prefix, rank, since_step):
 
 
 def _rank_parts(name, logical, delta):
-    """(prefixes, layouts) of the bundles every Horovod rank wrote for this table (set by
-    ttf.distribute.horovod.save_checkpoint on rank 0 as logical.rank_parts)."""
-    staged = logical.rank_parts
+    """(prefixes, layouts) of the bundles every rank wrote for this table (given to rank 0's
+    CheckpointManager.save by ttf.distribute's save)."""
+    staged = logical.mode and logical.mode.rank_parts
     if staged is None:
         raise ValueError(
             f"{logical.layer.name} is sharded over {logical.layer.sharding.size} Horovod ranks, and each rank writes "
@@ -248,8 +253,7 @@ def _restore_table(name, logical, prefix):
             with tf.control_dependencies([started]):
                 done = tf.identity(done)
             tf.while_loop(lambda i, _: i < num_sources, restore_source, (tf.constant(0, tf.int64), done))
-    if tf.executing_eagerly():
-        logical.saved_step = int(step)
+    _note_step(logical, step)
 
 
 def _restore_attributes(base, logical, prefix):
@@ -262,8 +266,7 @@ def _restore_attributes(base, logical, prefix):
         names = [f"{base}{_ATTRIBUTES}{'delta_' if delta else ''}{f}" for f in fields]
         tensors = dict(zip(fields, _read(prefix, names, [dtypes.get(f, tf.int64) for f in fields])))
     logical.layer.import_table(tensors)
-    if tf.executing_eagerly():
-        logical.saved_step = int(tensors["step"])
+    _note_step(logical, tensors["step"])
 
 
 def _uses_sharded_format(trackable):

@@ -23,13 +23,14 @@ _CHAIN_ENTRY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*-[0-9]+$")  # a file pre
 
 
 class _Mode:
-    """What the LogicalTables of a checkpoint write or read (ttf/checkpoint/_format.py)."""
+    """One save's or restore's state, as the LogicalTables of the checkpoint see it
+    (ttf/checkpoint/_format.py): a delta or not; `since`, {layer name: table step a delta
+    starts after}; `rank_parts`, the parts every rank of a synchronous job wrote (or None);
+    `steps`, {layer name: table step} written or read, filled in as the tables go."""
 
-    def __init__(self, delta):
-        self.delta = delta
-
-
-_FULL, _DELTA = _Mode(delta=False), _Mode(delta=True)
+    def __init__(self, delta, since=None, rank_parts=None):
+        self.delta, self.since, self.rank_parts = delta, since or {}, rank_parts
+        self.steps = {}
 
 
 class CheckpointManager:
@@ -68,6 +69,7 @@ class CheckpointManager:
         self._full = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=max_to_keep)
         self._chain = self._read_chain()
         self._last_step = None  # the step of the last save or restore: deltas start after it
+        self._saved_steps = {}  # {layer name: table step} of the last durable save or restore: a delta starts there
 
     @property
     def last_step(self):
@@ -86,19 +88,36 @@ class CheckpointManager:
 
     def delta_plan(self):
         """What the next save() writes: None for a full checkpoint, else {layer name: table
-        step the delta starts after} for each ttf table. On Horovod every rank exports its
-        part of the same kind: tdh.save_checkpoint(manager, step) does it with rank 0's plan."""
+        step the delta starts after} for each ttf table. On synchronous ranks every rank exports its part of the
+        same kind, with rank 0's plan (ttf.distribute's save)."""
+        names = [t.layer.name for t in self._tables()]
         if not (self._chain is not None and self._last_step is not None and self.full_every > 1
                 and len(self._chain["deltas"]) + 1 < self.full_every
-                and all(t.saved_step is not None for t in self._tables())):
+                and all(name in self._saved_steps for name in names)):
             return None
         # Only updates change a table, and an update after a save at table step S marks its
         # rows and candidates last-seen > S, so rows seen after S are every row that changed
         # since that save (TtfTableExportDelta's contract). The table step, not the global
         # step: a skipped (non-finite) step does not advance it.
-        return {t.layer.name: t.saved_step for t in self._tables()}
+        return {name: self._saved_steps[name] for name in names}
 
-    def save(self, step, retries=2, retry_wait=5.0):
+    def begin_save(self, table):
+        """Before a save of the LogicalTable `table`: the first one (no durable save yet)
+        starts the record of deleted ids, which each shard's copy takes and the commit forgets,
+        so an id deleted after its shard was copied reaches the next delta."""
+        if table.layer.name not in self._saved_steps:
+            table.layer.reset_deleted()
+
+    def saved_by_rank_0(self, table_steps):
+        """On a rank other than 0 of a synchronous job, once rank 0's save of every rank's
+        parts is durable: {layer name: table step} it wrote (where the next delta starts);
+        the deleted ids this rank's part took are forgotten."""
+        self._saved_steps.update(table_steps)
+        for table in self._tables():
+            if table.layer.name in table_steps:
+                table.layer.commit_save()
+
+    def save(self, step, retries=2, retry_wait=5.0, rank_parts=None):
         """Writes a full or a delta checkpoint for global step `step`; returns its path.
 
         Atomic and durable: the files are written and fsynced, then the chain file is
@@ -109,11 +128,14 @@ class CheckpointManager:
 
         A save failing with a network error (a task of the cluster lost mid-save) is tried
         again up to `retries` times, `retry_wait` seconds apart, saying so on stderr; other
-        errors (a full disk, say) are raised at once."""
+        errors (a full disk, say) are raised at once.
+
+        rank_parts: on rank 0 of a synchronous job, the table parts every rank wrote
+        ({"delta", "prefixes", "layouts"}, ttf.distribute's save), merged into this checkpoint."""
         failed = 0
         while True:
             try:
-                return self._save_once(int(step))
+                return self._save_once(int(step), rank_parts)
             except _TRANSIENT as error:
                 failed += 1
                 if failed > retries:
@@ -122,31 +144,31 @@ class CheckpointManager:
                       f"(attempt {failed + 1} of {retries + 1})", file=sys.stderr, flush=True)
                 time.sleep(retry_wait)
 
-    def _save_once(self, step):
+    def _save_once(self, step, rank_parts):
         tables = self._tables()
         # A save traced in a tf.function (one spanning several tasks) cannot note the step it
         # exported: the table step before it is a safe start for the next delta (it may repeat rows).
-        steps_before = {id(t): max(int(shard.stats()[2]) for shard in t.layer.tables) for t in tables}
+        steps_before = {t.layer.name: max(int(shard.stats()[2]) for shard in t.layer.tables) for t in tables}
         for table in tables:
-            table.pending_step = None
-            if table.layer.sharding is None:  # Horovod: tdh.save_checkpoint did it on every rank
-                table.begin_save()
-        if self.delta_plan() is not None:
+            if table.layer.sharding is None:  # synchronous ranks: their save did it on every rank
+                self.begin_save(table)
+        plan = self.delta_plan()
+        mode = _Mode(plan is not None, plan, rank_parts)
+        if plan is not None:
             path = os.path.join(self.directory, f"delta-{step}")
-            with self._mode(_DELTA), self._failed_save(path):
+            with self._mode(mode), self._failed_save(path):
                 self.checkpoint.write(path)
             chain = {"full": self._chain["full"], "deltas": self._chain["deltas"] + [os.path.basename(path)]}
             old = []
         else:
-            with self._mode(_FULL), self._failed_save(os.path.join(self.directory, f"ckpt-{step}")):
+            with self._mode(mode), self._failed_save(os.path.join(self.directory, f"ckpt-{step}")):
                 path = self._full.save(checkpoint_number=step)
             chain = {"full": os.path.basename(path), "deltas": []}
             old = self._chain["deltas"] if self._chain else []
         _sync(path)
         self._write_chain(chain)
         # The save is durable: from here on it counts.
-        for table in tables:
-            table.saved_step = table.pending_step if table.pending_step is not None else steps_before[id(table)]
+        self._saved_steps = {**steps_before, **mode.steps}
         for table in tables:  # the deletions it took are saved; later ones belong to the next delta
             table.layer.commit_save()
         for name in old:
@@ -177,12 +199,14 @@ class CheckpointManager:
         tables = self._tables()
         for table in tables:
             table.restored = False
-        full = self._path(self._chain["full"])
-        _restore(self.checkpoint, full)
+        full, deltas = self._path(self._chain["full"]), _Mode(delta=True)
+        with self._mode(_Mode(delta=False)) as mode:
+            _restore(self.checkpoint, full)
         _check_every_table_restored(tables, full)
-        with self._mode(_DELTA):
+        with self._mode(deltas):
             for name in self._chain["deltas"]:
                 _restore(self.checkpoint, self._path(name))
+        self._saved_steps = {**mode.steps, **deltas.steps}
         for table in self._tables():  # deletions from here on belong to the next delta
             table.layer.reset_deleted()
         self._last_step = int(self.latest.rsplit("-", 1)[1])
@@ -199,7 +223,7 @@ class CheckpointManager:
         for table in tables:
             table.mode = mode
         try:
-            yield
+            yield mode
         finally:
             for table in tables:
                 table.mode = None

@@ -1,4 +1,6 @@
-"""Parameter-server clusters on TensorFlow's own runtime.
+"""The job runtime (`Job`, ttf/distribute/job/) over its topologies (`OneProcess`,
+`ParameterServers`, `HorovodRanks`, `SyncWorkers`, ttf/distribute/topology/), and the clusters
+and collectives they run on.
 
 `ClusterConfig` describes the job (chief, workers, parameter servers as host:port);
 `python -m ttf.distribute.server` starts one ps or worker task (ttf's ops loaded first, so
@@ -15,18 +17,15 @@ from ttf._errors import error_summary
 from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
 from ttf.distribute._collectives import (COLLECTIVE_TIMEOUT_SECONDS, CollectiveMisuseError, Collectives,
                                          LostWorkerError, TFCollectives)
-from ttf.distribute._attempts import StepAttempts
-from ttf.distribute._stop import StopOnSignal
-from ttf.distribute._config import JobConfig, PublishConfig
 from ttf.distribute._errors import BadInputError, JobError, LostParameterServerError, LostRankError, SaveFailedError
-from ttf.distribute._topology import HorovodRanks, OneProcess, ParameterServers, SyncWorkers
-from ttf.distribute._job import Job, sigmoid_cross_entropy, tier_progress
+from ttf.distribute.topology import HorovodRanks, OneProcess, ParameterServers, StepAttempts, SyncWorkers, Topology
+from ttf.distribute.job import Job, JobConfig, PublishConfig, StopOnSignal, sigmoid_cross_entropy, tier_progress
 from ttf.distribute._tf_config import (TASK_TYPES, TaskRole, TFConfig, TFConfigError, parse_tf_config, resolve_task,
                                        tf_config_from_env)
 
 __all__ = ["BadInputError", "COLLECTIVE_TIMEOUT_SECONDS", "ClusterConfig", "CollectiveMisuseError", "Collectives",
            "HorovodRanks", "Job", "JobConfig", "JobError", "LostParameterServerError", "LostRankError", "LostWorkerError",
            "OneProcess", "ParameterServers", "PublishConfig", "SaveFailedError", "StepAttempts", "StopOnSignal",
-           "TASK_TYPES", "TFCollectives", "TFConfig", "TFConfigError", "TaskRole", "error_summary", "free_ports",
+           "TASK_TYPES", "Topology", "TFCollectives", "TFConfig", "TFConfigError", "TaskRole", "error_summary", "free_ports",
            "make_coordinator", "parse_tf_config", "resolve_task", "sigmoid_cross_entropy", "SyncWorkers", "tf_config_from_env",
            "tier_progress"]

@@ -16,8 +16,10 @@ import os
 import tensorflow as tf
 
 from ttf.data import open_stream as _open_stream
-from ttf.distribute._checks import absolute_path
 from ttf.embedding import tables_in
+from ttf._durable import absolute_path, fsync_path
+from ttf.checkpoint._format import table_names, write_rank_part
+from ttf.serving import HashedShard, HashedTable, ServingVersion
 from ttf.serving import Publisher as _Publisher
 from ttf.serving._publish import exported_steps
 
@@ -137,7 +139,8 @@ def stream_progress(coll, stream):
 def save_checkpoint(coll, manager, step):
     """Saves a ttf.checkpoint.CheckpointManager checkpoint of a model sharded over the ranks,
     each rank writing its own part: call it on every rank, each with its own manager on the
-    same shared `directory`. Returns the path of the checkpoint (every rank).
+    same shared `directory`. Returns the path of the checkpoint (every rank); at a step rank 0
+    saved already, that checkpoint's (nothing is written again).
 
     1. Rank 0 picks a full checkpoint or a delta (its manager's delta_plan) and tells every rank.
     2. Each rank exports its shard of each table and writes it with SaveV2 into
@@ -158,12 +161,14 @@ def save_checkpoint(coll, manager, step):
     Raises:
       RuntimeError: the save failed on some rank (every rank raises).
     """
-    from ttf._durable import fsync_path  # noqa: PLC0415
-    from ttf.checkpoint._format import table_names, write_rank_part  # noqa: PLC0415
-
     rank = coll.rank
+    # Not again at a step rank 0 has saved already (only its manager knows).
+    mine = {"saved": manager.latest if manager.last_step == step else None, "plan": manager.delta_plan()}
     with coll.guard("save_checkpoint"):
-        plan = coll.broadcast_object(manager.delta_plan() if rank == 0 else None, 0, "ttf_save_plan")
+        decision = coll.broadcast_object(mine if rank == 0 else None, 0, "ttf_save_plan")
+    if decision["saved"] is not None:
+        return decision["saved"]
+    plan = decision["plan"]
     tables = [(name, logical) for name, logical in table_names(manager.checkpoint)
               if logical.layer.sharding is not None]
     folder = os.path.join(manager.directory, f"ttf-parts-{int(step)}")  # removed by the merge once empty
@@ -176,7 +181,7 @@ def save_checkpoint(coll, manager, step):
                 raise ValueError(f"rank 0's delta plan names no start step for {logical.layer.name}: do the ranks "
                                  "build the same model?")
             since = None if plan is None else plan[logical.layer.name]
-            logical.begin_save()
+            manager.begin_save(logical)
             prefixes, layout = write_rank_part(name, logical, os.path.join(folder, f"r{rank}-t{j}"), rank, since)
             written["prefixes"][name], written["layouts"][name] = prefixes, layout
         for name in tf.io.gfile.glob(os.path.join(folder, f"r{rank}-*")):
@@ -191,17 +196,13 @@ def save_checkpoint(coll, manager, step):
         if failed:
             outcome = {"error": failed}
         else:
-            for name, logical in tables:
-                logical.rank_parts = {"delta": plan is not None,
-                                      "prefixes": {name: [p for w in every for p in w["prefixes"][name]]},
-                                      "layouts": {name: [w["layouts"][name] for w in every]}}
+            parts = {"delta": plan is not None,
+                     "prefixes": {name: [p for w in every for p in w["prefixes"][name]] for name, _ in tables},
+                     "layouts": {name: [w["layouts"][name] for w in every] for name, _ in tables}}
             try:
-                outcome = {"path": manager.save(step)}
+                outcome = {"path": manager.save(step, rank_parts=parts)}
             except Exception as err:  # noqa: BLE001 (every rank learns it below, then all raise)
                 outcome = {"error": "rank 0: " + error_text(err)}
-            finally:
-                for _, logical in tables:
-                    logical.rank_parts = None
     with coll.guard("save_checkpoint", SAVE_TIMEOUT_SECONDS):  # rank 0's merge, fsync and chain
         outcome = coll.broadcast_object(outcome, 0, "ttf_save_outcome")
     if "error" in outcome:
@@ -209,9 +210,8 @@ def save_checkpoint(coll, manager, step):
         raise RuntimeError(f"ttf: the save of step {int(step)} over the {coll.workers_name} into {manager.directory} "
                            f"failed (nothing recorded; the last complete checkpoint is intact): {outcome['error']}")
     if rank != 0:  # rank 0's manager did this once the save was durable
-        for name, logical in tables:
-            logical.saved_step = max(w["layouts"][name]["step"] for w in every)
-            logical.layer.commit_save()
+        manager.saved_by_rank_0({logical.layer.name: max(w["layouts"][name]["step"] for w in every)
+                                 for name, logical in tables})
     return outcome["path"]
 
 
@@ -247,11 +247,8 @@ def export_for_serving(coll, model, base, **kwargs):
        and renames, no copy of another rank's rows), checks the graph and renames the version
        into place (atomic, as ttf.export_for_serving).
 
-    kwargs go to ttf.export_for_serving. Returns the version's folder on rank 0, None on the
+    kwargs: row_dtype and publish_record of ttf.export_for_serving. Returns the version's folder on rank 0, None on the
     others. A failure on any rank raises on every rank, naming the rank."""
-    from ttf.serving._export import HashedShard, HashedTable  # noqa: PLC0415 (serving imports this module's peers)
-    from ttf.serving._export import export_for_serving as export  # noqa: PLC0415
-
     rank, size = coll.rank, coll.size
     row_dtype = kwargs.get("row_dtype", tf.float32)
     layers = tables_in(model)
@@ -275,25 +272,31 @@ def export_for_serving(coll, model, base, **kwargs):
              for j in range(len(layers)) for r in range(size)]  # the SavedModel's names of each shard's arrays
     if rank != 0:
         return _write_rank_arrays(coll, mine, names)
-    frozen = [HashedTable(layer, dtype=row_dtype,
-                          rank_shards=[(mine[j] if r == 0 else every[r]["layouts"][j], every[r]["layouts"][j]["step"])
-                                       for r in range(size)])
-              for j, layer in enumerate(layers)]
-    told = []
+    return _write_version(coll, model, base, row_dtype, mine, [e["layouts"] for e in every], names)
 
-    def finish(temporary):  # the SavedModel is in `temporary`: every rank's arrays join it
-        with coll.guard("export_for_serving"):
-            coll.broadcast_object({"temporary": temporary}, 0, "ttf_export_folder")
-        told.append(True)
-        with coll.guard("export_for_serving", SAVE_TIMEOUT_SECONDS):
-            written = coll.allgather_object({"error": None, "prefixes": []}, "ttf_export_arrays")
-        _raise_failed(coll, written, "export_for_serving")
-        placeholders = [name for j in range(len(layers)) for r in range(1, size) for name in names[j * size + r]]
-        _merge_rank_arrays(temporary, placeholders, [p for w in written for p in w["prefixes"]])
 
-    outcome = {"error": None}
+def _write_version(coll, model, base, row_dtype, mine, layouts, names):
+    """export_for_serving on rank 0: the SavedModel (its own shards' arrays, placeholders of
+    the others'), then every other rank's arrays merged in, then the version moved into place."""
+    size, told, outcome = coll.size, [], {"error": None}
     try:
-        outcome["path"] = export(model, base, _frozen=frozen, _finish=finish, **kwargs)
+        writer = ServingVersion(model, base, row_dtype=row_dtype)
+        with writer:
+            writer.save([HashedTable(layer, dtype=row_dtype,
+                                     rank_shards=[(mine[j] if r == 0 else layouts[r][j], layouts[r][j]["step"])
+                                                  for r in range(size)])
+                         for j, layer in enumerate(writer.layers)])
+            # The SavedModel is in writer.temporary: every rank's arrays join it.
+            with coll.guard("export_for_serving"):
+                coll.broadcast_object({"temporary": writer.temporary}, 0, "ttf_export_folder")
+            told.append(True)
+            with coll.guard("export_for_serving", SAVE_TIMEOUT_SECONDS):
+                written = coll.allgather_object({"error": None, "prefixes": []}, "ttf_export_arrays")
+            _raise_failed(coll, written, "export_for_serving")
+            placeholders = [name for j in range(len(writer.layers)) for r in range(1, size)
+                            for name in names[j * size + r]]
+            _merge_rank_arrays(writer.temporary, placeholders, [p for w in written for p in w["prefixes"]])
+            outcome["path"] = writer.finish()
     except Exception as err:  # noqa: BLE001 (told to every rank below, then raised)
         outcome["error"] = "rank 0: " + error_text(err)
         if not told:  # the other ranks wait for the folder: tell them instead
@@ -362,45 +365,46 @@ def _merge_rank_arrays(temporary, placeholders, prefixes):
 
 # ---- publishing ----
 
-class RankPublisher(_Publisher):
-    """ttf.serving.Publisher for a model sharded over the ranks: create it and call
-    maybe_publish() / publish() on every rank, in the same steps (each call is a collective).
-    Rank 0's clock decides when a delta, a base or the dense part is due. A base is
-    export_for_serving's (each rank writes its own shards); a delta is one folder in which
-    each rank writes its own table parts (no rank holds another's rows), then rank 0, once
-    every rank's parts are written and fsynced, writes the dense part and the manifest and
-    renames the folder into place. A write failing on any rank pauses publishing on every
-    rank (one line on each; training goes on) until a later call succeeds.
+class RankShards:
+    """ttf.serving.Publisher's `shards` for a model sharded over the ranks: create the
+    Publisher and call maybe_publish() / publish() on every rank, in the same steps (each call
+    is a collective). Rank 0's clock decides when a delta, a base or the dense part is due. A
+    base is export_for_serving's (each rank writes its own shards); a delta is one folder in
+    which each rank writes its own table parts (no rank holds another's rows), then rank 0,
+    once every rank's parts are written and fsynced, writes the dense part and the manifest
+    and renames the folder into place. A write failing on any rank pauses publishing on every
+    rank (one line on each; training goes on) until a later call succeeds. Every rank gives
+    the same `base`, on a filesystem they can all write (one host, or a shared one)."""
 
-    Args: the collectives, then as ttf.serving.Publisher (the same `base` on every rank, on a
-    filesystem they can all write: one host, or a shared one)."""
+    def __init__(self, coll):
+        self.coll = coll
+        self.writes_shared = coll.rank == 0
 
-    def __init__(self, coll, model, base, **kwargs):
-        super().__init__(model, base, **kwargs)
-        self._coll = coll
-        self._writes_shared = coll.rank == 0
+    def agree(self, value):
+        return agree(self.coll, value, "Publisher")
 
-    def _agree(self, value):
-        return agree(self._coll, value, "Publisher")
-
-    def _gather(self, written):
-        with self._coll.guard("Publisher", SAVE_TIMEOUT_SECONDS):
-            every = self._coll.allgather_object(written, "ttf_publish_parts")
+    def gather(self, written):
+        with self.coll.guard("Publisher", SAVE_TIMEOUT_SECONDS):
+            every = self.coll.allgather_object(written, "ttf_publish_parts")
         for rank, report in enumerate(every):
             if report["error"]:
                 report["error"] = f"rank {rank}: {report['error']}"
         return every
 
-    def _shards(self):
-        return [(layer, self._coll.rank, layer.tables[0]) for layer in self.layers]
+    def table_shards(self, layers):
+        return [(layer, self.coll.rank, layer.tables[0]) for layer in layers]
 
-    def _export_base(self):
+    def export_base(self, model, base, row_dtype):
         try:
-            path = export_for_serving(self._coll, self.model, self.base, row_dtype=self.row_dtype,
-                                      publish_record=True)
+            path = export_for_serving(self.coll, model, base, row_dtype=row_dtype, publish_record=True)
         except RuntimeError as err:  # a failed write on some rank: every rank pauses publishing
             raise OSError(str(err)) from err
-        return agree(self._coll, exported_steps(path) if path is not None else None, "Publisher")
+        return agree(self.coll, exported_steps(path) if path is not None else None, "Publisher")
+
+
+def RankPublisher(coll, model, base, **kwargs):  # noqa: N802 (the name ttf.distribute.horovod calls)
+    """ttf.serving.Publisher over the ranks (RankShards): as ttf.serving.Publisher's arguments."""
+    return _Publisher(model, base, shards=RankShards(coll), **kwargs)
 
 
 # ---- errors between ranks ----
@@ -427,6 +431,6 @@ def summed_counts(coll, counts):
     return {name: sum(c[name] for c in per_rank) for name in counts}
 
 
-__all__ = ["RankPublisher", "SAVE_TIMEOUT_SECONDS", "agree", "check_same_config", "export_for_serving",
+__all__ = ["RankPublisher", "RankShards", "SAVE_TIMEOUT_SECONDS", "agree", "check_same_config", "export_for_serving",
            "gather_input_position", "gather_rows", "gather_stream_position", "open_stream", "save_checkpoint",
            "stream_batches", "stream_progress", "summed_counts"]

@@ -141,30 +141,20 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
     checkpoint. A checkpoint of the earlier format (`.../logical_table/.ATTRIBUTES/<field>`,
     the whole table in one entry) still restores.
 
-    `mode` (set by ttf.checkpoint while it writes or reads a delta checkpoint) chooses a
-    delta. `pending_step` is the table step of the last eager save (None in a traced one);
-    ttf.checkpoint moves it to `saved_step` (where the next delta starts) only once that
-    save is durable."""
+    `mode` (set by ttf.checkpoint's CheckpointManager while it writes or reads a checkpoint)
+    is that save's or restore's state: full or delta, where a delta starts, the parts every
+    rank wrote, and the table steps written or read (the manager keeps them once the save
+    is durable)."""
 
     def __init__(self, layer):
         self._layer = weakref.ref(layer)  # the layer tracks this object, not the reverse
         self.mode = None
-        self.saved_step = None
-        self.pending_step = None
-        self.rank_parts = None  # Horovod, during a save on rank 0: every rank's written bundles (_format.py)
         self.restored = False  # set when a checkpoint restore reaches this entry
         self.saved_model_save = False  # inside tf.saved_model.save: the whole-table entry, once
 
     @property
     def layer(self):
         return self._layer()
-
-    def begin_save(self):
-        """Before a ttf.checkpoint save: the first one (no durable save yet) starts the
-        record of deleted ids, which each shard's copy takes and the commit forgets, so an id
-        deleted after its shard was copied reaches the next delta."""
-        if self.saved_step is None:
-            self.layer.reset_deleted()
 
     def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
         # tf.saved_model.save writes the checkpoint from a graph holding copies of the tables,

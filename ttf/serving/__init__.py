@@ -13,9 +13,10 @@ deltas in place through the export's `apply_delta` signature, in a background th
 inotify (polling elsewhere) (docs/serving.md). Every path goes through tf.io.gfile: local,
 gs://, s3://, hdfs://, ram://.
 """
-from ttf.serving._export import FrozenTable, HashedShard, HashedTable, bucket_hash, export_for_serving, versions
+from ttf.serving._export import ServingVersion, export_for_serving, versions
+from ttf.serving._frozen import FrozenTable, HashedShard, HashedTable, bucket_hash
 from ttf.serving._follow import DeltaFollower
 from ttf.serving._publish import Publisher, delta_folder
 
-__all__ = ["DeltaFollower", "FrozenTable", "HashedShard", "HashedTable", "Publisher", "bucket_hash", "delta_folder",
-           "export_for_serving", "versions"]
+__all__ = ["DeltaFollower", "FrozenTable", "HashedShard", "HashedTable", "Publisher", "ServingVersion", "bucket_hash",
+           "delta_folder", "export_for_serving", "versions"]

@@ -36,7 +36,8 @@ from ttf._durable import fsync_path, read_text, remove_tree, renames_folders, wr
 from ttf._ops import ops
 from ttf.embedding import tables_in
 from ttf.embedding._table import CHANGE_LOG_READERS
-from ttf.serving._export import SERVING_INFO, check_row_dtype, export_for_serving, quantize_rows, versions
+from ttf.serving._export import SERVING_INFO, export_for_serving, versions
+from ttf.serving._frozen import check_row_dtype, quantize_rows
 
 DELTAS = "deltas"
 MANIFEST = "manifest.json"
@@ -110,6 +111,8 @@ class Publisher:
         bias each: ttf.export_for_serving), in the base and in the deltas.
       keep_versions: base versions kept (older ones and their deltas are removed).
       clock: the time source (seconds), for tests.
+      shards: the publishing processes and the table shards this one holds (default
+        LocalShards(): this process, every shard; ranks of a synchronous job: ttf.distribute's).
 
     Raises:
       ValueError: no ttf table in the model, a table sharded over Horovod ranks (use
@@ -129,7 +132,7 @@ class Publisher:
     """
 
     def __init__(self, model, base, publish_every=10.0, dense_publish_every=0.0, rebase_every=3600.0,
-                 row_dtype=tf.float32, keep_versions=2, clock=time.monotonic):
+                 row_dtype=tf.float32, keep_versions=2, clock=time.monotonic, shards=None):
         for name, value in (("publish_every", publish_every), ("rebase_every", rebase_every)):
             if not value > 0:
                 raise ValueError(f"Publisher: {name} must be > 0 seconds, got {value!r}")
@@ -143,7 +146,9 @@ class Publisher:
         if not self.layers:
             raise ValueError(f"Publisher: {model.name} holds no ttf table: nothing to publish (use "
                              "ttf.export_for_serving for a model without tables)")
-        if type(self) is Publisher and any(getattr(layer, "sharding", None) is not None for layer in self.layers):
+        self.shards = shards or LocalShards()
+        if isinstance(self.shards, LocalShards) and any(getattr(layer, "sharding", None) is not None
+                                                        for layer in self.layers):
             raise ValueError("Publisher: the tables are sharded over Horovod ranks: publish with "
                              "ttf.distribute.horovod.Publisher on every rank (each rank writes its own part)")
         self.model, self.base = model, os.fspath(base)
@@ -167,7 +172,7 @@ class Publisher:
         interval."""
         now = self.clock()
         due = self._need_base or self._last_publish is None or now - self._last_publish >= self.publish_every
-        if not self._agree(due):
+        if not self.shards.agree(due):
             return None
         before = (self.version, self.sequence)
         published = self.publish()
@@ -183,11 +188,11 @@ class Publisher:
         try:
             rebase = self._need_base or now - self._last_base >= self.rebase_every
             # A new base when one is due and it would differ from the current one.
-            if self._agree(rebase) and (self._need_base or self.sequence > 0 or self._any(self._changed_shards())):
+            if self.shards.agree(rebase) and (self._need_base or self.sequence > 0 or self._any(self._changed_shards())):
                 self.publish_base()
             else:
                 dense_due = with_dense or now - self._last_dense >= self.dense_publish_every
-                self.publish_delta(dense=self._agree(dense_due))
+                self.publish_delta(dense=self.shards.agree(dense_due))
         except (OSError, tf.errors.OpError) as error:
             cause = getattr(error, "message", None) or str(error)
             if self.paused is None:
@@ -207,16 +212,16 @@ class Publisher:
         """Writes a new base version (every table shard's "publish" record of deleted keys
         restarts in that snapshot); deltas then start again at sequence 1."""
         self._need_base = True  # until the base is whole: the records were reset by the export
-        version, steps = self._export_base()
+        version, steps = self.shards.export_base(self.model, self.base, self.row_dtype)
         # Published between steps: every row last seen at or before the snapshot's table step is in it.
-        self._since = {(layer.name, shard): steps[layer.name][shard] for layer, shard, _ in self._shards()}
+        self._since = {(layer.name, shard): steps[layer.name][shard] for layer, shard, _ in self.shards.table_shards(self.layers)}
         self._pending_deleted = {}
-        self._dense_fingerprint = self._dense()[1] if self._writes_shared else None
+        self._dense_fingerprint = self._dense()[1] if self.shards.writes_shared else None
         self.version, self.sequence = version, 0
         self._need_base = False
         now = self.clock()
         self._last_base = self._last_dense = now
-        if self._writes_shared:
+        if self.shards.writes_shared:
             self._remove_old_versions()
         return self.version
 
@@ -230,35 +235,35 @@ class Publisher:
             raise ValueError("Publisher.publish_delta: no base version yet; call publish() first")
         changed = self._changed_shards()
         blob = None
-        if dense and self._writes_shared:
+        if dense and self.shards.writes_shared:
             blob, fingerprint = self._dense()
             if fingerprint == self._dense_fingerprint:
                 blob = None
-        if not self._agree(blob is not None) and not self._any(changed):
+        if not self.shards.agree(blob is not None) and not self._any(changed):
             return None
         sequence = self.sequence + 1
-        if self._writes_shared:  # a delta that landed though its write reported a failure: the next one
+        if self.shards.writes_shared:  # a delta that landed though its write reported a failure: the next one
             while tf.io.gfile.exists(os.path.join(delta_folder(self.base, self.version, sequence), MANIFEST)):
                 sequence += 1
-        sequence = self._agree(sequence)
+        sequence = self.shards.agree(sequence)
         folder = os.path.join(self.base, DELTAS, str(self.version))
         final = delta_folder(self.base, self.version, sequence)
         atomic = renames_folders(self.base)
-        target = os.path.join(folder, f".tmp-{sequence}-{self._agree(os.getpid())}") if atomic else final
+        target = os.path.join(folder, f".tmp-{sequence}-{self.shards.agree(os.getpid())}") if atomic else final
         made = True
-        if self._writes_shared:
+        if self.shards.writes_shared:
             try:
                 remove_tree(target)  # a failed attempt's parts (no manifest: never applied)
                 tf.io.gfile.makedirs(target)
             except (OSError, tf.errors.OpError) as error:
                 made = getattr(error, "message", None) or str(error)
-        made = self._agree(made)  # the folder exists before any process writes its parts into it
+        made = self.shards.agree(made)  # the folder exists before any process writes its parts into it
         if made is not True:
             raise OSError(made)
         try:
             written = self._write_parts(target, changed, blob)
             outcome = None
-            if self._writes_shared:
+            if self.shards.writes_shared:
                 try:
                     self._write_manifest(target, sequence, written["every"], written["dense"])
                     if atomic:
@@ -267,11 +272,11 @@ class Publisher:
                         fsync_path(folder)
                 except (OSError, tf.errors.OpError) as error:
                     outcome = getattr(error, "message", None) or str(error)
-            outcome = self._agree(outcome)
+            outcome = self.shards.agree(outcome)
             if outcome is not None:
                 raise OSError(outcome)
         finally:
-            if self._writes_shared and atomic:
+            if self.shards.writes_shared and atomic:
                 remove_tree(target)
         self._since.update(written["steps"])
         self._pending_deleted = {}
@@ -287,7 +292,7 @@ class Publisher:
         the rows it touches with its step), or keys were deleted (evictions need no step)."""
         changed = []
         reader = CHANGE_LOG_READERS["publish"]
-        for layer, shard, table in self._shards():
+        for layer, shard, table in self.shards.table_shards(self.layers):
             key = (layer.name, shard)
             with tf.device(table._resource_device):  # pylint: disable=protected-access
                 moved = int(table.stats()[2]) != self._since[key] or key in self._pending_deleted
@@ -325,7 +330,7 @@ class Publisher:
                 written["dense"] = self._write_dense(target, blob)
         except (OSError, tf.errors.OpError) as error:
             written["error"] = (getattr(error, "message", None) or str(error)).splitlines()[0]
-        every = self._gather(written)
+        every = self.shards.gather(written)
         failed = "; ".join(w["error"] for w in every if w["error"])
         if failed:
             raise OSError(failed)
@@ -340,29 +345,9 @@ class Publisher:
                     "parts": [part for w in every for part in w["parts"]], "dense": dense}
         write_text(os.path.join(target, MANIFEST), json.dumps(manifest))
 
-    # -- what differs in a job of several publishing processes (ttf.distribute.horovod.Publisher)
-
-    _writes_shared = True  # this process writes the manifest, the dense part and removes old versions
-
-    def _agree(self, value):
-        """The value every publishing process acts on (here: this process's own)."""
-        return value
-
-    def _gather(self, written):
-        """Every publishing process's `written` report of a delta (here: this process's)."""
-        return [written]
-
     def _any(self, changed):
         """True when `changed` (this process's changed shards) is not empty on some process."""
-        return any(report["changed"] for report in self._gather({"error": None, "changed": bool(changed)}))
-
-    def _shards(self):
-        """(layer, shard number, table) of every table shard this process publishes."""
-        return [(layer, shard, table) for layer in self.layers for shard, table in enumerate(layer.tables)]
-
-    def _export_base(self):
-        """Writes the next base version; returns (version, {table name: [table step of each shard]})."""
-        return exported_steps(export_for_serving(self.model, self.base, row_dtype=self.row_dtype, publish_record=True))
+        return any(report["changed"] for report in self.shards.gather({"error": None, "changed": bool(changed)}))
 
     def _write_shard(self, folder, layer, shard, keys, rows, deleted, scale_bias=None):
         """Writes one shard's rows (int8 ones with their scale_bias) in pieces of at most
@@ -408,3 +393,28 @@ class Publisher:
         for version in versions(self.base)[: -self.keep_versions]:
             remove_tree(os.path.join(self.base, str(version)))
             remove_tree(os.path.join(self.base, DELTAS, str(version)))
+
+
+class LocalShards:
+    """A Publisher's processes and shards when one process publishes every shard of every
+    table (one process; a parameter-server chief, each shard written on its own device).
+    Another implementation (ttf.distribute's, over the ranks of a synchronous job) gives
+    the same five: `writes_shared`, `agree`, `gather`, `table_shards` and `export_base`."""
+
+    writes_shared = True  # this process writes the manifest, the dense part and removes old versions
+
+    def agree(self, value):
+        """The value every publishing process acts on (here: this process's own)."""
+        return value
+
+    def gather(self, written):
+        """Every publishing process's `written` report of a delta (here: this process's)."""
+        return [written]
+
+    def table_shards(self, layers):
+        """(layer, shard number, table) of every table shard this process publishes."""
+        return [(layer, shard, table) for layer in layers for shard, table in enumerate(layer.tables)]
+
+    def export_base(self, model, base, row_dtype):
+        """Writes the next base version; returns (version, {table name: [table step of each shard]})."""
+        return exported_steps(export_for_serving(model, base, row_dtype=row_dtype, publish_record=True))

@@ -1,10 +1,10 @@
-"""Where a job runs: one process, a parameter-server cluster, or Horovod ranks.
-
-`ttf.distribute.Job` is written once over this small interface; a topology says what differs:
-how many input shares there are and which one this process reads, how the model and its
-optimizer are placed (`scope`, `prepare`), how the processes agree and gather (a no-op in
-one process), and how each shard's rows are saved, exported and published (each process its
-own rows; the chief never holds another's).
+"""Where a job runs: one process, a parameter-server cluster, or ranks of a synchronous job.
+Each topology implements both faces of ttf/distribute/topology/_face.py: `Topology` (scope,
+rank, num_ranks, is_chief) and `JobMechanics`: the input shares and which one this process
+reads, how the model is placed (`prepare`), how the processes agree and gather (a no-op where
+one process runs the job), how each shard's rows are saved, exported and published (each
+process its own rows; the chief never holds another's), and the step runner (`step_runner`:
+each step here, or scheduled on a parameter-server job's workers).
 
     OneProcess()                       everything here
     ParameterServers(cluster)          this process is the chief of a PS job (ClusterConfig)
@@ -12,49 +12,50 @@ own rows; the chief never holds another's).
     SyncWorkers(worker_hosts, task_index, compression="none")
                                        one worker of a synchronous job on TensorFlow's collectives
 
-A parameter-server job's steps run on its workers: `coordinated` is True and `Job` drives
-them through `coordinator`; the other topologies run each step in this process.
+They are siblings over the defaults of `_Steps`: `OneProcess` and `ParameterServers` share
+the mechanics of a job run by one process (`_OneLoop`), the ranks theirs over a Collectives
+backend (`SynchronousRanks`); none is a special case of another.
 """
-import contextlib
-
 import numpy as np
 import tensorflow as tf
 
-from ttf.distribute import _errors, _ranks
-
 from ttf.data import open_stream as _open_stream
 from ttf.data import stream_batches as _stream_batches
+from ttf.distribute import _errors, _ranks, _table_sharding
+from ttf.distribute._cluster import make_coordinator
+from ttf.distribute._collectives import LostWorkerError, TFCollectives
+from ttf.distribute._wire import wire_dtype
+from ttf.distribute.sync import all_workers, mean_over_examples, rank_slice
+from ttf.distribute.topology._face import Topology
+from ttf.distribute.topology._steps import CoordinatedSteps, LocalSteps
 from ttf.embedding import table_summary as _table_summary
 from ttf.embedding import tables_in
+from ttf.serving import Publisher, export_for_serving
 
 
-class OneProcess:
-    """The whole job in this process: every collective is the identity."""
+class _Steps(Topology):
+    """What every topology has unless it says otherwise: it reads the input share of its
+    rank and runs each step itself; no strategy, no parameter servers."""
 
-    name = "single"
-    coordinated = False
-    synchronous = False  # ranks in step, each holding its own shard of every table
     max_steps_per_call = 1 << 30
-    rank, size, num_shares = 0, 1, 1
+    num_shares = 1
     strategy = coordinator = None
     shard_devices = None
-
-    @property
-    def is_chief(self):
-        return self.rank == 0
+    table_note = ""  # what a progress line's table counts cover
 
     @property
     def share(self):
         """The input share this process reads (its rank)."""
         return self.rank
 
-    def scope(self):
-        """Build the model and optimizer inside it (a strategy's scope in a cluster)."""
-        return contextlib.nullcontext()
+    def step_runner(self, job):
+        return LocalSteps(job)
 
-    def shape(self):
-        """The topology as the job's metrics report it."""
-        return "single"
+
+class _OneLoop(_Steps):
+    """The mechanics of a job that one process runs (one process, or a parameter-server
+    job's chief): every agreement and gather is the identity; the tables' shards save,
+    export and publish where they live."""
 
     def prepare(self, model, optimizer):
         """Places `model`'s tables and returns the optimizer to train with (before the model's
@@ -116,17 +117,14 @@ class OneProcess:
         """Every share's input (and stream) position into the chief's copy before it saves."""
 
     def save(self, manager, step):
-        """Saves a checkpoint, each process writing its own rows."""
-        manager.save(step)
+        """Saves a checkpoint, each process writing its own rows (not again at a saved step)."""
+        if manager.last_step != step:
+            manager.save(step)
 
     def export_for_serving(self, model, base, row_dtype):
-        from ttf.serving import export_for_serving  # noqa: PLC0415 (serving imports distribute's peers)
-
         return export_for_serving(model, base, row_dtype=row_dtype)
 
     def publisher(self, model, base, **kwargs):
-        from ttf.serving import Publisher  # noqa: PLC0415
-
         return Publisher(model, base, **kwargs)
 
     def table_summary(self, model):
@@ -144,18 +142,19 @@ class OneProcess:
         return max(batch_size, 4096)
 
 
-class ParameterServers(OneProcess):
+class OneProcess(_OneLoop):
+    """The whole job in this process: every collective is the identity."""
+
+
+class ParameterServers(_OneLoop):
     """This process is the chief of a parameter-server job: it connects to the cluster
     (`ttf.distribute.ClusterConfig`) with ParameterServerStrategy and schedules the steps on
     the workers; ttf tables are sharded over the parameter servers, whose tasks each save,
     export and publish their own shard. Each worker reads its own input share."""
 
     name = "ps"
-    coordinated = True
 
     def __init__(self, cluster):
-        from ttf.distribute._cluster import make_coordinator  # noqa: PLC0415
-
         self.cluster = cluster
         self.num_shares = len(cluster.worker_hosts)
         self.strategy, self.coordinator = make_coordinator(cluster)
@@ -163,6 +162,9 @@ class ParameterServers(OneProcess):
 
     def scope(self):
         return self.strategy.scope()
+
+    def step_runner(self, job):
+        return CoordinatedSteps(job)
 
     def lost(self, error):
         if isinstance(error, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError)):
@@ -178,7 +180,7 @@ class ParameterServers(OneProcess):
 JOB_COLLECTIVE_TIMEOUT_SECONDS = 600.0
 
 
-class SynchronousRanks(OneProcess):
+class SynchronousRanks(_Steps):
     """Ranks of a synchronous job over a Collectives backend (ttf/distribute/_collectives.py):
     ttf tables sharded over the ranks, dense gradients averaged, each rank reads its own
     input share and writes its own rows; every mechanic is ttf/distribute/_ranks.py's, written
@@ -186,32 +188,25 @@ class SynchronousRanks(OneProcess):
 
     synchronous = True
     runtime = "collective"
+    table_note = " (this rank's table shards)"
 
     def __init__(self, coll, compression="none"):
-        from ttf.distribute._wire import wire_dtype  # noqa: PLC0415
-
         wire_dtype(compression)  # refuses an unknown compression
         self.coll, self.compression = coll, compression
-        self.rank, self.size = coll.rank, coll.size
-        self.num_shares = self.size
+        self.rank, self.num_ranks = coll.rank, coll.size
+        self.num_shares = self.num_ranks
 
     def prepare(self, model, optimizer):
-        from ttf.distribute import _table_sharding  # noqa: PLC0415
-
         _table_sharding.shard_tables(model, self.coll, self.compression)
         return _table_sharding.DistributedOptimizer(optimizer, self.coll, self.compression)
 
     def broadcast_model(self, model):
-        from ttf.distribute import _table_sharding  # noqa: PLC0415
-
         _table_sharding.broadcast_variables(model.variables, self.coll)
 
     def lost(self, error):  # any failed collective: a peer stopped or the network failed
         return _errors.lost_rank(error, self.rank, self.runtime)
 
     def all_have(self, flag):
-        from ttf.distribute.sync import all_workers  # noqa: PLC0415
-
         return bool(all_workers(tf.constant(flag), self.coll, "ttf_have_batch").numpy())
 
     def agree(self, value, what="agree"):
@@ -227,13 +222,9 @@ class SynchronousRanks(OneProcess):
         _ranks.check_same_config(self.coll, config, what)
 
     def mean_loss(self):
-        from ttf.distribute.sync import mean_over_examples  # noqa: PLC0415
-
         return lambda losses: mean_over_examples(losses, self.coll, name="ttf_loss")
 
     def finite_across(self):
-        from ttf.distribute.sync import all_workers  # noqa: PLC0415
-
         return lambda flag: all_workers(flag, self.coll, "ttf_all_ranks")
 
     def open_stream(self, spec, **kwargs):
@@ -251,23 +242,18 @@ class SynchronousRanks(OneProcess):
             _ranks.gather_stream_position(self.coll, stream)
 
     def save(self, manager, step):
-        # Not again at a step rank 0 has saved already (only its manager knows).
-        saved = self.coll.broadcast_object(manager.last_step == step if self.rank == 0 else None, 0, "ttf_save_done")
-        if not saved:
-            _ranks.save_checkpoint(self.coll, manager, step)
+        _ranks.save_checkpoint(self.coll, manager, step)
 
     def export_for_serving(self, model, base, row_dtype):
         return _ranks.export_for_serving(self.coll, model, base, row_dtype=row_dtype)
 
     def publisher(self, model, base, **kwargs):
-        return _ranks.RankPublisher(self.coll, model, base, **kwargs)
+        return Publisher(model, base, shards=_ranks.RankShards(self.coll), **kwargs)
 
     def table_summary(self, model):
-        return _table_summary(*self.coll.allgather_object(super().table_summary(model), "ttf_table_summary"))
+        return _table_summary(*self.coll.allgather_object(_table_summary(*tables_in(model)), "ttf_table_summary"))
 
     def slice_batches(self, dataset, batch_size):
-        from ttf.distribute.sync import rank_slice  # noqa: PLC0415
-
         return rank_slice(dataset, batch_size, self.coll)
 
     def eval_batch_size(self, batch_size):
@@ -325,8 +311,6 @@ class SyncWorkers(SynchronousRanks):
     max_steps_per_call = 1  # a fresh instance key per collective and call: one step per call
 
     def __init__(self, worker_hosts=None, task_index=None, compression="none", timeout_seconds=None):
-        from ttf.distribute._collectives import TFCollectives  # noqa: PLC0415
-
         coll = TFCollectives(worker_hosts=worker_hosts, task_index=task_index,
                              timeout_seconds=timeout_seconds or JOB_COLLECTIVE_TIMEOUT_SECONDS)
         super().__init__(coll, compression)
@@ -335,8 +319,6 @@ class SyncWorkers(SynchronousRanks):
         return {"sync_workers": self.size, "compression": self.compression}
 
     def lost(self, error):
-        from ttf.distribute._collectives import LostWorkerError  # noqa: PLC0415
-
         found = self.coll.lost_worker_error("training", error)
         if not isinstance(found, LostWorkerError):
             return None  # not a collective's failure: raised as it is

@@ -56,10 +56,12 @@ class UserData:
         self.dataset_fn = None if isinstance(data, tf.data.Dataset) else data
         self.data = data
         topology = self.topology
-        if self.dataset_fn is None and topology.coordinated:
+        # Input made here (one process, ranks), or by a parameter-server job's workers.
+        self.input_here = job.runner.input_here
+        if self.dataset_fn is None and not self.input_here:
             raise ValueError("a parameter-server job's workers make their own input: pass fit() a "
                              "dataset_fn(input_context) (or a ttf.data.Reader) instead of a tf.data.Dataset")
-        if topology.synchronous and self.config.steps_per_call > 1:
+        if topology.num_ranks > 1 and self.config.steps_per_call > 1:
             raise ValueError("steps_per_call > 1 on synchronous ranks needs a ttf.data.Reader (ranks whose own "
                              "pipelines end at different steps would wait on each other inside one call); give "
                              "steps_per_call=1")
@@ -74,12 +76,11 @@ class UserData:
             raise ValueError(f"the {self.kind}'s elements must be (features, labels) batches, got "
                              f"{self.element_spec}")
         self.reason = nondeterminism(first)
-        if topology.coordinated and self.reason and self.reason[0] == "python":
+        if not self.input_here and self.reason and self.reason[0] == "python":
             raise ValueError(f"the dataset_fn of a parameter-server job runs on the workers, which cannot run this "
                              f"process's Python, and it {self.reason[1]}: {_FIXES['python']}")
         # One process: the iterator's own state is the position, when TensorFlow can save it.
-        one_process = not topology.coordinated and not topology.synchronous
-        self.checkpointable = (one_process and bool(self.config.checkpoint_dir)
+        self.checkpointable = (self.input_here and topology.num_shares == 1 and bool(self.config.checkpoint_dir)
                                and not (self.reason and self.reason[0] in ("python", "random"))
                                and _saves(self._batches(0)))
         self.slot = None  # the job's iterator slot (a tf.Module), given by Job.fit when it holds one
@@ -92,7 +93,7 @@ class UserData:
         topology = self.topology
         if self.dataset_fn is None:
             return self.data
-        replicas = 1 if topology.coordinated else topology.num_shares  # a PS worker's steps are its own
+        replicas = topology.num_shares if self.input_here else 1  # a PS worker's steps are its own
         context = tf.distribute.InputContext(num_input_pipelines=topology.num_shares, input_pipeline_id=share,
                                              num_replicas_in_sync=replicas)
         return self.dataset_fn(context)
@@ -124,7 +125,7 @@ class UserData:
             return self.slot.iterator
         state = self.job.position.states[share]
         trained = tf.where(state[2] >= 0, state[4], tf.zeros([], tf.int64))  # batches this share trained
-        return self._batches(share, trained if self.topology.coordinated else int(trained))
+        return self._batches(share, int(trained) if self.input_here else trained)
 
     def sample_features(self):
         """Zeros shaped as a batch of 2 of the features, to build and check the model (no input

@@ -34,16 +34,17 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from ttf import summary as _summary
+from ttf._durable import absolute_path
 from ttf.checkpoint import CheckpointManager
 from ttf.checkpoint._fingerprint import ModelFingerprint, warm_start
 from ttf.data import InputPosition, best_auc, zero_features
-from ttf.distribute import _checks, _errors, _user_data
-from ttf.distribute._attempts import StepAttempts
-from ttf.distribute._config import JobConfig
-from ttf.distribute._topology import OneProcess
+from ttf.distribute import _errors
+from ttf.distribute.job import _checks, _loops, _user_data
+from ttf.distribute.job._config import JobConfig
+from ttf.distribute.topology import OneProcess
 from ttf.embedding import EventTimeTTL, tables_in
-from ttf.precision import NonFiniteGuard, low_precision, make_train_step, policy_for
+from ttf.precision import policy_for
+from ttf.summary import _scalars as _summary
 
 
 def sigmoid_cross_entropy(labels, logits):
@@ -86,8 +87,8 @@ class Job:
         if not isinstance(config, JobConfig):
             raise ValueError(f"config must be a ttf.distribute.JobConfig, got {type(config).__name__}")
         # Every task reads the chief's folders: a relative path would mean each task's own.
-        publish = config.publish and dataclasses.replace(config.publish, base=_checks.absolute_path(config.publish.base))
-        self.config = config = dataclasses.replace(config, checkpoint_dir=_checks.absolute_path(config.checkpoint_dir),
+        publish = config.publish and dataclasses.replace(config.publish, base=absolute_path(config.publish.base))
+        self.config = config = dataclasses.replace(config, checkpoint_dir=absolute_path(config.checkpoint_dir),
                                                    publish=publish)
         if self.config.steps_per_call > self.topology.max_steps_per_call:
             raise ValueError(f"steps_per_call={self.config.steps_per_call}: a {self.topology.name} job runs one step "
@@ -104,13 +105,12 @@ class Job:
             self.precision = policy_for(self.config.precision)
             self.auc_window = _summary.RollingAUC(self.config.auc_window) if self.config.logdir else None
         self._extras = dict(checkpoint_extras or {})
-        self.stream = self.event_ttl = self.manager = self.publisher = self.train_step = self.guard = None
+        self.runner = self.topology.step_runner(self)  # each step here, or on a parameter-server job's workers
+        self.stream = self.event_ttl = self.manager = self.publisher = None
         self.stop = None
         self._reader, self._bad_before = None, 0  # fit's lenient Reader: its bad lines count as skipped input
         self._ready = False
-        self._last_checkpoint = -1
         self._summary = None
-        self._low_steps = 0  # parameter-server job: steps run with the dense part in bf16
         self.timed_cpu = None
 
     # ---- set-up: variables, checkpoint, resume (once, by fit or follow) ----
@@ -139,15 +139,7 @@ class Job:
                 parts["auc_window"] = self.auc_window
             if self.precision is not None:
                 parts["precision"] = self.precision
-            if topology.coordinated:  # a worker's step is written here; the guard protects it
-                self.guard = NonFiniteGuard(config.max_non_finite_steps)
-                self.guard.build(self.optimizer, self.forward.trainable_variables)
-                parts["non_finite_guard"] = self.guard
-            else:
-                self.train_step = make_train_step(self.forward, self._loss_fn(), self.optimizer, self.precision,
-                                                  max_non_finite_steps=config.max_non_finite_steps,
-                                                  finite_across=topology.finite_across())
-                parts["train_step"] = self.train_step
+            self.runner.build(parts)
             parts.update(self._extras)
             fingerprint = ModelFingerprint.of(tf.train.Checkpoint(**parts), schema)
             parts["fingerprint"] = fingerprint.variable()  # every checkpoint knows the model it holds
@@ -168,7 +160,7 @@ class Job:
             if stream is not None:  # each rank takes its share of the merged position
                 stream.adopt_share()
         topology.broadcast_model(self.model)  # the chief's dense weights everywhere
-        self.low_steps_before = int(self.train_step.low_precision_steps.numpy()) if self.train_step else 0
+        self.runner.restored()
         self.examples_before = self.position.examples_trained()
         # Only the chief writes; the others' calls do nothing.
         self._summary = _summary.JobSummary(config.logdir, writer=topology.is_chief) if config.logdir else None
@@ -195,7 +187,7 @@ class Job:
         warm_start(fingerprint, saved, directory, self.log)
         return False
 
-    def _loss_fn(self):
+    def step_loss(self):
         """The step's loss: the mean of the examples' losses over every process's batch (so
         the averaged gradients are the global batch's), after recording the AUC window."""
         mean = self.topology.mean_loss() or tf.reduce_mean
@@ -226,15 +218,15 @@ class Job:
         return int(self.optimizer.iterations.numpy()) + self.skipped_steps()
 
     def skipped_steps(self):
-        counter = self.train_step or self.guard
-        return int(counter.skipped_steps.numpy()) if counter else 0
+        return self.runner.skipped_steps()
 
     def bf16_fraction(self, steps_run):
-        if self.train_step:
-            low = int(self.train_step.low_precision_steps.numpy()) - self.low_steps_before
-        else:
-            low = self._low_steps
-        return low / max(steps_run, 1)
+        return self.runner.low_steps() / max(steps_run, 1)
+
+    @property
+    def train_step(self):
+        """The training step of a job whose steps run in this process (None on a parameter-server chief)."""
+        return getattr(self.runner, "train_step", None)
 
     def examples_trained(self):
         """(rows trained over every run restored into this one, rows trained by this run)."""
@@ -259,9 +251,10 @@ class Job:
                 f"{self.config.max_bad_fraction}): the input went bad; fix it, or raise JobConfig.max_bad_fraction")
         return {"bad_lines": bad, "empty_files": empty}
 
-    def skipped_text(self):
-        """', K bad lines skipped' (and empty files) for a progress line, or ''."""
-        skipped = self.skipped_input()
+    def skipped_text(self, skipped=None):
+        """', K bad lines skipped' (and empty files) for a progress line, or '' (of
+        `skipped`, skipped_input()'s value, when given)."""
+        skipped = skipped or self.skipped_input()
         text = f", {skipped['bad_lines']} bad line(s) skipped" if skipped["bad_lines"] else ""
         return text + (f", {skipped['empty_files']} empty file(s) skipped" if skipped["empty_files"] else "")
 
@@ -275,7 +268,7 @@ class Job:
         tables = [t for layer in tables_in(self.model) for t in layer.tables]
         if not any(t.capacity or t.evict_policy == "ttl" or t.dram_budget for t in tables):
             return ""
-        shard = " (this rank's table shards)" if self.topology.synchronous else ""
+        shard = self.topology.table_note
         if any(t.dram_budget for t in tables):
             return tier_progress([t.tier_stats() for t in tables], sum(t.dram_budget for t in tables)) + shard
         rows = sum(int(t.size()) for t in tables)
@@ -304,20 +297,14 @@ class Job:
         if saving:
             self.log(f"checkpoint at step {step}: saved in {time.perf_counter() - started:.2f} s")
 
-    def _maybe_checkpoint(self, step, every_chunk=False):
+    def maybe_checkpoint(self, step, before):
+        """Saves when the steps from `before` to `step` passed a multiple of checkpoint_every."""
         every = self.config.checkpoint_every
-        if self.manager is None or not (every_chunk or step % every == 0):
-            return
-        if every_chunk and step // every == self._last_checkpoint:
-            return
-        self._last_checkpoint = step // every
-        self.save(step)
+        if self.manager is not None and step // every > before // every:
+            self.save(step)
 
     def _save_at_end(self):
-        if self.manager is None:
-            return
-        # Not again at a step already saved (in a synchronous job every rank asks rank 0, in topology.save).
-        if self.topology.synchronous or self.manager.last_step != self.step():
+        if self.manager is not None:  # (not again at a saved step: topology.save knows, on every process)
             self.save(self.step())
 
     def maybe_publish(self, final=False):
@@ -337,14 +324,15 @@ class Job:
             self.log(f"published to {publish.base}: base {published[0]}, sequence {published[1]}")
         return published
 
-    def write_summary(self, step, loss, steps_per_sec=0.0, extra=None):
-        """The scalars of a progress line (ttf.summary) plus `extra` ({tag: number}). Every
-        process calls it (the table counts may be a collective); the chief writes."""
+    def write_summary(self, step, loss, steps_per_sec=0.0, extra=None, skipped=None):
+        """The scalars of a progress line (ttf.summary) plus `extra` ({tag: number}); `skipped`:
+        skipped_input()'s value when the caller has it. Every process calls it (the table counts
+        may be a collective); the chief writes."""
         if self._summary is None:
             return
         values = {_summary.LOSS: loss, _summary.AUC: self.auc_window.auc(),
-                  _summary.BAD_LINES: self.skipped_input()["bad_lines"],
-                  _summary.EXAMPLES_PER_SEC: steps_per_sec * self.config.batch_size * self.topology.size,
+                  _summary.BAD_LINES: (skipped or self.skipped_input())["bad_lines"],
+                  _summary.EXAMPLES_PER_SEC: steps_per_sec * self.config.batch_size * self.topology.num_ranks,
                   _summary.BF16_SHARE: self.bf16_fraction(step - self.step_before),
                   _summary.SKIPPED_STEPS: self.skipped_steps()}
         if self.publisher is not None and self.publisher.version is not None:
@@ -379,8 +367,6 @@ class Job:
             tf.data pipeline"); where it cannot be kept exactly, one line says so at start.
           split: "all", "train" (every 5th line held out) of a Reader.
         """
-        from ttf.distribute import _loops  # noqa: PLC0415
-
         config = self.config
         if config.steps is None and config.epochs is None:
             raise ValueError("JobConfig needs steps or epochs for fit (follow runs a stream until stopped)")
@@ -396,7 +382,7 @@ class Job:
             first = lambda: next(iter(data.dataset(2, shuffle=False)))[0]  # noqa: E731
             what, schema = f"the reader's batches (schema {data.schema.name!r})", data.schema
             # Its counter lives in this process: a parameter-server job's workers parse (and count) elsewhere.
-            self._reader = None if self.topology.coordinated else data
+            self._reader = data if self.runner.input_here else None
             dataset = lambda share: data.share_dataset(  # noqa: E731
                 config.batch_size, share, self.topology.num_shares, position=self.position, seed=config.seed,
                 split=split, num_epochs=None if config.steps else config.epochs)
@@ -408,10 +394,8 @@ class Job:
             if user is not None:
                 user.resume()
             start = self.step()
-            if self.topology.coordinated:
-                steps, seconds, ran_out = _loops.fit_coordinated(self, dataset)
-            else:  # a Reader's shares with steps never end; every other input may, on any rank
-                steps, seconds, ran_out = _loops.fit_local(self, dataset, finite=user is not None or not config.steps)
+            # A Reader's shares with steps never end; every other input may, on any rank.
+            steps, seconds, ran_out = _loops.fit(self, dataset, finite=user is not None or not config.steps)
             self._save_at_end()
             if self.manager is not None:
                 self.log(f"checkpoint {self.manager.latest}")
@@ -427,8 +411,6 @@ class Job:
         on a stop it publishes and checkpoints, then returns this run's numbers. Each worker
         or rank trains its share (Kafka partitions, folder files by name). schema: the stream's
         columns (a ttf.data.Schema, "criteo" (the default), "avazu" or a JSON file)."""
-        from ttf.distribute import _loops  # noqa: PLC0415
-
         if self.config.epochs is not None:
             raise ValueError("follow runs a stream until stopped (or JobConfig.steps): drop JobConfig.epochs")
         with self._errors():
@@ -440,10 +422,7 @@ class Job:
                     "the stream's features by the default schema 'criteo' (give follow(schema=...) for another)")
             self._setup(zero_features(self.stream.schema), what, self.stream, schema=self.stream.schema)
             start = self.step()
-            if self.topology.coordinated:
-                steps, seconds = _loops.follow_coordinated(self)
-            else:
-                steps, seconds = _loops.follow_local(self)
+            steps, seconds = _loops.follow(self)
             self.maybe_publish(final=True)
             self._save_at_end()
         progress, _ = self.topology.stream_progress(self.stream)
@@ -498,31 +477,6 @@ class Job:
             if error is None:
                 raise
             raise error from err
-
-    # ---- the parameter-server worker's step pieces ----
-
-    def replica_grads(self, compute_dtype, features, labels):
-        """A parameter-server worker's forward and backward: (loss, gradients)."""
-        variables = self.forward.trainable_variables
-        loss_fn = self._loss_fn()
-        with tf.GradientTape() as tape:
-            if compute_dtype == tf.float32:
-                outputs = self.forward(features, training=True)
-            else:
-                with low_precision(self.forward, compute_dtype):
-                    outputs = self.forward(features, training=True)
-            loss = loss_fn(labels, tf.cast(outputs, tf.float32))
-        return loss, tape.gradient(loss, variables)
-
-    def use_bf16(self, loss):
-        """A parameter-server job's precision for the next chunk: fixed, or the switch's call."""
-        if self.precision is None:
-            return False
-        return self.precision.enable_mixed_precision(self.step(), loss=loss)
-
-    def step_attempts(self):
-        with self.topology.scope():  # on a ps: counts update starts, to see a lost worker's step run again
-            return StepAttempts()
 
 
 def _row_dtype(name):

@@ -1,6 +1,5 @@
 """A job's set-up checks: each misuse is one ValueError naming the fix, raised before the
 first step is traced (rather than a TensorFlow traceback from inside it, or silent damage)."""
-import os
 import warnings
 
 import tensorflow as tf
@@ -10,14 +9,6 @@ from ttf.optimizers import from_keras
 
 _SHAPE_ONLY = {"Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "IdentityN"}
 _EXPECTED = "Job trains a model that returns one logit per example, shape [B] or [B, 1]"
-
-
-def absolute_path(path):
-    """A local path made absolute here (the chief), so every task reads the same folder; a URL
-    (gs://, s3://, hdfs://, ram://) as it is."""
-    if path is None or "://" in path:
-        return path
-    return os.path.abspath(path)
 
 
 def check_reachable(topology, directory):

@@ -1,0 +1,325 @@
+"""How a job's steps run on a topology: the step runners `Job`'s two loops drive.
+
+`LocalSteps`: each step in this process (one process; each rank of a synchronous job, the
+ranks in step), the training step being ttf.precision's PrecisionTrainStep (precision and
+the NaN guard decided on the device).
+
+`CoordinatedSteps`: a parameter-server job's chief schedules the steps on its workers. The
+coordinator schedules one traced function per precision, so the precision is the host's
+call for the next round; the guard's decision stays in the graph (NonFiniteGuard), its count
+of skipped steps in a row on the host. Both host halves are in `_observe`, once.
+
+A runner gives the loops (ttf/distribute/_loops.py) the same few calls: `start_fit` /
+`warm_up` / `next_call` / `run` for batches, `rounds` for a stream, and the counters.
+"""
+import dataclasses
+
+import tensorflow as tf
+
+from ttf.distribute.topology._attempts import StepAttempts
+from ttf.precision import NonFiniteGuard, low_precision, make_train_step
+
+
+@dataclasses.dataclass
+class Round:
+    """The stream batches of one round, trained; `restarts` = (step starts, batches) when
+    the coordinator ran a lost worker's step again (the round may have trained a batch twice).
+    `keep()` once the loop keeps the round (not rolled back): the host's counts of its steps."""
+    batches: list
+    loss: object
+    restarts: tuple = None
+    keep: object = lambda: None
+
+
+class LocalSteps:
+    """Every step in this process (see the module doc)."""
+
+    input_here = True  # the batches are read (and their bad lines counted) in this process
+    rate_unit = "steps/s"
+
+    def __init__(self, job):
+        self.job = job
+        self.train_step = None
+        self._low_before = 0
+        self._iterator = self._record = None
+        self._finite = True
+
+    def build(self, parts):
+        """Makes the training step and adds what it checkpoints to `parts`."""
+        job = self.job
+        self.train_step = make_train_step(job.forward, job.step_loss(), job.optimizer, job.precision,
+                                          max_non_finite_steps=job.config.max_non_finite_steps,
+                                          finite_across=job.topology.finite_across())
+        parts["train_step"] = self.train_step
+
+    def restored(self):
+        """After the restore: this run's counters start here."""
+        self._low_before = int(self.train_step.low_precision_steps.numpy())
+
+    def skipped_steps(self):
+        return int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
+
+    def low_steps(self):
+        """Steps this run ran with the dense part in bf16."""
+        return int(self.train_step.low_precision_steps.numpy()) - self._low_before if self.train_step else 0
+
+    # ---- batches ----
+
+    def start_fit(self, dataset, finite):
+        """`dataset(share)`: this process's share. finite: the shares may end (on several
+        ranks every rank stops when one runs out)."""
+        job = self.job
+        self._iterator = iter(dataset(job.topology.share))
+        self._record = tf.function(job.position.record)
+        self._finite = finite
+
+    def warm_up(self, target):
+        """Steps to run before the timing starts (they run in the loop)."""
+        del target
+        return max(5, self.job.config.steps_per_call)
+
+    def next_call(self, step, target):
+        """Steps of the next call: steps_per_call (no host read per step: the step decides
+        its precision on the device)."""
+        per_call = self.job.config.steps_per_call
+        return per_call if target is None else min(per_call, target - step)
+
+    def run(self, steps):
+        """Runs up to `steps` steps: (steps run, the last loss, whether the data ended)."""
+        job = self.job
+        if steps > 1:
+            result = self.train_step.run(self._iterator, steps, after_batch=job.position.record)
+            ran = int(result["steps"])
+            return ran, result["loss"], ran < steps
+        batch = next(self._iterator, None)
+        if self._finite and not job.topology.all_have(batch is not None):  # every rank stops when one runs out
+            return 0, None, True
+        if batch is None:
+            return 0, None, True
+        labels = batch[1]
+        result = self.train_step(batch[0], labels)
+        if len(batch) > 2:  # a Reader's batch: where its share continues
+            self._record(batch[2], tf.size(labels))
+        return 1, result["loss"], False
+
+    # ---- a stream ----
+
+    def rounds(self, stream, stop, left):
+        """One Round per stream batch of this process (ranks: every rank a batch, in step)."""
+        job = self.job
+        # One trace for every batch size a stream brings (ranks on different traces would hang).
+        empty = stream.empty_batch()
+        self.train_step.trace_for_any_batch_size(empty.features, empty.labels)
+        for batch in job.topology.stream_batches(stream, job.config.batch_size, stop, left):
+            yield Round([batch], self.train_step(batch.features, batch.labels)["loss"])
+
+
+class CoordinatedSteps:
+    """A parameter-server job's steps, scheduled by its chief on the workers (see the module doc)."""
+
+    input_here = False  # each worker reads (and parses) its own share
+    rate_unit = "global steps/s"
+
+    def __init__(self, job):
+        self.job = job
+        topology = job.topology
+        self.strategy, self.coordinator, self.workers = topology.strategy, topology.coordinator, topology.num_shares
+        self.guard = None
+        self._low, self._low_steps = False, 0
+        self._fns, self._finished, self._iterator = {}, set(), None
+
+    def build(self, parts):
+        job = self.job
+        self.guard = NonFiniteGuard(job.config.max_non_finite_steps)
+        self.guard.build(job.optimizer, job.forward.trainable_variables)
+        parts["non_finite_guard"] = self.guard
+
+    def restored(self):
+        self._low = self._use_bf16(None)
+
+    def skipped_steps(self):
+        return int(self.guard.skipped_steps.numpy()) if self.guard else 0
+
+    def low_steps(self):
+        return self._low_steps
+
+    def _use_bf16(self, loss):
+        """The precision of the next round: fixed, or the switch's call on the last loss."""
+        job = self.job
+        return job.precision is not None and job.precision.enable_mixed_precision(job.step(), loss=loss)
+
+    def _observe(self, losses, skipped, first_step, low, feed_switch=True):
+        """The host's half of the guard and of the precision switch, after steps `first_step + 1...`
+        ran in precision `low`: counts skips in a row (raises on a runaway), counts bf16 steps,
+        feeds the switch every loss (a skipped step holds float32)."""
+        self.guard.observe(skipped, first_step)
+        self._low_steps += len(losses) * int(low)
+        if feed_switch:
+            for loss, skip in zip(losses, skipped):
+                self._low = self._use_bf16(float("nan") if skip else loss)
+
+    def _replica_grads(self, compute_dtype, features, labels):
+        """A worker's forward and backward: (loss, gradients)."""
+        job = self.job
+        variables, loss_fn = job.forward.trainable_variables, job.step_loss()
+        with tf.GradientTape() as tape:
+            if compute_dtype == tf.float32:
+                outputs = job.forward(features, training=True)
+            else:
+                with low_precision(job.forward, compute_dtype):
+                    outputs = job.forward(features, training=True)
+            loss = loss_fn(labels, tf.cast(outputs, tf.float32))
+        return loss, tape.gradient(loss, variables)
+
+    def _apply(self, dtype, features, labels, mark=None):
+        """Forward, backward and the guarded update of one step; (loss, skipped)."""
+        job = self.job
+        loss, grads = self.strategy.run(self._replica_grads, args=(dtype, features, labels))
+        if mark is not None:
+            loss = mark(loss)  # the guard's update depends on the loss: counted before it
+        skip = self.guard.apply_gradients(job.optimizer, loss, zip(grads, job.forward.trainable_variables),
+                                          self.strategy)
+        return loss, skip
+
+    # ---- batches ----
+
+    def start_fit(self, dataset, finite):
+        """Each worker reads its own share; its index picks it inside the dataset."""
+        del finite  # the job ends when every worker's share has ended
+        strategy, workers = self.strategy, self.workers
+
+        def dataset_fn(context):
+            # Not context.input_pipeline_id: ParameterServerStrategy gives every worker 0. This
+            # function is traced once for every worker: the worker's index is a tensor, known
+            # where the dataset is made, and picks its share.
+            del context
+            worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+            return tf.data.Dataset.choose_from_datasets([dataset(share) for share in range(workers)],
+                                                        tf.data.Dataset.from_tensors(worker).repeat(),
+                                                        stop_on_empty_dataset=True)
+
+        per_worker = self.coordinator.create_per_worker_dataset(
+            lambda: strategy.distribute_datasets_from_function(dataset_fn))
+        self._iterator = iter(per_worker)
+
+    def _worker_steps(self, low, steps):
+        if (low, steps) in self._fns:
+            return self._fns[low, steps]
+        job, dtype = self.job, tf.bfloat16 if low else tf.float32
+
+        @tf.function
+        def worker_steps(it):  # steps_per_call steps per closure: one round trip for K steps
+            losses, skipped, ran = [], [], []
+            for _ in range(steps):
+                # A worker whose share ran out (epochs) trains nothing: ran is False.
+                batch = it.get_next_as_optional()
+
+                def train():
+                    features, labels, position = batch.get_value()
+                    loss, skip = self._apply(dtype, features, labels)
+                    with tf.control_dependencies([skip]):  # the batch counts as read once its step ran
+                        recorded = job.position.record(position, tf.size(labels))
+                    with tf.control_dependencies([recorded]):
+                        return tf.identity(loss), tf.identity(skip), tf.constant(True)
+
+                loss, skip, has = tf.cond(batch.has_value(), train,
+                                          lambda: (tf.constant(float("nan")), tf.constant(False), tf.constant(False)))
+                losses.append(loss)
+                skipped.append(skip)
+                ran.append(has)
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            return tf.stack(losses), tf.stack(skipped), tf.stack(ran), worker
+
+        self._fns[low, steps] = worker_steps
+        return worker_steps
+
+    def _schedule(self, steps):
+        """Runs `steps` global steps in this round's precision; (losses, skipped) of the steps
+        that found a batch, in schedule order."""
+        results, per_call = [], self.job.config.steps_per_call
+        while steps > 0:
+            k = min(per_call, steps)
+            results.append(self.coordinator.schedule(self._worker_steps(self._low, k), args=(self._iterator,)))
+            steps -= k
+        self.coordinator.join()
+        fetched = [result.fetch() for result in results]  # numpy arrays
+        # epochs: workers whose share ran out. The job ends when every worker's has: a round whose
+        # closures all found no batch may have run on the finished workers only.
+        self._finished.update(int(worker) for _, _, has, worker in fetched if not has.all())
+        ran = [(float(loss), bool(skip)) for losses, skips, has, _ in fetched
+               for loss, skip, h in zip(losses, skips, has) if h]
+        return [loss for loss, _ in ran], [skip for _, skip in ran]
+
+    def warm_up(self, target):
+        """Runs 2 steps per worker untimed (tracing, every worker's first step); 0 left."""
+        start = self.job.step()
+        warmup = min(2 * self.workers, max(target - start, 0)) if target is not None else 2 * self.workers
+        if warmup:
+            losses, skipped = self._schedule(warmup)
+            self._observe(losses, skipped, start, self._low, feed_switch=False)
+        return 0
+
+    def next_call(self, step, target):
+        """A round of up to log_every steps, cut at the next multiple of checkpoint_every so
+        that checkpoints land on those multiples on every topology."""
+        config, job = self.job.config, self.job
+        chunk = config.log_every if target is None else min(config.log_every, target - step)
+        return min(chunk, _to_next_checkpoint(job, step))
+
+    def run(self, steps):
+        first_step, low = self.job.step(), self._low
+        losses, skipped = self._schedule(steps)
+        if not losses:  # this round's closures all ran on finished workers, or every share ended
+            return 0, None, len(self._finished) == self.workers
+        self._observe(losses, skipped, first_step, low)
+        return len(losses), losses[-1], False
+
+    # ---- a stream ----
+
+    def rounds(self, stream, stop, left):
+        """The chief reads the stream and hands each worker one batch per round as the
+        arguments of its step (a bounded transfer); a Round once the round's steps are done.
+        A Python Kafka consumer cannot run inside a worker's graph; the folder source reads
+        here too, so both sources have one path."""
+        del left  # counted from the job's step: a rollback moves it back
+        job, config = self.job, self.job.config
+        with job.topology.scope():  # on a ps: counts update starts, to see a lost worker's step run again
+            attempts = StepAttempts()
+        step_fns = {}
+
+        def step_fn(low):  # one function per precision; batches of any size (reduce_retracing)
+            if low not in step_fns:
+                dtype = tf.bfloat16 if low else tf.float32
+                step_fns[low] = tf.function(lambda features, labels: tuple(
+                    tf.identity(t) for t in self._apply(dtype, features, labels, attempts.mark)), reduce_retracing=True)
+            return step_fns[low]
+
+        started_before = attempts.read()
+        while not stop.requested and (config.steps is None or job.step() < config.steps):
+            step = job.step()
+            # One batch per worker; a round never waits for more than the first batch and one poll.
+            room = self.workers if config.steps is None else min(self.workers, config.steps - step)
+            room = min(room, _to_next_checkpoint(job, step))
+            batches = [stream.next_batch(config.batch_size)]
+            if batches[0] is None:  # stopped
+                return
+            while len(batches) < room and not stop.requested:
+                more = stream.next_batch(config.batch_size, block=False)
+                if more is None:
+                    break
+                batches.append(more)
+            low = self._low
+            results = [self.coordinator.schedule(step_fn(low), args=(b.features, b.labels)) for b in batches]
+            self.coordinator.join()
+            fetched = [r.fetch() for r in results]
+            now_started = attempts.read()
+            started, started_before = now_started - started_before, now_started
+            losses, skipped = [float(loss) for loss, _ in fetched], [bool(skip) for _, skip in fetched]
+            yield Round(batches, losses[-1], restarts=None if started == len(batches) else (started, len(batches)),
+                        keep=lambda: self._observe(losses, skipped, step, low))  # pylint: disable=cell-var-from-loop
+
+
+def _to_next_checkpoint(job, step):
+    """Steps to the next multiple of checkpoint_every (a coordinated job's rounds are cut there)."""
+    every = job.config.checkpoint_every
+    return every - step % every if job.manager is not None else 1 << 62
