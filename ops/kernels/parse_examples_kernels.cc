@@ -169,6 +169,12 @@ inline double ValueNumber(const Value& v) {
   return v.kind == kInt64List ? static_cast<double>(v.integer) : static_cast<double>(v.number);
 }
 
+// Sets why a record is bad; false, for `return Fail(problem, ...)`.
+inline bool Fail(std::string* problem, std::string why) {
+  *problem = std::move(why);
+  return false;
+}
+
 struct Column {
   int8_t kind, value_mode;
   bool log1p;
@@ -185,6 +191,7 @@ struct Row {
   int64_t* lengths;
   std::vector<std::vector<int64_t>>* values;  // per multi-hot column, the shard's keys
   const size_t* values_before;                // their sizes when this row began
+  int* next_column;  // [columns + 1]: the column that followed column c - 1 last time (writers keep an order)
 };
 
 class ParseExamplesOp : public OpKernel {
@@ -241,9 +248,10 @@ class ParseExamplesOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override;
 
  private:
-  std::string ParseRecord(const tstring& record, const Row& row) const;
-  std::string ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row) const;
-  std::string TakeFeature(const Column& column, int kind, const uint8_t* b, const uint8_t* e, const Row& row) const;
+  bool ParseRecord(const tstring& record, const Row& row, std::string* problem) const;
+  bool ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row, std::string* problem) const;
+  bool TakeFeature(const Column& column, int kind, const uint8_t* b, const uint8_t* e, const Row& row,
+                   std::string* problem) const;
 
   std::vector<Column> columns_;
   absl::flat_hash_map<absl::string_view, int> by_name_;  // views of columns_' names
@@ -252,8 +260,8 @@ class ParseExamplesOp : public OpKernel {
   bool strict_;
 };
 
-// One record into its row; returns "" or why it is bad.
-std::string ParseExamplesOp::ParseRecord(const tstring& record, const Row& row) const {
+// One record into its row; false (and why in *problem) if it is bad.
+bool ParseExamplesOp::ParseRecord(const tstring& record, const Row& row, std::string* problem) const {
   const Column* label = nullptr;
   for (const Column& c : columns_) {  // every column missing until its feature is found
     switch (c.kind) {
@@ -273,64 +281,71 @@ std::string ParseExamplesOp::ParseRecord(const tstring& record, const Row& row) 
   const uint8_t* end = p + record.size();
   while (p < end) {
     uint64_t tag;
-    if (!ReadVarint(&p, end, &tag)) return "is not a tf.train.Example (its bytes end inside a field): a corrupt record";
+    if (!ReadVarint(&p, end, &tag)) return Fail(problem, "is not a tf.train.Example (its bytes end inside a field): a corrupt record");
     const int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
     const uint8_t *b, *e;
     if (field == 1 && wire == 2) {
       if (!ReadSpan(&p, end, &b, &e))
-        return "is not a tf.train.Example (its features end past the record): a corrupt record";
-      std::string problem = ParseFeatures(b, e, row);
-      if (!problem.empty()) return problem;
+        return Fail(problem, "is not a tf.train.Example (its features end past the record): a corrupt record");
+      if (!ParseFeatures(b, e, row, problem)) return false;
     } else if (!SkipField(&p, end, wire)) {
-      return "is not a tf.train.Example (a field of wire type " + std::to_string(wire) + "): a corrupt record";
+      return Fail(problem, "is not a tf.train.Example (a field of wire type " + std::to_string(wire) + "): a corrupt record");
     }
   }
-  if (*row.label < 0.0f) return "label feature '" + label->name + "' is absent or empty";
-  return "";
+  if (*row.label < 0.0f) return Fail(problem, "label feature '" + label->name + "' is absent or empty");
+  return true;
 }
 
 // The entries of a Features message: each feature the schema reads taken into the row.
-std::string ParseExamplesOp::ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row) const {
-  const std::string corrupt = "is not a tf.train.Example (a feature entry ends past its message): a corrupt record";
+bool ParseExamplesOp::ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row,
+                                    std::string* problem) const {
+  static const char kCorrupt[] = "is not a tf.train.Example (a feature entry ends past its message): a corrupt record";
+  int previous = -1;
   while (p < end) {
     uint64_t tag;
-    if (!ReadVarint(&p, end, &tag)) return corrupt;
+    if (!ReadVarint(&p, end, &tag)) return Fail(problem, kCorrupt);
     const int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
     if (field != 1 || wire != 2) {
-      if (!SkipField(&p, end, wire)) return corrupt;
+      if (!SkipField(&p, end, wire)) return Fail(problem, kCorrupt);
       continue;
     }
     const uint8_t *entry, *entry_end;
-    if (!ReadSpan(&p, end, &entry, &entry_end)) return corrupt;
+    if (!ReadSpan(&p, end, &entry, &entry_end)) return Fail(problem, kCorrupt);
     absl::string_view key;
     const uint8_t *value = nullptr, *value_end = nullptr;
     while (entry < entry_end) {  // map entry { key = 1; value = 2; }, either order
-      if (!ReadVarint(&entry, entry_end, &tag)) return corrupt;
+      if (!ReadVarint(&entry, entry_end, &tag)) return Fail(problem, kCorrupt);
       const int f = static_cast<int>(tag >> 3), w = static_cast<int>(tag & 7);
       const uint8_t *b, *e;
       if ((f == 1 || f == 2) && w == 2) {
-        if (!ReadSpan(&entry, entry_end, &b, &e)) return corrupt;
+        if (!ReadSpan(&entry, entry_end, &b, &e)) return Fail(problem, kCorrupt);
         if (f == 1) key = absl::string_view(reinterpret_cast<const char*>(b), e - b);
         else value = b, value_end = e;
       } else if (!SkipField(&entry, entry_end, w)) {
-        return corrupt;
+        return Fail(problem, kCorrupt);
       }
     }
-    const auto found = by_name_.find(key);
-    if (found == by_name_.end()) continue;  // a feature the schema does not read
+    // The feature after the previous one is most often the one that came after it in the last record.
+    int column = row.next_column[previous + 1];
+    if (column < 0 || columns_[column].name != key) {
+      const auto found = by_name_.find(key);
+      if (found == by_name_.end()) continue;  // a feature the schema does not read
+      column = found->second;
+      row.next_column[previous + 1] = column;
+    }
+    previous = column;
     int kind = kNoList;
     const uint8_t *b = nullptr, *e = nullptr;
     if (value != nullptr && !FeatureList(value, value_end, &kind, &b, &e))
-      return "feature '" + columns_[found->second].name + "' is not a tf.train.Feature: a corrupt record";
-    std::string problem = TakeFeature(columns_[found->second], kind, b, e, row);
-    if (!problem.empty()) return problem;
+      return Fail(problem, "feature '" + columns_[column].name + "' is not a tf.train.Feature: a corrupt record");
+    if (!TakeFeature(columns_[column], kind, b, e, row, problem)) return false;
   }
-  return "";
+  return true;
 }
 
 // One feature's list into the row (a later entry of the same feature replaces an earlier one).
-std::string ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_t* b, const uint8_t* e,
-                                         const Row& row) const {
+bool ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_t* b, const uint8_t* e, const Row& row,
+                                  std::string* problem) const {
   const bool numeric = c.kind == kLabel || c.kind == kDense;
   const bool wrong_type = kind == (numeric ? kBytesList : kFloatList);
   const std::string& name = c.name;
@@ -356,29 +371,29 @@ std::string ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_
       });
     }
     if (count < 0)
-      return "multi-hot feature '" + name + "' holds a value that is not an integer in [0, 2^56 - 1): " +
-             Quote(ValueText(first, buf).data(), ValueText(first, buf).size());
+      return Fail(problem, "multi-hot feature '" + name + "' holds a value that is not an integer in [0, 2^56 - 1): " +
+             Quote(ValueText(first, buf).data(), ValueText(first, buf).size()));
     row.lengths[c.slot] = count;
   } else if (kind != kNoList && !wrong_type) {
     ok = VisitList(kind, b, e, [&](const Value& v) {
       if (count++ == 0) first = v;
     });
   }
-  if (!ok) return "feature '" + name + "' is not a well-formed " + kListNames[kind] + ": a corrupt record";
+  if (!ok) return Fail(problem, "feature '" + name + "' is not a well-formed " + kListNames[kind] + ": a corrupt record");
   if (wrong_type) {
     int64_t items = 0;
     if (!VisitList(kind, b, e, [&](const Value&) { ++items; }))
-      return "feature '" + name + "' is not a well-formed " + kListNames[kind] + ": a corrupt record";
-    if (items == 0) return "";  // an empty list of any type is missing
-    return "feature '" + name + "' is a " + kListNames[kind] + "; a " +
+      return Fail(problem, "feature '" + name + "' is not a well-formed " + kListNames[kind] + ": a corrupt record");
+    if (items == 0) return true;  // an empty list of any type is missing
+    return Fail(problem, "feature '" + name + "' is a " + kListNames[kind] + "; a " +
            (c.kind == kLabel ? "label" : c.kind == kDense ? "dense" : c.kind == kHour ? "hour" : "categorical") +
-           " column takes " + (numeric ? "an int64_list or float_list" : "an int64_list or bytes_list");
+           " column takes " + (numeric ? "an int64_list or float_list" : "an int64_list or bytes_list"));
   }
-  if (c.kind == kMultiHot) return "";
+  if (c.kind == kMultiHot) return true;
   if (count > 1)
-    return "feature '" + name + "' holds " + std::to_string(count) + " values; a " +
+    return Fail(problem, "feature '" + name + "' holds " + std::to_string(count) + " values; a " +
            (c.kind == kDense ? "dense" : c.kind == kLabel ? "label" : c.kind == kHour ? "hour" : "categorical") +
-           " column takes one";
+           " column takes one");
   switch (c.kind) {
     case kLabel: {
       if (count == 0) {
@@ -386,7 +401,7 @@ std::string ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_
         break;
       }
       const double v = ValueNumber(first);
-      if (v != 0.0 && v != 1.0) return "label feature '" + name + "' must be 0 or 1, got " + std::to_string(v);
+      if (v != 0.0 && v != 1.0) return Fail(problem, "label feature '" + name + "' must be 0 or 1, got " + std::to_string(v));
       *row.label = static_cast<float>(v);
       break;
     }
@@ -397,7 +412,7 @@ std::string ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_
       }
       const double v = ValueNumber(first);
       const float value = static_cast<float>(c.log1p ? std::log1p(std::max(v, 0.0)) : v);
-      if (!std::isfinite(v)) return "dense feature '" + name + "' is not a finite number: " + std::to_string(v);
+      if (!std::isfinite(v)) return Fail(problem, "dense feature '" + name + "' is not a finite number: " + std::to_string(v));
       row.dense[c.slot] = value;
       break;
     }
@@ -406,8 +421,8 @@ std::string ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_
       if (count == 1) {
         const absl::string_view text = ValueText(first, buf);
         if (!CategoricalValue(c.value_mode, text.data(), text.size(), &x))
-          return "categorical feature '" + name + "' is not an integer in [0, 2^56 - 1): " +
-                 Quote(text.data(), text.size());
+          return Fail(problem, "categorical feature '" + name + "' is not an integer in [0, 2^56 - 1): " +
+                 Quote(text.data(), text.size()));
       }
       row.ids[c.slot] = Tag(c.slot, x);
       break;
@@ -418,7 +433,7 @@ std::string ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_
         int hour = 0, weekday = 0;
         const absl::string_view text = ValueText(first, buf);
         if (!ParseHour(text.data(), text.size(), &hour, &weekday))
-          return "feature '" + name + "' is not a YYMMDDHH time stamp: " + Quote(text.data(), text.size());
+          return Fail(problem, "feature '" + name + "' is not a YYMMDDHH time stamp: " + Quote(text.data(), text.size()));
         h = hour, w = weekday;
       }
       row.ids[c.slot] = Tag(c.slot, h);
@@ -428,7 +443,7 @@ std::string ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_
     default:
       break;
   }
-  return "";
+  return true;
 }
 
 void ParseExamplesOp::Compute(OpKernelContext* ctx) {
@@ -462,12 +477,12 @@ void ParseExamplesOp::Compute(OpKernelContext* ctx) {
   Shard(workers->num_threads, workers->workers, n, cost_per_record, [&](int64_t begin, int64_t end) {
     std::vector<std::vector<int64_t>> values(M);
     std::vector<size_t> before(M);
+    std::vector<int> next_column(columns_.size() + 1, -1);
     for (int64_t i = begin; i < end; ++i) {
       for (int m = 0; m < M; ++m) before[m] = values[m].size();
       const Row row{&labels_data[i], &dense_data[i * D], &ids_data[i * F], &lengths_data[i * M], &values,
-                    before.data()};
-      problems[i] = ParseRecord(text(i), row);
-      if (!problems[i].empty()) {  // its keys stay in the shard's list; its lengths say how many
+                    before.data(), next_column.data()};
+      if (!ParseRecord(text(i), row, &problems[i])) {  // its keys stay in the shard's list; its lengths say how many
         for (int m = 0; m < M; ++m) lengths_data[i * M + m] = static_cast<int64_t>(values[m].size() - before[m]);
       }
     }

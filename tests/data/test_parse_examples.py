@@ -207,9 +207,11 @@ def test_a_type_changing_after_the_sampled_records_is_one_line_through_the_reade
             writer.write(example(click=[i % 2], item=[1.5] if i == 1200 else [b"abc"]))
     schema = ttf.data.Schema([ttf.data.Label("click"), ttf.data.Categorical("item")], name="late")
     reader = ttf.data.Reader(path, schema)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"late.tfrecord, record 1200: bad late record: feature "
-                                                             r"'item' is a float_list"):
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:  # the one line, no TensorFlow frame around it
         list(reader.dataset(512, shuffle=False))
+    assert err.value.message.startswith(f"{path}, record 1200: bad late record: feature 'item' is a float_list; "
+                                        "a categorical column takes an int64_list or bytes_list"), err.value.message
+    assert "\n" not in err.value.message and "function_node" not in err.value.message
     skipping = ttf.data.Reader(path, schema, strict=False)
     assert sum(int(l.shape[0]) for _, l in skipping.dataset(512, shuffle=False)) == 1499
     assert skipping.bad_lines == 1

@@ -241,6 +241,7 @@ class ParquetSource:
 
 _FEATURE_SOURCES = {"int64_list": INTS, "float_list": FLOATS, "bytes_list": STRINGS}
 _SAMPLE_RECORDS = 1000
+_RECORD_BLOCK = 4096  # records per TtfParseExamples call at least: a tf.data step and an op call per block
 
 
 def compression_of(path):
@@ -250,7 +251,8 @@ def compression_of(path):
 def _sample_records(path):
     """Up to _SAMPLE_RECORDS records of one file (numpy bytes); ValueError on a corrupt file."""
     try:
-        return [r.numpy() for r in tf.data.TFRecordDataset(path, compression_of(path)).take(_SAMPLE_RECORDS)]
+        sample = tf.data.TFRecordDataset(path, compression_of(path)).take(_SAMPLE_RECORDS).batch(_SAMPLE_RECORDS)
+        return [r for batch in sample for r in batch.numpy().tolist()]  # one tf.data step, not one per record
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
         raise ValueError(f"{path}: not a readable TFRecord file ({err.message.splitlines()[0]}); a truncated or "
                          "corrupt file, or a GZIP file without the .gz suffix") from None
@@ -329,6 +331,8 @@ def unit_rows(source, units, finish, split="all", holdout_every=5, block_records
     parallel = dict(num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if isinstance(source, ParquetSource):
         return units.map(lambda u: finish(*source.decode(u, split, holdout_every)), **parallel)
+
+    block_records = max(block_records, _RECORD_BLOCK)
 
     def blocks(unit):
         def number(index, records):

@@ -1,8 +1,9 @@
 """A reader's dataset whose bad-input errors read as the one line the parser wrote.
 
 Iterated eagerly, an error raised inside a tf.data function comes with TensorFlow's frame
-around it: `{{function_node __inference_Dataset_map_parse_12}} x.tsv:5: bad criteo line: ...
-[[{{node TtfParseLines}}]] [Op:IteratorGetNext]`. The reader's datasets strip the frame, so
+around it: `{{function_node __inference_Dataset_map_parse_12}} Error in user-defined function passed to
+ParallelMapDatasetV2:2 transformation with iterator: Iterator::Root::...: x.tsv:5: bad criteo
+line: ... [[{{node TtfParseLines}}]] [Op:IteratorGetNext]`. The reader's datasets strip the frame, so
 `for batch in reader.dataset(...)` fails with the line alone (same exception type).
 """
 import re
@@ -10,7 +11,8 @@ import re
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops, iterator_ops  # pylint: disable=no-name-in-module
 
-_FRAME = re.compile(r"^(\{\{function_node [^}]*\}\}\s*)+")
+_FRAME = re.compile(r"^(\{\{function_node [^}]*\}\}\s*|Error in user-defined function passed to \S+ transformation "
+                    r"with iterator: \S+: )+")
 
 
 def one_line(message):
