@@ -17,6 +17,10 @@ random moment (--kill-after seconds after the job has trained again), one proces
             start_all.sh exits 1; the job is started again and resumes from its checkpoint
   follower  the follower: started again, it loads the newest base and applies its deltas
 
+--format parquet or tfrecord: each stream file is Parquet (written by pyarrow) or TFRecord of
+tf.train.Example (tf.io.TFRecordWriter) of the same rows, renamed into the folder as
+part-NNNNNN.parquet or part-NNNNNN.tfrecord; the checks are the same.
+
 Data keeps arriving while a process is down. After the last kill the producer stops, the job
 trains to the end of the stream and gets SIGTERM (it publishes, checkpoints, exits 0), and
 three checks run:
@@ -34,6 +38,7 @@ Examples:
   python benchmarks/online_faults.py --kills 20                                # the trainer, one process
   python benchmarks/online_faults.py --kills 6 --victims trainer follower
   python benchmarks/online_faults.py --job cluster --kills 6 --victims ps worker trainer
+  python benchmarks/online_faults.py --kills 6 --format parquet                 # Parquet files in the folder
   TTF_TF=2.16 .venv-tf2.16/bin/python benchmarks/online_faults.py --job hvd --kills 10 --victims rank follower
 Exit codes: 0 every check passed, 1 a check failed (printed), 2 bad usage.
 """
@@ -115,6 +120,9 @@ def parse_args(argv):
     p.add_argument("--kill-after", type=float, nargs=2, default=[1.0, 8.0], metavar=("MIN", "MAX"),
                    help="seconds after the job has trained 3 more steps at which a kill comes, uniform "
                         "(default 1 8)")
+    p.add_argument("--format", choices=["text", "parquet", "tfrecord"], default="text",
+                   help="the stream files' format: Criteo TSV, Parquet (pyarrow) or TFRecord of tf.train.Example "
+                        "(default text)")
     p.add_argument("--rows-per-file", type=int, default=400, help="examples per stream file (default 400)")
     p.add_argument("--file-every", type=float, default=2.0, help="seconds between stream files (default 2)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per step (default 256)")
@@ -139,13 +147,50 @@ def parse_args(argv):
     return args
 
 
-class Producer(threading.Thread):
-    """Renames a file of rows_per_file synthetic Criteo rows into `incoming` every `every`
-    seconds until stopped. Column C1 of example n (over all files) is n in hex: a key of its own."""
+SUFFIXES = {"text": "", "parquet": ".parquet", "tfrecord": ".tfrecord"}
 
-    def __init__(self, incoming, rows_per_file, every):
+
+def file_name(sequence, fmt):
+    return f"part-{sequence:06d}{SUFFIXES[fmt]}"
+
+
+def write_rows(lines, path, fmt):
+    """Criteo TSV lines as `fmt` at path: Parquet by pyarrow (counts int64, categorical strings, empty
+    fields null) or TFRecord of tf.train.Example by tf.io.TFRecordWriter (empty fields absent)."""
+    # pylint: disable=import-outside-toplevel
+    import ttf
+    names = ttf.data.CRITEO.header_line(",").split(",")
+    columns = list(zip(*(line.split("\t") for line in lines)))
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        table = {"label": pa.array([int(v) for v in columns[0]], pa.int64())}
+        table.update({n: pa.array([int(v) if v else None for v in columns[i]], pa.int64())
+                      for i, n in enumerate(names[1:14], 1)})
+        table.update({n: pa.array([v or None for v in columns[i]], pa.string()) for i, n in enumerate(names[14:], 14)})
+        pq.write_table(pa.table(table), path, row_group_size=max(1, len(lines) // 3))
+        return
+    import tensorflow as tf
+    with tf.io.TFRecordWriter(path) as writer:
+        for r in range(len(lines)):
+            feature = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(columns[0][r])]))}
+            for i, n in enumerate(names[1:], 1):
+                value = columns[i][r]
+                if value and i < 14:
+                    feature[n] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+                elif value:
+                    feature[n] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+class Producer(threading.Thread):
+    """Renames a file of rows_per_file synthetic Criteo rows (in format `fmt`) into `incoming`
+    every `every` seconds until stopped. Column C1 of example n (over all files) is n in hex: a
+    key of its own."""
+
+    def __init__(self, incoming, rows_per_file, every, fmt="text"):
         super().__init__(daemon=True)
-        self.incoming, self.rows_per_file, self.every = incoming, rows_per_file, every
+        self.incoming, self.rows_per_file, self.every, self.fmt = incoming, rows_per_file, every, fmt
         self.files = 0
         self.done = threading.Event()
 
@@ -160,9 +205,12 @@ class Producer(threading.Thread):
             columns = line.split("\t")
             columns[14] = f"{first + i:010x}"  # C1: label, I1..I13, then C1
             lines[i] = "\t".join(columns)
-        with open(hidden, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-        os.rename(hidden, os.path.join(self.incoming, f"part-{self.files:06d}"))
+        if self.fmt == "text":
+            with open(hidden, "w", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+        else:
+            write_rows(lines, hidden, self.fmt)
+        os.rename(hidden, os.path.join(self.incoming, file_name(self.files, self.fmt)))
         self.files += 1
 
     def run(self):
@@ -269,29 +317,28 @@ def wait_for(condition, what, timeout):
         time.sleep(0.2)
 
 
-def file_numbers(files, shares):
+def file_numbers(files, shares, fmt="text"):
     """The id's file number of each file produced (ttf.data.FolderStream): with several shares
     (Horovod ranks), file f goes to share crc32(name) % shares, and is that share's n-th file:
     number n x shares + share."""
     numbers, counts = [], [0] * shares
     for sequence in range(files):
-        share = zlib.crc32(f"part-{sequence:06d}".encode()) % shares
+        share = zlib.crc32(file_name(sequence, fmt).encode()) % shares
         numbers.append(counts[share] * shares + share)
         counts[share] += 1
     return numbers
 
 
-def example_keys(incoming, files, rows_per_file, shares):
-    """{example id: the key of its C1 value} over the files produced (parsed as the job parses them)."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
+def example_keys(incoming, files, shares, fmt):
+    """{example id: the key of its C1 value} over the files produced (read as the job reads them:
+    ttf.data.Reader, rows in file order, example n of a file is its n-th row)."""
     import ttf  # pylint: disable=import-outside-toplevel
     ids, keys = [], []
-    for sequence, number in enumerate(file_numbers(files, shares)):
-        with open(os.path.join(incoming, f"part-{sequence:06d}"), encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        features, _, _ = ttf.data.parse_lines(lines, "part", np.arange(1, len(lines) + 1))
-        keys.extend(features["ids"][:, 0].numpy().tolist())
-        ids.extend((number << ID_SHIFT) | n for n in range(1, len(lines) + 1))
+    for sequence, number in enumerate(file_numbers(files, shares, fmt)):
+        reader = ttf.data.Reader(os.path.join(incoming, file_name(sequence, fmt)))
+        file_keys = [k for f, _ in reader.dataset(1 << 20, shuffle=False) for k in f["ids"][:, 0].numpy().tolist()]
+        keys.extend(file_keys)
+        ids.extend((number << ID_SHIFT) | n for n in range(1, len(file_keys) + 1))
     return dict(zip(ids, keys))
 
 
@@ -312,7 +359,7 @@ def sweep(args):
     incoming = os.path.join(work, "incoming")
     os.makedirs(incoming)
     rng = random.Random(args.seed)
-    producer = Producer(incoming, args.rows_per_file, args.file_every)
+    producer = Producer(incoming, args.rows_per_file, args.file_every, args.format)
     for _ in range(3):
         producer.drop()
     producer.start()
@@ -369,7 +416,7 @@ def sweep(args):
         producer.done.set()
         producer.join()
         shares = 2 if args.job == "hvd" else 1
-        expected_ids = [(f << ID_SHIFT) | n for f in file_numbers(producer.files, shares)
+        expected_ids = [(f << ID_SHIFT) | n for f in file_numbers(producer.files, shares, args.format)
                         for n in range(1, args.rows_per_file + 1)]
         trained_before = -1
         while len(replay(journal)) < len(expected_ids) and job.proc.poll() is None:  # catch up, while it moves
@@ -393,13 +440,13 @@ def sweep(args):
         served = json.loads(out.strip().splitlines()[-1])
         trained = replay(journal)
         counts = checkpoint_counts(checkpoint)
-        keys = example_keys(incoming, producer.files, args.rows_per_file, shares)
+        keys = example_keys(incoming, producer.files, shares, args.format)
         per_example = [counts.get(keys[i], 0) for i in expected_ids]
         seen = {}
         for i in trained:
             seen[i] = seen.get(i, 0) + 1
         summary = {
-            "job": args.job, "victims": args.victims, "kills": len(kills),
+            "job": args.job, "format": args.format, "victims": args.victims, "kills": len(kills),
             "kills_by_victim": {v: sum(1 for k in kills if k["victim"] == v) for v in args.victims},
             "job_starts": job.starts, "examples": len(expected_ids), "files": producer.files,
             "journal_lost": len(set(expected_ids) - set(seen)),
@@ -429,7 +476,7 @@ def sweep(args):
 def main(argv=None):
     args = parse_args(argv)
     summary = sweep(args)
-    print(f"[online_faults] {summary['kills']} kills {summary['kills_by_victim']}, {summary['job_starts']} job starts, "
+    print(f"[online_faults] {summary['format']}: {summary['kills']} kills {summary['kills_by_victim']}, {summary['job_starts']} job starts, "
           f"{summary['examples']} examples in {summary['files']} files, {summary['seconds']:.0f} s: journal "
           f"{summary['journal_lost']} lost, {summary['journal_duplicated']} duplicated; table "
           f"{summary['table_lost']} lost, {summary['table_duplicated']} duplicated; follower at base "

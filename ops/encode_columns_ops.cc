@@ -4,11 +4,10 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "parsed_rows_shape.h"
 
 namespace tensorflow {
 namespace ttf {
-
-using shape_inference::InferenceContext;
 
 REGISTER_OP("TtfEncodeColumns")
     .Input("location: string")
@@ -41,22 +40,7 @@ REGISTER_OP("TtfEncodeColumns")
     .Attr("row_word: string = 'row'")
     .Attr("schema_name: string = 'custom'")
     .Attr("strict: bool = true")
-    .SetShapeFn([](InferenceContext* c) {
-      int num_dense, num_fields, num_multi_hot;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_dense", &num_dense));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_fields", &num_fields));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_multi_hot", &num_multi_hot));
-      const auto rows = InferenceContext::kUnknownDim;  // bad rows may be skipped
-      c->set_output(0, c->Vector(rows));
-      c->set_output(1, c->Matrix(rows, num_dense));
-      c->set_output(2, c->Matrix(rows, num_fields));
-      for (int m = 0; m < num_multi_hot; ++m) {
-        c->set_output(3 + m, c->Vector(InferenceContext::kUnknownDim));
-        c->set_output(3 + num_multi_hot + m, c->Vector(rows));
-      }
-      c->set_output(3 + 2 * num_multi_hot, c->Scalar());
-      return OkStatus();
-    })
+    .SetShapeFn(ParsedRowsShape)
     .Doc(R"doc(
 Encodes the rows numbered row_numbers [num_rows] (only named in errors), given column by column (one entry of every list input per schema
 column that is not skipped) into TtfParseLines' outputs, by the same value rules

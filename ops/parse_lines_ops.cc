@@ -4,6 +4,7 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "parsed_rows_shape.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -40,20 +41,7 @@ REGISTER_OP("TtfParseLines")
       TF_RETURN_IF_ERROR(c->WithRankAtMost(c->input(1), 1, &filenames));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &line_numbers));
       TF_RETURN_IF_ERROR(c->Merge(lines, line_numbers, &lines));
-      int num_dense, num_fields, num_multi_hot;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_dense", &num_dense));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_fields", &num_fields));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_multi_hot", &num_multi_hot));
-      const auto rows = InferenceContext::kUnknownDim;  // bad lines may be skipped
-      c->set_output(0, c->Vector(rows));
-      c->set_output(1, c->Matrix(rows, num_dense));
-      c->set_output(2, c->Matrix(rows, num_fields));
-      for (int m = 0; m < num_multi_hot; ++m) {
-        c->set_output(3 + m, c->Vector(InferenceContext::kUnknownDim));
-        c->set_output(3 + num_multi_hot + m, c->Vector(rows));
-      }
-      c->set_output(3 + 2 * num_multi_hot, c->Scalar());
-      return OkStatus();
+      return ParsedRowsShape(c);
     })
     .Doc(R"doc(
 Parses lines of a CTR log by a schema (ttf.data.Schema), one attr entry per column:

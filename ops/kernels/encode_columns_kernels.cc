@@ -12,6 +12,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/work_sharder.h"
 #include "parse_values.h"
+#include "parsed_rows.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -118,9 +119,6 @@ class EncodeColumnsOp : public OpKernel {
 
  private:
   Status Gather(OpKernelContext* ctx, int64_t rows, std::vector<ColumnData>* columns) const;
-  using Pieces = std::vector<std::pair<int64_t, std::vector<std::vector<int64_t>>>>;
-  void OutputMultiHot(OpKernelContext* ctx, Pieces* pieces, const std::vector<std::string>& problems,
-                      const int64_t* lengths_data, int64_t rows, int64_t dropped) const;
   void EncodeColumn(const ColumnData& c, const std::string& name, int64_t begin, int64_t end, float* labels,
                     float* dense, int64_t* ids, int64_t* lengths, std::vector<int64_t>* values,
                     std::vector<std::string>* problems) const;
@@ -297,39 +295,6 @@ void EncodeColumnsOp::EncodeColumn(const ColumnData& c, const std::string& name,
   }
 }
 
-// The multi-hot outputs: each shard's keys in row order, a bad row's keys (all it added before failing) left out.
-void EncodeColumnsOp::OutputMultiHot(OpKernelContext* ctx, Pieces* pieces_in, const std::vector<std::string>& problems,
-                                     const int64_t* lengths_data, int64_t rows, int64_t dropped) const {
-  const int M = num_multi_hot_;
-  Pieces& pieces = *pieces_in;
-  std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  OpOutputList values_out, lengths_out;
-  OP_REQUIRES_OK(ctx, ctx->output_list("multi_hot_values", &values_out));
-  OP_REQUIRES_OK(ctx, ctx->output_list("multi_hot_lengths", &lengths_out));
-  for (int m = 0; m < M; ++m) {
-    int64_t total = 0;
-    for (int64_t r = 0; r < rows; ++r) total += problems[r].empty() ? lengths_data[r * M + m] : 0;
-    Tensor* v = nullptr;
-    OP_REQUIRES_OK(ctx, values_out.allocate(m, TensorShape({total}), &v));
-    Tensor* l = nullptr;
-    OP_REQUIRES_OK(ctx, lengths_out.allocate(m, TensorShape({rows - dropped}), &l));
-    int64_t* out = v->flat<int64_t>().data();
-    int64_t row = 0;
-    for (size_t p = 0; p < pieces.size(); ++p) {  // a bad row's keys (all it added before failing) are left out
-      const int64_t piece_end = p + 1 < pieces.size() ? pieces[p + 1].first : rows;
-      const int64_t* in = pieces[p].second[m].data();
-      for (int64_t r = pieces[p].first; r < piece_end; ++r) {
-        const int64_t count = lengths_data[r * M + m];
-        if (problems[r].empty()) {
-          out = std::copy(in, in + count, out);
-          l->flat<int64_t>()(row++) = count;
-        }
-        in += count;
-      }
-    }
-  }
-}
-
 void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
   const std::string location(ctx->input(0).scalar<tstring>()());
   const Tensor& row_numbers = ctx->input(1);
@@ -356,7 +321,7 @@ void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
   int64_t* lengths_data = lengths.flat<int64_t>().data();
   // Multi-hot keys per shard of rows (contiguous ranges), joined in row order below without the bad rows'.
   std::mutex pieces_mu;
-  std::vector<std::pair<int64_t, std::vector<std::vector<int64_t>>>> pieces;
+  MultiHotPieces pieces;
   const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   const int64_t cost_per_row = 20 * static_cast<int64_t>(columns.size() + 1);
   Shard(workers->num_threads, workers->workers, rows, cost_per_row, [&](int64_t begin, int64_t end) {
@@ -384,26 +349,7 @@ void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
   OP_REQUIRES_OK(ctx, ctx->allocate_output("bad_rows", TensorShape({}), &bad_out));
   bad_out->scalar<int64_t>()() = bad;
   const int64_t dropped = bad - (n - rows);  // bad rows among the decoded ones
-  if (M > 0) OutputMultiHot(ctx, &pieces, problems, lengths_data, rows, dropped);
-  if (dropped == 0) {
-    ctx->set_output(0, labels);
-    ctx->set_output(1, dense);
-    ctx->set_output(2, ids);
-    return;
-  }
-  const int64_t good = rows - dropped;
-  Tensor *labels_out, *dense_out, *ids_out;
-  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({good}), &labels_out));
-  OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({good, D}), &dense_out));
-  OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({good, F}), &ids_out));
-  int64_t row = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (!problems[r].empty()) continue;
-    labels_out->flat<float>()(row) = labels_data[r];
-    std::copy(&dense_data[r * D], &dense_data[(r + 1) * D], dense_out->flat<float>().data() + row * D);
-    std::copy(&ids_data[r * F], &ids_data[(r + 1) * F], ids_out->flat<int64_t>().data() + row * F);
-    ++row;
-  }
+  OP_REQUIRES_OK(ctx, OutputParsedRows(ctx, labels, dense, ids, lengths, &pieces, problems, rows, dropped, D, F, M));
 }
 
 REGISTER_KERNEL_BUILDER(Name("TtfEncodeColumns").Device(DEVICE_CPU), EncodeColumnsOp);

@@ -1,11 +1,11 @@
 """Parquet and TFRecord input: a schema's columns matched by name, encoded in C++.
 
-Both formats come as columns: Parquet's row groups decoded by pyarrow (in tf.data's threads,
-pyarrow releasing the GIL while it decodes), TFRecord's tf.train.Example records by
-tf.io.parse_example. One TtfEncodeColumns call turns a unit's columns into the text
-reader's outputs by the same value rules (ops/kernels/parse_values.h): an integer is the
-value of its decimal text, a string the value of its bytes, so "05db9164" is the same key
-in TSV, Parquet and TFRecord.
+Parquet's row groups are decoded by pyarrow (in tf.data's threads, pyarrow releasing the GIL
+while it decodes) and one TtfEncodeColumns call turns a row group's columns into the text
+reader's outputs; TFRecord's tf.train.Example records go to TtfParseExamples, which reads the
+protobuf wire format itself. Both by the text parser's value rules (ops/kernels/parse_values.h):
+an integer is the value of its decimal text, a string the value of its bytes, so "05db9164" is
+the same key in TSV, Parquet and TFRecord.
 
 A unit is a Parquet row group (the unit of parallel decoding, of shares and of positions)
 or a TFRecord file (read in windows of records).
@@ -240,8 +240,8 @@ class ParquetSource:
 # --------------------------------------------------------------------------------------- TFRecord
 
 _FEATURE_SOURCES = {"int64_list": INTS, "float_list": FLOATS, "bytes_list": STRINGS}
-_SOURCE_DTYPES = {INTS: tf.int64, FLOATS: tf.float32, STRINGS: tf.string}
 _SAMPLE_RECORDS = 1000
+_RECORD_BLOCK = 4096  # records per TtfParseExamples call at least: a tf.data step and an op call per block
 
 
 def compression_of(path):
@@ -251,15 +251,17 @@ def compression_of(path):
 def _sample_records(path):
     """Up to _SAMPLE_RECORDS records of one file (numpy bytes); ValueError on a corrupt file."""
     try:
-        return [r.numpy() for r in tf.data.TFRecordDataset(path, compression_of(path)).take(_SAMPLE_RECORDS)]
+        sample = tf.data.TFRecordDataset(path, compression_of(path)).take(_SAMPLE_RECORDS).batch(_SAMPLE_RECORDS)
+        return [r for batch in sample for r in batch.numpy().tolist()]  # one tf.data step, not one per record
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
         raise ValueError(f"{path}: not a readable TFRecord file ({err.message.splitlines()[0]}); a truncated or "
                          "corrupt file, or a GZIP file without the .gz suffix") from None
 
 
 class TFRecordSource:
-    """TFRecord files of tf.train.Example, checked against a schema when made: each file's first
-    records are read, and the list type of every feature (int64, float, bytes) taken from them."""
+    """TFRecord files of tf.train.Example, checked against a schema when made (each file's first
+    records: the label is there, every feature's list type can hold its column's values), parsed
+    by TtfParseExamples (ops/kernels/parse_examples_kernels.cc), which checks every record."""
 
     row_word = "record"
 
@@ -281,24 +283,22 @@ class TFRecordSource:
                             raise ValueError(f"{path}: feature {column.name!r} is a {feature.WhichOneof('kind')} "
                                              f"here and another list in {seen[column.name][1]}; give files of one "
                                              "layout")
-        sources = []
         for column in self.read_columns:
             if column.name not in seen:
                 if column.kind == "label":
                     raise ValueError(f"{paths[0]}: no feature {column.name!r} (the label of schema {schema.name!r}) "
                                      f"in the first {_SAMPLE_RECORDS} records of any file")
-                sources.append(FLOATS if column.kind in _NUMERIC_KINDS else STRINGS)
                 continue
             source, path = seen[column.name]
             if (source == FLOATS) != (column.kind in _NUMERIC_KINDS) and source != INTS:
                 raise ValueError(f"{path}: feature {column.name!r} is a {'float' if source == FLOATS else 'bytes'}"
                                  f"_list; a {type(column).__name__} column takes {_wanted(column)}")
-            sources.append(source)
-        self.sources = sources
         self.units = [(path, 0, 0, tf.io.gfile.stat(path).length) for path in paths]
-        self.encode = _Encoder(schema, attrs, sources, self.row_word, strict)
-        self.features = {c.name: tf.io.RaggedFeature(_SOURCE_DTYPES[s], row_splits_dtype=tf.int64)
-                         for c, s in zip(self.read_columns, sources)}
+        read = _columns(schema)
+        self.attrs = {key: [attrs[key][i] for _, i in read]
+                      for key in ("kinds", "slots", "value_modes", "log1p", "defaults", "names")}
+        self.attrs.update(num_dense=attrs["num_dense"], num_fields=attrs["num_fields"],
+                          num_multi_hot=attrs["num_multi_hot"], schema_name=attrs["schema_name"], strict=strict)
 
     def weight(self, unit):
         return self.units[unit][3]
@@ -313,20 +313,10 @@ class TFRecordSource:
         return tf.data.TFRecordDataset(path, compression, buffer_size=1 << 20).skip(start)
 
     def decode_records(self, unit, numbers, records):
-        """(labels, dense, ids, values, lengths, bad) of records numbered `numbers` (0-based) of one file."""
-        parsed = tf.io.parse_example(records, self.features)
-        arrays, strings = [], []
-        empty = {d: tf.zeros([0], d) for d in (tf.uint8, tf.int64, tf.float64, tf.string)}
-        for column, source in zip(self.read_columns, self.sources):
-            ragged = parsed[column.name]
-            values = ragged.values
-            arrays.append((empty[tf.uint8], ragged.row_splits,
-                           values if source == INTS else empty[tf.int64],
-                           tf.cast(values, tf.float64) if source == FLOATS else empty[tf.float64],
-                           empty[tf.int64], empty[tf.uint8]))
-            strings.append(values if source == STRINGS else empty[tf.string])
+        """(labels, dense, ids, values, lengths, bad) of records numbered `numbers` (0-based) of one file:
+        TtfParseExamples reads the tf.train.Example wire format and hashes values in place."""
         location = tf.gather(tf.constant(self.paths), unit)
-        return self.encode(location, numbers, tf.constant(""), arrays, strings)
+        return ops().ttf_parse_examples(records, location, numbers, **self.attrs)
 
 
 # ------------------------------------------------------------------------------ datasets and shares
@@ -341,6 +331,8 @@ def unit_rows(source, units, finish, split="all", holdout_every=5, block_records
     parallel = dict(num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if isinstance(source, ParquetSource):
         return units.map(lambda u: finish(*source.decode(u, split, holdout_every)), **parallel)
+
+    block_records = max(block_records, _RECORD_BLOCK)
 
     def blocks(unit):
         def number(index, records):

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from ttf._ops import ops
 from ttf.data import _columnar, _files, _shares
+from ttf.data._one_line import OneLineErrors
 from ttf.data._schema import CRITEO, load_schema
 
 NUM_DENSE = CRITEO.num_dense
@@ -304,7 +305,7 @@ class Reader:
         # Repeating after the shuffle keeps passes apart: every row once per pass, and every
         # pass (a new iteration of the shuffles above) in a new order.
         rows = rows.repeat(num_epochs)
-        return rows.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+        return OneLineErrors(rows.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE))
 
     def share_dataset(self, batch_size, share=0, num_shares=1, position=None, seed=0, num_epochs=1, split="all",
                       holdout_every=5, window_lines=65_536, shuffle=True):
@@ -390,7 +391,7 @@ class Reader:
         # without it. Its parallelism falls back to the cores (the parse is one op per window).
         options = tf.data.Options()
         options.autotune.enabled = False
-        return data.prefetch(tf.data.AUTOTUNE).with_options(options)
+        return OneLineErrors(data.prefetch(tf.data.AUTOTUNE).with_options(options))
 
     def _report_at_end(self):
         """One empty block whose making prints the lines skipped since the last such print

@@ -1,0 +1,513 @@
+// Kernel of TtfParseExamples (ops/parse_examples_ops.cc): serialized tf.train.Example records
+// -> labels, dense, ids, multi-hot keys, by the value rules of parse_values.h (the text
+// parser's). The protobuf wire format is read in place, every read bounds-checked, and each
+// categorical value hashed where it lies: no string tensor, no protobuf object, no copy.
+//
+//   Example  { Features features = 1; }
+//   Features { map<string, Feature> feature = 1; }   // entries: { string key = 1; Feature value = 2; }
+//   Feature  { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3; } }
+//   BytesList { repeated bytes value = 1; }  FloatList { repeated float value = 1; }  (packed or not)
+//   Int64List { repeated int64 value = 1; }
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/util/work_sharder.h"
+#include "parse_values.h"
+#include "parsed_rows.h"
+
+namespace tensorflow {
+namespace ttf {
+namespace {
+
+using namespace parse_values;  // NOLINT: the shared value rules (parse_values.h)
+
+enum ListKind { kNoList = 0, kBytesList = 1, kFloatList = 2, kInt64List = 3 };
+const char* const kListNames[] = {"no list", "bytes_list", "float_list", "int64_list"};
+
+// ---- the wire format: every read checks the end of its span
+
+inline bool ReadVarint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
+  uint64_t result = 0;
+  for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+    const uint8_t b = *(*p)++;
+    result |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) {
+      *v = result;
+      return true;
+    }
+  }
+  return false;
+}
+
+// A length-delimited field's bytes [*begin, *end).
+inline bool ReadSpan(const uint8_t** p, const uint8_t* end, const uint8_t** span_begin, const uint8_t** span_end) {
+  uint64_t n;
+  if (!ReadVarint(p, end, &n) || n > static_cast<uint64_t>(end - *p)) return false;
+  *span_begin = *p;
+  *p += n;
+  *span_end = *p;
+  return true;
+}
+
+inline bool SkipField(const uint8_t** p, const uint8_t* end, int wire_type) {
+  uint64_t v;
+  const uint8_t *b, *e;
+  switch (wire_type) {
+    case 0: return ReadVarint(p, end, &v);
+    case 1: if (end - *p < 8) return false; *p += 8; return true;
+    case 2: return ReadSpan(p, end, &b, &e);
+    case 5: if (end - *p < 4) return false; *p += 4; return true;
+    default: return false;  // groups (3, 4) and unknown wire types are not in a tf.train.Example
+  }
+}
+
+// One value of a feature's list.
+struct Value {
+  int kind;  // ListKind
+  int64_t integer;
+  float number;
+  const char* bytes;
+  size_t size;
+};
+
+// Calls visit(value) for each value of a list of `kind` held in [p, end); false if malformed.
+template <typename Visit>
+bool VisitList(int kind, const uint8_t* p, const uint8_t* end, Visit&& visit) {
+  Value v{kind, 0, 0.0f, nullptr, 0};
+  while (p < end) {
+    uint64_t tag;
+    if (!ReadVarint(&p, end, &tag)) return false;
+    const int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    if (field != 1) {
+      if (!SkipField(&p, end, wire)) return false;
+      continue;
+    }
+    const uint8_t *b, *e;
+    if (kind == kBytesList && wire == 2) {
+      if (!ReadSpan(&p, end, &b, &e)) return false;
+      v.bytes = reinterpret_cast<const char*>(b);
+      v.size = e - b;
+      visit(v);
+    } else if (kind == kFloatList && wire == 5) {
+      if (end - p < 4) return false;
+      std::memcpy(&v.number, p, 4);
+      p += 4;
+      visit(v);
+    } else if (kind == kFloatList && wire == 2) {  // packed
+      if (!ReadSpan(&p, end, &b, &e) || (e - b) % 4 != 0) return false;
+      for (; b < e; b += 4) {
+        std::memcpy(&v.number, b, 4);
+        visit(v);
+      }
+    } else if (kind == kInt64List && wire == 0) {
+      uint64_t x;
+      if (!ReadVarint(&p, end, &x)) return false;
+      v.integer = static_cast<int64_t>(x);
+      visit(v);
+    } else if (kind == kInt64List && wire == 2) {  // packed
+      if (!ReadSpan(&p, end, &b, &e)) return false;
+      while (b < e) {
+        uint64_t x;
+        if (!ReadVarint(&b, e, &x)) return false;
+        v.integer = static_cast<int64_t>(x);
+        visit(v);
+      }
+    } else if (!SkipField(&p, end, wire)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The list of a Feature message in [p, end): its kind (kNoList: none set) and bytes; false if malformed.
+inline bool FeatureList(const uint8_t* p, const uint8_t* end, int* kind, const uint8_t** b, const uint8_t** e) {
+  *kind = kNoList;
+  while (p < end) {
+    uint64_t tag;
+    if (!ReadVarint(&p, end, &tag)) return false;
+    const int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    if (field >= kBytesList && field <= kInt64List && wire == 2) {
+      if (!ReadSpan(&p, end, b, e)) return false;
+      *kind = field;  // a oneof: the last one set wins
+    } else if (!SkipField(&p, end, wire)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The decimal text of an integer (what a text file holds for it).
+inline size_t IntegerText(int64_t v, char* out) {
+  char digits[24];
+  size_t n = 0;
+  uint64_t u = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+  do {
+    digits[n++] = static_cast<char>('0' + u % 10);
+    u /= 10;
+  } while (u != 0);
+  size_t size = 0;
+  if (v < 0) out[size++] = '-';
+  while (n > 0) out[size++] = digits[--n];
+  return size;
+}
+
+// A value's text: bytes as they are, an integer as its decimal digits (in buf).
+inline absl::string_view ValueText(const Value& v, char* buf) {
+  if (v.kind == kBytesList) return absl::string_view(v.bytes, v.size);
+  return absl::string_view(buf, IntegerText(v.integer, buf));
+}
+
+inline double ValueNumber(const Value& v) {
+  return v.kind == kInt64List ? static_cast<double>(v.integer) : static_cast<double>(v.number);
+}
+
+// Sets why a record is bad; false, for `return Fail(problem, ...)`.
+inline bool Fail(std::string* problem, std::string why) {
+  *problem = std::move(why);
+  return false;
+}
+
+struct Column {
+  int8_t kind, value_mode;
+  bool log1p;
+  int32_t slot;
+  float missing_dense;  // a dense column's value when absent: its default, transformed
+  std::string name;
+};
+
+// Where one record's row goes.
+struct Row {
+  float* label;
+  float* dense;
+  int64_t* ids;
+  int64_t* lengths;
+  std::vector<std::vector<int64_t>>* values;  // per multi-hot column, the shard's keys
+  const size_t* values_before;                // their sizes when this row began
+  int* next_column;  // [columns + 1]: the column that followed column c - 1 last time (writers keep an order)
+};
+
+class ParseExamplesOp : public OpKernel {
+ public:
+  explicit ParseExamplesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::vector<int> kinds, slots, value_modes;
+    std::vector<bool> log1p;
+    std::vector<float> defaults;
+    std::vector<std::string> names;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("kinds", &kinds));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("slots", &slots));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_modes", &value_modes));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("log1p", &log1p));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("defaults", &defaults));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_dense", &num_dense_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_fields", &num_fields_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_multi_hot", &num_multi_hot_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("schema_name", &schema_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("strict", &strict_));
+    const size_t n = kinds.size();
+    OP_REQUIRES(ctx,
+                slots.size() == n && value_modes.size() == n && log1p.size() == n && defaults.size() == n &&
+                    names.size() == n,
+                errors::InvalidArgument("kinds, slots, value_modes, log1p, defaults and names must have one entry "
+                                        "per column (", n, ")"));
+    int labels = 0;
+    columns_.reserve(n);
+    for (size_t c = 0; c < n; ++c) {
+      const int kind = kinds[c], slot = slots[c];
+      OP_REQUIRES(ctx, kind >= kLabel && kind <= kHour,
+                  errors::InvalidArgument("kinds[", c, "] must be in [1, 5], got ", kind));
+      OP_REQUIRES(ctx, value_modes[c] >= kAuto && value_modes[c] <= kString,
+                  errors::InvalidArgument("value_modes[", c, "] must be in [0, 2], got ", value_modes[c]));
+      const int limit = kind == kDense         ? num_dense_
+                        : kind == kCategorical ? num_fields_
+                        : kind == kHour        ? num_fields_ - 1
+                        : kind == kMultiHot    ? num_multi_hot_
+                                               : 1;
+      OP_REQUIRES(ctx, kind == kLabel || (slot >= 0 && slot < limit),
+                  errors::InvalidArgument("slots[", c, "] = ", slot, " is out of range for column '", names[c], "'"));
+      labels += kind == kLabel;
+      const double d = defaults[c];
+      columns_.push_back({static_cast<int8_t>(kind), static_cast<int8_t>(value_modes[c]), static_cast<bool>(log1p[c]),
+                          slot, static_cast<float>(log1p[c] ? std::log1p(std::max(d, 0.0)) : d), names[c]});
+    }
+    OP_REQUIRES(ctx, labels == 1, errors::InvalidArgument("exactly one label column, got ", labels));
+    for (size_t c = 0; c < n; ++c) {
+      OP_REQUIRES(ctx, by_name_.emplace(columns_[c].name, static_cast<int>(c)).second,
+                  errors::InvalidArgument("column '", columns_[c].name, "' is named twice"));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override;
+
+ private:
+  bool ParseRecord(const tstring& record, const Row& row, std::string* problem) const;
+  bool ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row, std::string* problem) const;
+  bool TakeFeature(const Column& column, int kind, const uint8_t* b, const uint8_t* e, const Row& row,
+                   std::string* problem) const;
+
+  std::vector<Column> columns_;
+  absl::flat_hash_map<absl::string_view, int> by_name_;  // views of columns_' names
+  std::string schema_name_;
+  int num_dense_, num_fields_, num_multi_hot_;
+  bool strict_;
+};
+
+// One record into its row; false (and why in *problem) if it is bad.
+bool ParseExamplesOp::ParseRecord(const tstring& record, const Row& row, std::string* problem) const {
+  const Column* label = nullptr;
+  for (const Column& c : columns_) {  // every column missing until its feature is found
+    switch (c.kind) {
+      case kLabel: label = &c; break;
+      case kDense: row.dense[c.slot] = c.missing_dense; break;
+      case kCategorical: row.ids[c.slot] = Tag(c.slot, kMissing); break;
+      case kHour:
+        row.ids[c.slot] = Tag(c.slot, kMissing);
+        row.ids[c.slot + 1] = Tag(c.slot + 1, kMissing);
+        break;
+      case kMultiHot: row.lengths[c.slot] = 0; break;
+      default: break;
+    }
+  }
+  *row.label = -1.0f;  // not yet seen
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(record.data());
+  const uint8_t* end = p + record.size();
+  while (p < end) {
+    uint64_t tag;
+    if (!ReadVarint(&p, end, &tag)) return Fail(problem, "is not a tf.train.Example (its bytes end inside a field): a corrupt record");
+    const int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    const uint8_t *b, *e;
+    if (field == 1 && wire == 2) {
+      if (!ReadSpan(&p, end, &b, &e))
+        return Fail(problem, "is not a tf.train.Example (its features end past the record): a corrupt record");
+      if (!ParseFeatures(b, e, row, problem)) return false;
+    } else if (!SkipField(&p, end, wire)) {
+      return Fail(problem, "is not a tf.train.Example (a field of wire type " + std::to_string(wire) + "): a corrupt record");
+    }
+  }
+  if (*row.label < 0.0f) return Fail(problem, "label feature '" + label->name + "' is absent or empty");
+  return true;
+}
+
+// The entries of a Features message: each feature the schema reads taken into the row.
+bool ParseExamplesOp::ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row,
+                                    std::string* problem) const {
+  static const char kCorrupt[] = "is not a tf.train.Example (a feature entry ends past its message): a corrupt record";
+  int previous = -1;
+  while (p < end) {
+    uint64_t tag;
+    if (!ReadVarint(&p, end, &tag)) return Fail(problem, kCorrupt);
+    const int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    if (field != 1 || wire != 2) {
+      if (!SkipField(&p, end, wire)) return Fail(problem, kCorrupt);
+      continue;
+    }
+    const uint8_t *entry, *entry_end;
+    if (!ReadSpan(&p, end, &entry, &entry_end)) return Fail(problem, kCorrupt);
+    absl::string_view key;
+    const uint8_t *value = nullptr, *value_end = nullptr;
+    while (entry < entry_end) {  // map entry { key = 1; value = 2; }, either order
+      if (!ReadVarint(&entry, entry_end, &tag)) return Fail(problem, kCorrupt);
+      const int f = static_cast<int>(tag >> 3), w = static_cast<int>(tag & 7);
+      const uint8_t *b, *e;
+      if ((f == 1 || f == 2) && w == 2) {
+        if (!ReadSpan(&entry, entry_end, &b, &e)) return Fail(problem, kCorrupt);
+        if (f == 1) key = absl::string_view(reinterpret_cast<const char*>(b), e - b);
+        else value = b, value_end = e;
+      } else if (!SkipField(&entry, entry_end, w)) {
+        return Fail(problem, kCorrupt);
+      }
+    }
+    // The feature after the previous one is most often the one that came after it in the last record.
+    int column = row.next_column[previous + 1];
+    if (column < 0 || columns_[column].name != key) {
+      const auto found = by_name_.find(key);
+      if (found == by_name_.end()) continue;  // a feature the schema does not read
+      column = found->second;
+      row.next_column[previous + 1] = column;
+    }
+    previous = column;
+    int kind = kNoList;
+    const uint8_t *b = nullptr, *e = nullptr;
+    if (value != nullptr && !FeatureList(value, value_end, &kind, &b, &e))
+      return Fail(problem, "feature '" + columns_[column].name + "' is not a tf.train.Feature: a corrupt record");
+    if (!TakeFeature(columns_[column], kind, b, e, row, problem)) return false;
+  }
+  return true;
+}
+
+// One feature's list into the row (a later entry of the same feature replaces an earlier one).
+bool ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_t* b, const uint8_t* e, const Row& row,
+                                  std::string* problem) const {
+  const bool numeric = c.kind == kLabel || c.kind == kDense;
+  const bool wrong_type = kind == (numeric ? kBytesList : kFloatList);
+  const std::string& name = c.name;
+  char buf[24];
+  bool ok = true;
+  int64_t count = 0;
+  Value first{kNoList, 0, 0.0f, nullptr, 0};
+  if (c.kind == kMultiHot) {
+    std::vector<int64_t>& out = (*row.values)[c.slot];
+    out.resize(row.values_before[c.slot]);  // a repeated feature: its last entry wins
+    const int field = num_fields_ + c.slot;
+    if (kind != kNoList && !wrong_type) {
+      ok = VisitList(kind, b, e, [&](const Value& v) {
+        uint64_t x;
+        const absl::string_view text = ValueText(v, buf);
+        if (count >= 0 && CategoricalValue(c.value_mode, text.data(), text.size(), &x)) {
+          out.push_back(Tag(field, x));
+          ++count;
+        } else if (count >= 0) {
+          first = v;
+          count = -1;  // a bad value: reported below
+        }
+      });
+    }
+    if (count < 0)
+      return Fail(problem, "multi-hot feature '" + name + "' holds a value that is not an integer in [0, 2^56 - 1): " +
+             Quote(ValueText(first, buf).data(), ValueText(first, buf).size()));
+    row.lengths[c.slot] = count;
+  } else if (kind != kNoList && !wrong_type) {
+    ok = VisitList(kind, b, e, [&](const Value& v) {
+      if (count++ == 0) first = v;
+    });
+  }
+  if (!ok) return Fail(problem, "feature '" + name + "' is not a well-formed " + kListNames[kind] + ": a corrupt record");
+  if (wrong_type) {
+    int64_t items = 0;
+    if (!VisitList(kind, b, e, [&](const Value&) { ++items; }))
+      return Fail(problem, "feature '" + name + "' is not a well-formed " + kListNames[kind] + ": a corrupt record");
+    if (items == 0) return true;  // an empty list of any type is missing
+    return Fail(problem, "feature '" + name + "' is a " + kListNames[kind] + "; a " +
+           (c.kind == kLabel ? "label" : c.kind == kDense ? "dense" : c.kind == kHour ? "hour" : "categorical") +
+           " column takes " + (numeric ? "an int64_list or float_list" : "an int64_list or bytes_list"));
+  }
+  if (c.kind == kMultiHot) return true;
+  if (count > 1)
+    return Fail(problem, "feature '" + name + "' holds " + std::to_string(count) + " values; a " +
+           (c.kind == kDense ? "dense" : c.kind == kLabel ? "label" : c.kind == kHour ? "hour" : "categorical") +
+           " column takes one");
+  switch (c.kind) {
+    case kLabel: {
+      if (count == 0) {
+        *row.label = -1.0f;
+        break;
+      }
+      const double v = ValueNumber(first);
+      if (v != 0.0 && v != 1.0) return Fail(problem, "label feature '" + name + "' must be 0 or 1, got " + std::to_string(v));
+      *row.label = static_cast<float>(v);
+      break;
+    }
+    case kDense: {
+      if (count == 0) {
+        row.dense[c.slot] = c.missing_dense;
+        break;
+      }
+      const double v = ValueNumber(first);
+      const float value = static_cast<float>(c.log1p ? std::log1p(std::max(v, 0.0)) : v);
+      if (!std::isfinite(v)) return Fail(problem, "dense feature '" + name + "' is not a finite number: " + std::to_string(v));
+      row.dense[c.slot] = value;
+      break;
+    }
+    case kCategorical: {
+      uint64_t x = kMissing;
+      if (count == 1) {
+        const absl::string_view text = ValueText(first, buf);
+        if (!CategoricalValue(c.value_mode, text.data(), text.size(), &x))
+          return Fail(problem, "categorical feature '" + name + "' is not an integer in [0, 2^56 - 1): " +
+                 Quote(text.data(), text.size()));
+      }
+      row.ids[c.slot] = Tag(c.slot, x);
+      break;
+    }
+    case kHour: {
+      uint64_t h = kMissing, w = kMissing;
+      if (count == 1) {
+        int hour = 0, weekday = 0;
+        const absl::string_view text = ValueText(first, buf);
+        if (!ParseHour(text.data(), text.size(), &hour, &weekday))
+          return Fail(problem, "feature '" + name + "' is not a YYMMDDHH time stamp: " + Quote(text.data(), text.size()));
+        h = hour, w = weekday;
+      }
+      row.ids[c.slot] = Tag(c.slot, h);
+      row.ids[c.slot + 1] = Tag(c.slot + 1, w);
+      break;
+    }
+    default:
+      break;
+  }
+  return true;
+}
+
+void ParseExamplesOp::Compute(OpKernelContext* ctx) {
+  const Tensor& records = ctx->input(0);
+  const Tensor& location = ctx->input(1);
+  const Tensor& numbers = ctx->input(2);
+  OP_REQUIRES(ctx, records.dims() == 1,
+              errors::InvalidArgument("records must be rank 1, got shape ", records.shape().DebugString()));
+  OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(location.shape()),
+              errors::InvalidArgument("location must be a scalar, got shape ", location.shape().DebugString()));
+  OP_REQUIRES(ctx, numbers.shape() == records.shape(),
+              errors::InvalidArgument("record_numbers must have the shape of records ",
+                                      records.shape().DebugString(), ", got ", numbers.shape().DebugString()));
+  const int64_t n = records.NumElements();
+  const int D = num_dense_, F = num_fields_, M = num_multi_hot_;
+  const auto text = records.flat<tstring>();
+  Tensor labels, dense, ids, lengths;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n}), &labels));
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n, D}), &dense));
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, F}), &ids));
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, M}), &lengths));
+  float* labels_data = labels.flat<float>().data();
+  float* dense_data = dense.flat<float>().data();
+  int64_t* ids_data = ids.flat<int64_t>().data();
+  int64_t* lengths_data = lengths.flat<int64_t>().data();
+  std::vector<std::string> problems(n);
+  std::mutex pieces_mu;
+  MultiHotPieces pieces;
+  const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  const int64_t cost_per_record = 60 * static_cast<int64_t>(columns_.size());
+  Shard(workers->num_threads, workers->workers, n, cost_per_record, [&](int64_t begin, int64_t end) {
+    std::vector<std::vector<int64_t>> values(M);
+    std::vector<size_t> before(M);
+    std::vector<int> next_column(columns_.size() + 1, -1);
+    for (int64_t i = begin; i < end; ++i) {
+      for (int m = 0; m < M; ++m) before[m] = values[m].size();
+      const Row row{&labels_data[i], &dense_data[i * D], &ids_data[i * F], &lengths_data[i * M], &values,
+                    before.data(), next_column.data()};
+      if (!ParseRecord(text(i), row, &problems[i])) {  // its keys stay in the shard's list; its lengths say how many
+        for (int m = 0; m < M; ++m) lengths_data[i * M + m] = static_cast<int64_t>(values[m].size() - before[m]);
+      }
+    }
+    if (M > 0) {
+      std::lock_guard<std::mutex> lock(pieces_mu);
+      pieces.emplace_back(begin, std::move(values));
+    }
+  });
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (problems[i].empty()) continue;
+    OP_REQUIRES(ctx, !strict_,
+                errors::InvalidArgument(location.scalar<tstring>()(), ", record ", numbers.flat<int64_t>()(i),
+                                        ": bad ", schema_name_, " record: ", problems[i],
+                                        " (read with strict=False to skip and count bad records)"));
+    ++bad;
+  }
+  Tensor* bad_out = nullptr;
+  OP_REQUIRES_OK(ctx, ctx->allocate_output("bad_records", TensorShape({}), &bad_out));
+  bad_out->scalar<int64_t>()() = bad;
+  OP_REQUIRES_OK(ctx, OutputParsedRows(ctx, labels, dense, ids, lengths, &pieces, problems, n, bad, D, F, M));
+}
+
+REGISTER_KERNEL_BUILDER(Name("TtfParseExamples").Device(DEVICE_CPU), ParseExamplesOp);
+
+}  // namespace
+}  // namespace ttf
+}  // namespace tensorflow
