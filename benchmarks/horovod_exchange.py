@@ -34,7 +34,7 @@ import ttf  # noqa: E402  (before deepctr: it imports tf.keras, which must resol
 import tensorflow as tf  # noqa: E402
 import horovod  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
-import ttf.distribute.horovod as tdh  # noqa: E402
+import ttf.distribute.collectives.horovod as tdh  # noqa: E402
 
 FIELDS, DENSE, WIDTHS = 26, 13, (4, 8, 16)
 

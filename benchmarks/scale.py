@@ -21,7 +21,7 @@ copies.
 
 --horovod N: the same table on N Horovod ranks instead (horovodrun --gloo, this host; needs
 horovod, so TensorFlow 2.16's venv): each rank fills the ids it owns, then
-ttf.distribute.horovod.save_checkpoint on every rank (each writes its own part, rank 0 merges)
+ttf.distribute.collectives.horovod.save_checkpoint on every rank (each writes its own part, rank 0 merges)
 and manager.restore_latest on every rank; reported per rank: its part's table memory, peak
 extra RSS during save and restore (and save / part), and the checksums of the ranks' tables
 before and after, and of rank 0 restoring the whole checkpoint alone.
@@ -206,7 +206,7 @@ def hvd_main(args):
     import numpy as np
     import ttf
     import tensorflow as tf
-    import ttf.distribute.horovod as tdh
+    import ttf.distribute.collectives.horovod as tdh
     from ttf._ops import ops
 
     hvd = tdh.hvd

@@ -2,7 +2,7 @@
 
 One process (default), or the chief of a parameter-server job when --ps-hosts,
 --worker-hosts and --chief-host are given (ps and worker tasks run
-`python -m ttf.distribute.server`; start_all.sh starts all of them). Prints progress while
+`python -m ttf.launch.server`; start_all.sh starts all of them). Prints progress while
 training, then global steps/sec, AUC and logloss on the eval data.
 
 Examples:

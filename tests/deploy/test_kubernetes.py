@@ -203,7 +203,7 @@ def test_each_pods_tf_config_names_its_role_and_every_task_at_a_service_name(pat
     assert all(c.shape == shape for c in rendered.values())
     # And start_all.sh's reading of it (the same module, as the launcher runs it) takes each pod's role.
     hostname, config = next(iter(rendered.items()))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "ttf", "distribute", "_tf_config.py"), "--shell"],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "ttf", "launch", "tf_config.py"), "--shell"],
                           env={**os.environ, "TF_CONFIG": config.to_json()}, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and f"role={config.task_type}" in proc.stdout, proc.stderr
 

@@ -16,7 +16,7 @@ import numpy as np
 import ttf  # before deepctr: deepctr imports tf.keras, which must resolve to tf_keras
 import tensorflow as tf
 import horovod.tensorflow as hvd
-import ttf.distribute.horovod as tdh
+import ttf.distribute.collectives.horovod as tdh
 from deepctr.feature_column import DenseFeat, SparseFeat
 from deepctr.models import DeepFM
 

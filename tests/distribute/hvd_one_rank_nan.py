@@ -13,7 +13,7 @@ import numpy as np
 import ttf
 import tensorflow as tf
 import horovod.tensorflow as hvd
-import ttf.distribute.horovod as tdh
+import ttf.distribute.collectives.horovod as tdh
 
 hvd.init()
 

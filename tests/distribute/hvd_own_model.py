@@ -16,7 +16,7 @@ import numpy as np
 import ttf
 import tensorflow as tf
 import horovod.tensorflow as hvd  # Horovod:
-import ttf.distribute.horovod as tdh  # Horovod:
+import ttf.distribute.collectives.horovod as tdh  # Horovod:
 
 out_path, modes, global_batch = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 hvd.init()  # Horovod:

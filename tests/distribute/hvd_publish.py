@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import ttf
-import ttf.distribute.horovod as tdh
+import ttf.distribute.collectives.horovod as tdh
 from ttf.serving import _publish
 
 hvd = tdh.hvd

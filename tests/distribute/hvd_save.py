@@ -18,7 +18,7 @@ import numpy as np
 
 import ttf
 import tensorflow as tf
-import ttf.distribute.horovod as tdh
+import ttf.distribute.collectives.horovod as tdh
 import horovod.tensorflow as hvd
 from ttf.checkpoint import _format
 

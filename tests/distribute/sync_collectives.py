@@ -14,7 +14,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-import ttf.distribute.sync as tds
+import ttf.distribute.collectives.sync as tds
 from ttf.distribute import TFCollectives
 
 out_path, hosts, task = sys.argv[1], sys.argv[2], int(sys.argv[3])

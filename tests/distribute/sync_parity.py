@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import ttf
-import ttf.distribute.sync as tds  # sync:
+import ttf.distribute.collectives.sync as tds  # sync:
 
 out_path, hosts, task = sys.argv[1], sys.argv[2], int(sys.argv[3])
 steps = int(sys.argv[4]) if len(sys.argv) > 4 else 200

@@ -1,4 +1,4 @@
-"""TF_CONFIG -> the cluster and this task's role (ttf/distribute/_tf_config.py): TensorFlow's own
+"""TF_CONFIG -> the cluster and this task's role (ttf/launch/tf_config.py): TensorFlow's own
 reading of the same JSON (TFConfigClusterResolver) is the reference; every bad TF_CONFIG is refused
 with one line naming what is wrong, and explicit arguments win but may not contradict it."""
 import dataclasses
@@ -113,7 +113,7 @@ def test_every_role_describes_itself_in_one_line_with_its_listening_port():
 
 def test_the_launcher_entry_prints_shell_assignments_and_refuses_in_one_line():
     """start_all.sh runs the module as a script (no TensorFlow import): the assignments it evals."""
-    script = os.path.join(ROOT, "ttf", "distribute", "_tf_config.py")
+    script = os.path.join(ROOT, "ttf", "launch", "tf_config.py")
 
     def run(text, *args):
         return subprocess.run([sys.executable, script, "--shell", *args], capture_output=True, text=True, timeout=60,

@@ -10,7 +10,7 @@ process computes on the global batch of N x B.
 Your own Keras model (a GradientTape loop or model.fit):
 
     import ttf
-    import ttf.distribute.sync as tds
+    import ttf.distribute.collectives.sync as tds
     coll = ttf.distribute.TFCollectives(worker_hosts="10.0.0.1:2222,10.0.0.2:2222", task_index=i)  # or TF_CONFIG
     model = make_model()                                   # uses ttf.FusedEmbedding / DynamicEmbedding
     tds.shard_tables(model, coll)                          # each id now lives on one worker
@@ -26,11 +26,11 @@ inference is a collective too (each worker predicts its own slice).
 """
 import tensorflow as tf
 
-from ttf.distribute._collectives import (COLLECTIVE_TIMEOUT_SECONDS, CollectiveMisuseError, Collectives,
+from ttf.distribute.collectives._tf import (COLLECTIVE_TIMEOUT_SECONDS, CollectiveMisuseError, Collectives,
                                          LostWorkerError, TFCollectives)
 from ttf.distribute._table_sharding import (DistributedOptimizer, TableSharding, allreduce_dense,
                                             broadcast_variables, shard_tables, table_size)
-from ttf.distribute._wire import COMPRESSIONS
+from ttf.distribute.collectives._wire import COMPRESSIONS
 
 
 def rank_slice(dataset, batch_size, collectives):

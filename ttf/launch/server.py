@@ -1,8 +1,8 @@
 """Starts one ps or worker task of a parameter-server job and serves until killed.
 
-    python -m ttf.distribute.server --job ps --index 0 \\
+    python -m ttf.launch.server --job ps --index 0 \\
         --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222,10.0.0.3:2222 --chief-host 10.0.0.4:2222
-    TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' python -m ttf.distribute.server
+    TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' python -m ttf.launch.server
 
 With TF_CONFIG set, the cluster and this task come from it (TensorFlow's convention, as
 Kubernetes launchers set it); flags given as well must agree with it.
@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from ttf._ops import ops
 from ttf.distribute._cluster import ClusterConfig
-from ttf.distribute._tf_config import TFConfigError, resolve_task, tf_config_from_env
+from ttf.launch.tf_config import TFConfigError, resolve_task, tf_config_from_env
 
 _FLAG_NAMES = {"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host",
                "task_type": "--job", "task_index": "--index"}

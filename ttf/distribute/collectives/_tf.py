@@ -3,7 +3,7 @@
 `Collectives` is the interface; `TFCollectives` runs it on TensorFlow's own collective ops
 (CollectiveAllToAllV2, CollectiveReduceV2, CollectiveGatherV2, CollectiveBcastSend/RecvV2)
 over gRPC, its cluster set up by MultiWorkerMirroredStrategy; `HorovodCollectives`
-(ttf.distribute.horovod) runs it on Horovod. Table sharding, the dense allreduce and
+(ttf.distribute.collectives.horovod) runs it on Horovod. Table sharding, the dense allreduce and
 broadcast_variables are written once over it (ttf/distribute/_table_sharding.py).
 
 Every method is called on every worker, in the same order (a collective). Tensor methods

@@ -1,6 +1,6 @@
 """Starts this host's ranks of a multi-host Horovod job, without ssh.
 
-    python -m ttf.distribute.hvdrun --hosts 10.0.0.1:2,10.0.0.2:2 --host-index 0 \\
+    python -m ttf.launch.hvdrun --hosts 10.0.0.1:2,10.0.0.2:2 --host-index 0 \\
         -- python models/train.py --horovod --tiacc
 
 Run it once on every host with the same --hosts (host:ranks, in rank order); host i passes

@@ -17,7 +17,7 @@ where TF_CONFIG says nothing, a TF_CONFIG that contradicts one is refused (a lau
 command line that disagree are a misconfigured job, not a choice to make silently).
 
 This module imports neither TensorFlow nor the rest of ttf, so a launcher script can run it
-directly (`python ttf/distribute/_tf_config.py --shell`) to learn its role in a fraction of a
+directly (`python ttf/launch/tf_config.py --shell`) to learn its role in a fraction of a
 second.
 """
 import dataclasses
@@ -242,7 +242,7 @@ def resolve_task(tf_config=None, *, ps_hosts=None, worker_hosts=None, chief_host
         raise TFConfigError(f"TF_CONFIG describes a {tf_config.shape} job ({', '.join(sorted(tf_config.cluster))} "
                             f"tasks); this process runs {' or '.join(shapes)} jobs")
     if tf_config is not None and tf_config.task_type not in task_types:
-        hint = (" (a parameter-server job's ps and worker tasks run python -m ttf.distribute.server)"
+        hint = (" (a parameter-server job's ps and worker tasks run python -m ttf.launch.server)"
                 if tf_config.parameter_server_job and tf_config.task_type in ("ps", "worker") else "")
         raise TFConfigError(f"TF_CONFIG names task {tf_config.task_type} {tf_config.task_index}; this process runs "
                             f"{' or '.join(task_types)} tasks{hint}")

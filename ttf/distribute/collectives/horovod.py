@@ -19,7 +19,7 @@ Importing this module imports horovod; `import ttf` never does.
 Your own Keras model (both model.fit and a GradientTape loop work):
 
     import ttf
-    import ttf.distribute.horovod as tdh
+    import ttf.distribute.collectives.horovod as tdh
     import horovod.tensorflow as hvd
     hvd.init()
     model = make_model()                                  # uses ttf.FusedEmbedding / DynamicEmbedding
@@ -56,16 +56,16 @@ try:
     import horovod.tensorflow as hvd
 except ImportError as err:  # pragma: no cover (depends on the environment)
     raise ImportError(
-        f"ttf.distribute.horovod needs horovod ({err}). Install it with ./scripts/setup_horovod.sh "
+        f"ttf.distribute.collectives.horovod needs horovod ({err}). Install it with ./scripts/setup_horovod.sh "
         "(builds horovod 0.28.1 against this TensorFlow with Gloo, about 6 minutes the first time)."
     ) from err
 
 from ttf._keras import KERAS3
 from ttf.distribute import _ranks, _table_sharding
-from ttf.distribute import sync as _sync
+from ttf.distribute.collectives import sync as _sync
 from ttf.distribute._ranks import SAVE_TIMEOUT_SECONDS
-from ttf.distribute._collectives import CollectiveMisuseError, Collectives
-from ttf.distribute._wire import COMPRESSIONS, wire_dtype as _check_compression
+from ttf.distribute.collectives._tf import CollectiveMisuseError, Collectives
+from ttf.distribute.collectives._wire import COMPRESSIONS, wire_dtype as _check_compression
 from ttf.embedding import tables_in
 
 _wire_bytes = []  # the [wire, payload] int64 counter variables of the Horovod collectives, made on first use
@@ -115,13 +115,13 @@ def collective(what, timeout=None):
 
 
 class HorovodCollectives(Collectives):
-    """The collectives interface (ttf/distribute/_collectives.py) over Horovod, so table
+    """The collectives interface (ttf/distribute/collectives/_tf.py) over Horovod, so table
     sharding, the dense allreduce and broadcast_variables are written once for both
     backends. Horovod's alltoall takes variable splits itself: nothing is padded."""
 
     workers_name = "Horovod ranks"
-    export_hint = ("Use ttf.distribute.horovod.export_for_serving(model, path) on every rank for serving, or "
-                   "ttf.distribute.horovod.save_checkpoint(manager, step) on every rank for a checkpoint")
+    export_hint = ("Use ttf.distribute.collectives.horovod.export_for_serving(model, path) on every rank for serving, or "
+                   "ttf.distribute.collectives.horovod.save_checkpoint(manager, step) on every rank for a checkpoint")
     _OPS = {"sum": "Sum", "mean": "Average", "min": "Min", "max": "Max"}
 
     def __init__(self):
@@ -190,7 +190,7 @@ def wire_bytes():
 class TableSharding(_table_sharding.TableSharding):
     """Makes a ttf embedding layer's table one shard of a table spread over the Horovod
     ranks: this rank holds the ids with shard_of(id, size) == rank. Set by shard_tables.
-    (ttf.distribute.sync.TableSharding over HorovodCollectives.)"""
+    (ttf.distribute.collectives.sync.TableSharding over HorovodCollectives.)"""
 
     def __init__(self, compression="none"):
         super().__init__(_backend(), compression)
@@ -218,7 +218,7 @@ def shard_tables(model, compression="none"):
     training). Returns the sharded layers. A layer already sharded over parameter servers
     (shard_devices) cannot also be sharded over ranks."""
     if KERAS3:  # its functional graph is another (Node.operation, no _run_internal_graph): never run here
-        raise ValueError(f"ttf.distribute.horovod.shard_tables: {model.name} is a Keras 3 model; ttf shards tables over "
+        raise ValueError(f"ttf.distribute.collectives.horovod.shard_tables: {model.name} is a Keras 3 model; ttf shards tables over "
                          "Horovod ranks in tf_keras (Keras 2) models only. Set TF_USE_LEGACY_KERAS=1 before TensorFlow "
                          "is imported, with tf_keras installed (before TensorFlow is imported)")
     return _table_sharding.shard_tables(model, _backend(), compression,
@@ -280,7 +280,7 @@ def DistributedOptimizer(optimizer, compression="none"):  # noqa: N802 (named li
 
 
 def rank_slice(dataset, batch_size):
-    """This rank's slice of each global batch of batch_size x size (ttf.distribute.sync.rank_slice)."""
+    """This rank's slice of each global batch of batch_size x size (ttf.distribute.collectives.sync.rank_slice)."""
     return _sync.rank_slice(dataset, batch_size, _backend())
 
 
@@ -312,7 +312,7 @@ def stream_progress(stream):
 
 def mean_over_examples(values, name="ttf_mean_examples"):
     """The mean of per-example values over every rank's examples, for batches that differ in
-    size between the ranks, even empty (ttf.distribute.sync.mean_over_examples)."""
+    size between the ranks, even empty (ttf.distribute.collectives.sync.mean_over_examples)."""
     return _sync.mean_over_examples(values, _backend(), name)
 
 
