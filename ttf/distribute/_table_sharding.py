@@ -1,5 +1,5 @@
 """ttf tables sharded over the workers of a synchronous job, written once over the
-collectives interface (ttf/distribute/collectives/_tf.py): TensorFlow's collectives or Horovod.
+collectives interface (ttf/distribute/_collectives.py): TensorFlow's collectives or Horovod.
 
 Every worker runs the whole model on its slice of the global batch. Each id of a ttf table
 lives on exactly one worker, `ttf.embedding.shard_of(id, size)`. A training step:
@@ -27,8 +27,8 @@ if KERAS3:
 else:
     from ttf._keras import FunctionalGraph as _graph
 from ttf._ops import ops
-from ttf.distribute.collectives._tf import CollectiveMisuseError
-from ttf.distribute.collectives._wire import from_wire, itemsize, to_wire, wire_dtype
+from ttf.distribute._collectives import CollectiveMisuseError
+from ttf.distribute._wire import from_wire, itemsize, to_wire, wire_dtype
 from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
 
 

@@ -179,7 +179,7 @@ JOB_COLLECTIVE_TIMEOUT_SECONDS = 600.0
 
 
 class SynchronousRanks(OneProcess):
-    """Ranks of a synchronous job over a Collectives backend (ttf/distribute/collectives/_tf.py):
+    """Ranks of a synchronous job over a Collectives backend (ttf/distribute/_collectives.py):
     ttf tables sharded over the ranks, dense gradients averaged, each rank reads its own
     input share and writes its own rows; every mechanic is ttf/distribute/_ranks.py's, written
     once for every backend. Subclasses make the backend (`self.coll`)."""
@@ -188,7 +188,7 @@ class SynchronousRanks(OneProcess):
     runtime = "collective"
 
     def __init__(self, coll, compression="none"):
-        from ttf.distribute.collectives._wire import wire_dtype  # noqa: PLC0415
+        from ttf.distribute._wire import wire_dtype  # noqa: PLC0415
 
         wire_dtype(compression)  # refuses an unknown compression
         self.coll, self.compression = coll, compression
@@ -210,7 +210,7 @@ class SynchronousRanks(OneProcess):
         return _errors.lost_rank(error, self.rank, self.runtime)
 
     def all_have(self, flag):
-        from ttf.distribute.collectives.sync import all_workers  # noqa: PLC0415
+        from ttf.distribute.sync import all_workers  # noqa: PLC0415
 
         return bool(all_workers(tf.constant(flag), self.coll, "ttf_have_batch").numpy())
 
@@ -227,12 +227,12 @@ class SynchronousRanks(OneProcess):
         _ranks.check_same_config(self.coll, config, what)
 
     def mean_loss(self):
-        from ttf.distribute.collectives.sync import mean_over_examples  # noqa: PLC0415
+        from ttf.distribute.sync import mean_over_examples  # noqa: PLC0415
 
         return lambda losses: mean_over_examples(losses, self.coll, name="ttf_loss")
 
     def finite_across(self):
-        from ttf.distribute.collectives.sync import all_workers  # noqa: PLC0415
+        from ttf.distribute.sync import all_workers  # noqa: PLC0415
 
         return lambda flag: all_workers(flag, self.coll, "ttf_all_ranks")
 
@@ -266,7 +266,7 @@ class SynchronousRanks(OneProcess):
         return _table_summary(*self.coll.allgather_object(super().table_summary(model), "ttf_table_summary"))
 
     def slice_batches(self, dataset, batch_size):
-        from ttf.distribute.collectives.sync import rank_slice  # noqa: PLC0415
+        from ttf.distribute.sync import rank_slice  # noqa: PLC0415
 
         return rank_slice(dataset, batch_size, self.coll)
 
@@ -287,7 +287,7 @@ class HorovodRanks(SynchronousRanks):
 
     def __init__(self, compression="none"):
         try:
-            import ttf.distribute.collectives.horovod as tdh  # noqa: PLC0415 (imports horovod, with a clear error)
+            import ttf.distribute.horovod as tdh  # noqa: PLC0415 (imports horovod, with a clear error)
         except ImportError as err:
             raise ImportError(str(err).replace("\n", " ")) from err
         tdh.hvd.init()
@@ -325,7 +325,7 @@ class SyncWorkers(SynchronousRanks):
     max_steps_per_call = 1  # a fresh instance key per collective and call: one step per call
 
     def __init__(self, worker_hosts=None, task_index=None, compression="none", timeout_seconds=None):
-        from ttf.distribute.collectives._tf import TFCollectives  # noqa: PLC0415
+        from ttf.distribute._collectives import TFCollectives  # noqa: PLC0415
 
         coll = TFCollectives(worker_hosts=worker_hosts, task_index=task_index,
                              timeout_seconds=timeout_seconds or JOB_COLLECTIVE_TIMEOUT_SECONDS)
@@ -335,7 +335,7 @@ class SyncWorkers(SynchronousRanks):
         return {"sync_workers": self.size, "compression": self.compression}
 
     def lost(self, error):
-        from ttf.distribute.collectives._tf import LostWorkerError  # noqa: PLC0415
+        from ttf.distribute._collectives import LostWorkerError  # noqa: PLC0415
 
         found = self.coll.lost_worker_error("training", error)
         if not isinstance(found, LostWorkerError):
