@@ -94,8 +94,8 @@ One role of a multi-host job (run once per task, on its host; or set TF_CONFIG i
   -h, --help           this help
   --script FILE        run your own script (a ttf.distribute.Job chief) instead of models/train.py: as the
                        chief of the local parameter-server cluster, with TF_CONFIG naming the cluster and
-                       its chief role (ttf.distribute.resolve_task(ttf.distribute.tf_config_from_env())
-                       .cluster_config()), or alone with --single; ARGS after -- go to it (docs/job.md)
+                       its chief role (ttf.distribute.ParameterServers() reads it: ttf.distribute.Cluster),
+                       or alone with --single; ARGS after -- go to it (docs/job.md)
   -- ARGS              pass ARGS to models/train.py as they are (any of its flags: python models/train.py -h)
 
 Examples:

@@ -7,10 +7,13 @@ one process), and how each shard's rows are saved, exported and published (each 
 own rows; the chief never holds another's).
 
     OneProcess()                       everything here
-    ParameterServers(cluster)          this process is the chief of a PS job (ClusterConfig)
+    ParameterServers(cluster)          this process is the chief of a PS job
     HorovodRanks(compression="none")   this process is one rank (imports horovod)
-    SyncWorkers(worker_hosts, task_index, compression="none")
+    SyncWorkers(cluster, compression="none")
                                        one worker of a synchronous job on TensorFlow's collectives
+
+A cluster is a `ttf.distribute.Cluster` (from flags or TF_CONFIG), a tf.distribute
+ClusterResolver, or None: TF_CONFIG.
 
 A parameter-server job's steps run on its workers: `coordinated` is True and `Job` drives
 them through `coordinator`; the other topologies run each step in this process.
@@ -21,6 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from ttf.distribute import _errors, _ranks
+from ttf.distribute._cluster import cluster_of
+from ttf.distribute._resolver import make_coordinator
 
 from ttf.data import open_stream as _open_stream
 from ttf.data import stream_batches as _stream_batches
@@ -146,16 +151,17 @@ class OneProcess:
 
 class ParameterServers(OneProcess):
     """This process is the chief of a parameter-server job: it connects to the cluster
-    (`ttf.distribute.ClusterConfig`) with ParameterServerStrategy and schedules the steps on
+    (a `ttf.distribute.Cluster`, a ClusterResolver, or None: TF_CONFIG) with
+    ParameterServerStrategy and schedules the steps on
     the workers; ttf tables are sharded over the parameter servers, whose tasks each save,
     export and publish their own shard. Each worker reads its own input share."""
 
     name = "ps"
     coordinated = True
 
-    def __init__(self, cluster):
-        from ttf.distribute._cluster import make_coordinator  # noqa: PLC0415
-
+    def __init__(self, cluster=None):
+        cluster = cluster_of(cluster, "ParameterServers")
+        cluster.require_parameter_servers("ParameterServers")
         self.cluster = cluster
         self.num_shares = len(cluster.worker_hosts)
         self.strategy, self.coordinator = make_coordinator(cluster)
@@ -170,7 +176,7 @@ class ParameterServers(OneProcess):
         return None
 
     def shape(self):
-        return self.cluster.shape()
+        return self.cluster.job_shape()
 
 
 # Seconds a SyncWorkers job's collective waits for the other workers (measured: a loaded 2-core
@@ -312,7 +318,8 @@ class HorovodRanks(SynchronousRanks):
 class SyncWorkers(SynchronousRanks):
     """This process is one worker of a synchronous job on TensorFlow's own collectives
     (MultiWorkerMirroredStrategy's gRPC cluster; any TensorFlow from 2.16, Keras 2 or 3).
-    The cluster comes from `worker_hosts` ("h:p,h:p") and `task_index`, or else TF_CONFIG.
+    cluster: a `ttf.distribute.Cluster` (e.g. Cluster(worker_hosts="h:p,h:p", task_type="worker",
+    task_index=i)), a tf.distribute ClusterResolver, or None: TF_CONFIG.
     Create it first, before the model and its tables (TensorFlow renames this process's
     devices when it enables collectives). compression: "none", "fp16" or "bf16" on the wire.
     timeout_seconds: how long a collective waits for the other workers before the job stops
@@ -324,11 +331,10 @@ class SyncWorkers(SynchronousRanks):
     runtime = "TensorFlow"
     max_steps_per_call = 1  # a fresh instance key per collective and call: one step per call
 
-    def __init__(self, worker_hosts=None, task_index=None, compression="none", timeout_seconds=None):
+    def __init__(self, cluster=None, compression="none", timeout_seconds=None):
         from ttf.distribute._collectives import TFCollectives  # noqa: PLC0415
 
-        coll = TFCollectives(worker_hosts=worker_hosts, task_index=task_index,
-                             timeout_seconds=timeout_seconds or JOB_COLLECTIVE_TIMEOUT_SECONDS)
+        coll = TFCollectives(cluster, timeout_seconds=timeout_seconds or JOB_COLLECTIVE_TIMEOUT_SECONDS)
         super().__init__(coll, compression)
 
     def shape(self):

@@ -19,8 +19,7 @@ import ttf  # noqa: F401  (Keras 2 before TensorFlow is used)
 import tensorflow as tf
 
 from ttf._ops import ops
-from ttf.distribute._cluster import ClusterConfig
-from ttf.launch.tf_config import TFConfigError, resolve_task, tf_config_from_env
+from ttf.distribute._cluster import Cluster, ClusterError
 
 _FLAG_NAMES = {"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host",
                "task_type": "--job", "task_index": "--index"}
@@ -38,39 +37,46 @@ def main(argv=None):
                              "(e.g. tensorflow_recommenders_addons.dynamic_embedding for TFRA jobs); repeatable")
     args = parser.parse_args(argv)
     try:
-        role = resolve_task(tf_config_from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
-                            chief_host=args.chief_host, task_type=args.job, task_index=args.index, names=_FLAG_NAMES)
-    except TFConfigError as err:
+        cluster = Cluster.from_flags(Cluster.from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
+                                     chief_host=args.chief_host, task_type=args.job, task_index=args.index,
+                                     names=_FLAG_NAMES)
+    except ClusterError as err:
         parser.error(str(err))
-    if role.source == "arguments" and not (role.task_type and role.ps_hosts and role.worker_hosts and role.chief_host):
+    if cluster.source == "arguments" and not (cluster.task_type and cluster.ps_hosts and cluster.worker_hosts
+                                              and cluster.chief_host):
         parser.error("give --job, --index, --ps-hosts, --worker-hosts and --chief-host, or set TF_CONFIG")
-    if role.task_type not in ("ps", "worker"):
-        parser.error(f"this module starts a ps or worker task; TF_CONFIG names a {role.task_type} task")
-    if not role.parameter_server_job:
+    if cluster.task_type not in ("ps", "worker"):
+        parser.error(f"this module starts a ps or worker task; TF_CONFIG names a {cluster.task_type} task")
+    if not cluster.parameter_server_job:
         parser.error("TF_CONFIG names a synchronous job (workers, no ps tasks): its workers train, they serve no chief")
-    try:
-        config = ClusterConfig(role.ps_hosts, role.worker_hosts, role.chief_host)
-    except ValueError as err:
-        parser.error(str(err))
-    job, index = role.task_type, role.task_index
-    tasks = config.ps_hosts if job == "ps" else config.worker_hosts
+    job, index = cluster.task_type, cluster.task_index
+    tasks = cluster.ps_hosts if job == "ps" else cluster.worker_hosts
     if not 0 <= index < len(tasks):
         parser.error(f"--index {index} is outside the {len(tasks)} {job} task(s)")
-    ops()
     for module in args.imports:
         try:
             importlib.import_module(module)
         except ImportError as err:
             parser.error(f"--import {module}: {err}")
-    server = tf.distribute.Server(config.cluster_spec(), job_name=job, task_index=index, protocol="grpc", start=True)
-    loaded = ", ".join(["ttf ops"] + args.imports)
-    port = tasks[index].rpartition(":")[2]
-    # TensorFlow binds every server to 0.0.0.0: say so, the address in the cluster is only a name.
-    print(f"[{job}:{index}] {role.describe()}", flush=True)
-    print(f"[{job}:{index}] ready at {tasks[index]} ({loaded} loaded); listening on 0.0.0.0:{port} "
-          "(every address of this network namespace; TensorFlow gRPC, no authentication)", flush=True)
-    server.join()
+    serve(cluster, args.imports).join()
     return 0
+
+
+def serve(cluster, imported=()):
+    """Starts this task's server of a parameter-server `cluster` (a ttf.distribute.Cluster whose task
+    is a ps or worker), ttf's ops loaded first; prints where it listens; returns the started server.
+    `imported`: the modules also imported for their ops (named in the ready line)."""
+    ops()
+    job, index = cluster.task_type, cluster.task_index
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster.spec()), job_name=job, task_index=index,
+                                  protocol="grpc", start=True)
+    loaded = ", ".join(["ttf ops", *imported])
+    address = cluster.address
+    # TensorFlow binds every server to 0.0.0.0: say so, the address in the cluster is only a name.
+    print(f"[{job}:{index}] {cluster.describe()}", flush=True)
+    print(f"[{job}:{index}] ready at {address} ({loaded} loaded); listening on 0.0.0.0:{address.rpartition(':')[2]} "
+          "(every address of this network namespace; TensorFlow gRPC, no authentication)", flush=True)
+    return server
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context as _eager_context  # no public API aborts collectives
+
+from ttf.distribute._cluster import cluster_of
+from ttf.distribute._resolver import cluster_resolver
 
 # Seconds a TF collective may wait for the other workers before it fails (an eager op gets it as
 # its timeout_seconds; traced ones are timed by TFCollectives' watchdog thread). A worker that
@@ -141,12 +145,12 @@ class Collectives:
 class TFCollectives(Collectives):
     """Collectives on TensorFlow's collective ops over gRPC; one process per worker.
 
-    The cluster comes from `cluster_resolver`, or from `worker_hosts` ("h:p,h:p" or a list)
-    and `task_index`, or else from TF_CONFIG (tasks of type "worker", plus an optional
-    "chief" that is rank 0). Creating it starts this worker's gRPC server and waits for
-    every worker (tf.distribute.MultiWorkerMirroredStrategy does both, and the coordination
-    service that watches the workers' heartbeats). Create it first, before any model or
-    table: TensorFlow renames this process's devices when collectives are enabled.
+    The cluster (`cluster`: a ttf.distribute.Cluster, a tf.distribute ClusterResolver, or None:
+    TF_CONFIG) has tasks of type "worker", plus an optional "chief" that is rank 0. Creating it
+    starts this worker's gRPC server and waits for every worker
+    (tf.distribute.MultiWorkerMirroredStrategy does both, and the coordination service that
+    watches the workers' heartbeats). Create it first, before any model or table: TensorFlow
+    renames this process's devices when collectives are enabled.
 
     Each collective op gets a fresh instance key at every call (a value captured at call
     time inside a tf.function, as MultiWorkerMirroredStrategy does): TensorFlow fixes an
@@ -155,26 +159,22 @@ class TFCollectives(Collectives):
     steps_per_execution=1, the default).
 
     Args:
-      cluster_resolver: a tf.distribute.cluster_resolver.ClusterResolver, or None.
-      worker_hosts, task_index: the workers' host:port and this worker's index in them.
+      cluster: a ttf.distribute.Cluster, a tf.distribute ClusterResolver, or None (TF_CONFIG).
       timeout_seconds: how long a collective waits for the others (COLLECTIVE_TIMEOUT_SECONDS).
 
     Raises:
-      ValueError: no cluster given (no resolver, no worker_hosts and no TF_CONFIG), or a bad task.
+      ClusterError (a ValueError): no cluster (none given and no TF_CONFIG), or this task is none
+        of its chief and workers.
     """
 
-    def __init__(self, cluster_resolver=None, worker_hosts=None, task_index=None,
-                 timeout_seconds=COLLECTIVE_TIMEOUT_SECONDS):
+    def __init__(self, cluster=None, timeout_seconds=COLLECTIVE_TIMEOUT_SECONDS):
         super().__init__()
-        self.resolver = _resolver(cluster_resolver, worker_hosts, task_index)
-        spec = self.resolver.cluster_spec().as_dict()
-        self.tasks = [("chief", i) for i in range(len(spec.get("chief", [])))] + [
-            ("worker", i) for i in range(len(spec.get("worker", [])))]
-        self.hosts = list(spec.get("chief", [])) + list(spec.get("worker", []))
-        me = (self.resolver.task_type, int(self.resolver.task_id))
-        if me not in self.tasks:
-            raise ValueError(f"this task ({me[0]} {me[1]}) is not a chief or worker of the cluster {spec}")
-        self.rank, self.size = self.tasks.index(me), len(self.tasks)
+        cluster = cluster_of(cluster, "TFCollectives")
+        self.cluster, self.rank = cluster, cluster.rank
+        self.resolver = cluster_resolver(cluster)
+        self.tasks = [("chief", 0)] * bool(cluster.chief_host) + [("worker", i) for i in range(len(cluster.worker_hosts))]
+        self.hosts = list(cluster.ranks())
+        self.size = len(self.tasks)
         self.pads_alltoall = True
         self.timeout_seconds = float(timeout_seconds)
         # The strategy starts the gRPC server, enables collective ops in this process's
@@ -249,9 +249,7 @@ class TFCollectives(Collectives):
                 if now != seen or now[0] == now[1]:
                     seen, since = now, time.monotonic()
                 elif time.monotonic() - since >= self.timeout_seconds:
-                    from tensorflow.python.eager import context  # noqa: PLC0415  (no public API aborts collectives)
-
-                    context.context().abort_collective_ops(
+                    _eager_context.context().abort_collective_ops(
                         tf.errors.DEADLINE_EXCEEDED, f"ttf: a collective on worker {self.rank} waited "
                         f"{self.timeout_seconds:g}s (timeout_seconds) for the other workers")
                     return
@@ -444,21 +442,3 @@ def _movable(tensor, dtypes):
     if dtype == tf.bool:
         return tf.cast(tensor, tf.int32), lambda out: tf.cast(out, tf.bool)
     raise TypeError(f"ttf's TF collectives cannot move {dtype.name} tensors: cast to float32, int32 or int64")
-
-
-def _resolver(cluster_resolver, worker_hosts, task_index):
-    if cluster_resolver is not None:
-        return cluster_resolver
-    if worker_hosts is not None:
-        from ttf.distribute._cluster import _hosts  # noqa: PLC0415
-
-        hosts = _hosts(worker_hosts)
-        if task_index is None or not 0 <= int(task_index) < len(hosts):
-            raise ValueError(f"task_index must be in [0, {len(hosts)}) for worker_hosts {list(hosts)}, got {task_index!r}")
-        return tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec({"worker": list(hosts)}), task_type="worker", task_id=int(task_index), rpc_layer="grpc")
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if not resolver.cluster_spec().as_dict():
-        raise ValueError("TFCollectives needs a cluster: pass worker_hosts= and task_index=, a cluster_resolver=, or "
-                         "set TF_CONFIG (its cluster's \"worker\" list and this task)")
-    return resolver
