@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+import psutil  # a horovod dependency
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
@@ -35,8 +36,6 @@ STOP_GRACE_SECONDS = 300
 
 def interface_of(address):
     """The network interface holding IPv4 `address` on this host (for Gloo), or None."""
-    import psutil  # a horovod dependency
-
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == address for a in addrs):
             return name
@@ -68,7 +67,7 @@ def wait_for_port(host, port, timeout):
     return False
 
 
-def main(argv=None):
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", required=True, help="host:ranks,host:ranks of every host, in rank order")
     parser.add_argument("--host-index", type=int, required=True, help="this host's position in --hosts")
@@ -79,76 +78,95 @@ def main(argv=None):
     parser.add_argument("--start-timeout", type=float, default=None,
                         help="seconds to wait for host 0's rendezvous server (default: $TTF_START_TIMEOUT, or 300)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the command every rank runs")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.start_timeout is None:
+    return parser
+
+
+class _Launch:
+    """This host's part of the job, from the flags: every usage error is parser.error (exit 2)."""
+
+    def __init__(self, parser, args):
+        self.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        self.host_index, self.start_timeout = args.host_index, args.start_timeout
+        if self.start_timeout is None:
+            try:
+                self.start_timeout = float(os.environ.get("TTF_START_TIMEOUT", 300))
+            except ValueError:
+                parser.error(f"TTF_START_TIMEOUT must be a number of seconds, got {os.environ['TTF_START_TIMEOUT']!r}")
+        if not self.command:
+            parser.error("give the command each rank runs after --")
         try:
-            args.start_timeout = float(os.environ.get("TTF_START_TIMEOUT", 300))
-        except ValueError:
-            parser.error(f"TTF_START_TIMEOUT must be a number of seconds, got {os.environ['TTF_START_TIMEOUT']!r}")
-    if not command:
-        parser.error("give the command each rank runs after --")
-    try:
-        hosts = parse_hosts(args.hosts)
-    except ValueError as err:
-        parser.error(f"--hosts {args.hosts!r}: {err}")
-    if not 0 <= args.host_index < len(hosts):
-        parser.error(f"--host-index {args.host_index} is outside the {len(hosts)} host(s) of --hosts")
-    size = sum(h.slots for h in hosts)
-    plan = get_host_assignments(hosts, size)
-    me = hosts[args.host_index].hostname
-    rv_host, _, rv_port = (args.rendezvous or f"{hosts[0].hostname}:29500").rpartition(":")
-    if not rv_host or not rv_port.isdigit():
-        parser.error(f"--rendezvous must be address:port, got {args.rendezvous!r}")
-    try:
-        my_address = socket.gethostbyname(me)  # --hosts may name hosts (a container network's DNS)
-    except OSError as err:
-        parser.error(f"host {args.host_index} of --hosts, {me!r}, does not resolve here ({err})")
-    iface = args.iface or interface_of(my_address)
-    if iface is None:
-        parser.error(f"no network interface here holds {me} ({my_address}, host {args.host_index} of --hosts); "
-                     "pass --iface")
-
-    hostname = loopback_hostname() if len(hosts) > 1 else None
-    if hostname is not None:
-        parser.error(f"this host's name {hostname!r} resolves to a loopback address, and Horovod's Gloo "
-                     f"connects other hosts' ranks to the address this name resolves to. Map it to "
-                     f"{my_address} in /etc/hosts (e.g. `{my_address} {hostname}`; in a network namespace NS, "
-                     f"/etc/netns/NS/hosts)")
-
-    server = None
-    if args.host_index == 0:
-        try:  # listen on the rendezvous address alone: it serves anyone who reaches it
-            rv_address = socket.gethostbyname(rv_host)
-            server = RendezvousHTTPServer((rv_address, int(rv_port)), RendezvousHandler, 0)
+            hosts = parse_hosts(args.hosts)
+        except ValueError as err:
+            parser.error(f"--hosts {args.hosts!r}: {err}")
+        if not 0 <= args.host_index < len(hosts):
+            parser.error(f"--host-index {args.host_index} is outside the {len(hosts)} host(s) of --hosts")
+        self.size = sum(h.slots for h in hosts)
+        self.plan = get_host_assignments(hosts, self.size)
+        self.me = hosts[args.host_index].hostname
+        self.rv_host, _, self.rv_port = (args.rendezvous or f"{hosts[0].hostname}:29500").rpartition(":")
+        if not self.rv_host or not self.rv_port.isdigit():
+            parser.error(f"--rendezvous must be address:port, got {args.rendezvous!r}")
+        try:
+            self.address = socket.gethostbyname(self.me)  # --hosts may name hosts (a container network's DNS)
         except OSError as err:
-            parser.error(f"cannot serve the rendezvous on {rv_host}:{rv_port} here ({err}); "
-                         "--rendezvous must name an address of host 0")
-        server.init(plan)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        print(f"[hvdrun] Gloo rendezvous for {size} rank(s) listening on {rv_address}:{rv_port} "
-              f"(HTTP, no authentication); Gloo listens on {iface} ({my_address})", flush=True)
-    elif not wait_for_port(rv_host, int(rv_port), args.start_timeout):
-        print(f"[hvdrun] error: host 0's rendezvous server {rv_host}:{rv_port} did not answer within "
-              f"{args.start_timeout:.0f}s (--start-timeout, TTF_START_TIMEOUT); start host 0 first or check --rendezvous", file=sys.stderr, flush=True)
-        return 1
-    try:  # (after the wait: another container's name resolves once it runs)
-        rv_host = socket.gethostbyname(rv_host)  # Horovod's rendezvous client wants an address
-    except OSError as err:
-        parser.error(f"the rendezvous host {rv_host!r} does not resolve here ({err})")
+            parser.error(f"host {args.host_index} of --hosts, {self.me!r}, does not resolve here ({err})")
+        self.iface = args.iface or interface_of(self.address)
+        if self.iface is None:
+            parser.error(f"no network interface here holds {self.me} ({self.address}, host {args.host_index} of "
+                         "--hosts); pass --iface")
+        hostname = loopback_hostname() if len(hosts) > 1 else None
+        if hostname is not None:
+            parser.error(f"this host's name {hostname!r} resolves to a loopback address, and Horovod's Gloo "
+                         f"connects other hosts' ranks to the address this name resolves to. Map it to "
+                         f"{self.address} in /etc/hosts (e.g. `{self.address} {hostname}`; in a network namespace NS, "
+                         f"/etc/netns/NS/hosts)")
 
-    ranks = {}
-    for slot in plan:
-        if slot.hostname != me:
-            continue
-        env = dict(os.environ, HOROVOD_HOSTNAME=slot.hostname, HOROVOD_RANK=str(slot.rank),
-                   HOROVOD_SIZE=str(slot.size), HOROVOD_LOCAL_RANK=str(slot.local_rank),
-                   HOROVOD_LOCAL_SIZE=str(slot.local_size), HOROVOD_CROSS_RANK=str(slot.cross_rank),
-                   HOROVOD_CROSS_SIZE=str(slot.cross_size), HOROVOD_GLOO_RENDEZVOUS_ADDR=rv_host,
-                   HOROVOD_GLOO_RENDEZVOUS_PORT=rv_port, HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
-                   HOROVOD_GLOO_IFACE=iface)
-        ranks[slot.rank] = subprocess.Popen(command, env=env)
-    print(f"[hvdrun] host {args.host_index} ({me}, {iface}): started rank(s) {sorted(ranks)} of {size}", flush=True)
+    def rendezvous(self, parser):
+        """Host 0 serves the rendezvous (returns its server); the others wait for it (None). False:
+        host 0's never answered."""
+        server = None
+        if self.host_index == 0:
+            try:  # listen on the rendezvous address alone: it serves anyone who reaches it
+                rv_address = socket.gethostbyname(self.rv_host)
+                server = RendezvousHTTPServer((rv_address, int(self.rv_port)), RendezvousHandler, 0)
+            except OSError as err:
+                parser.error(f"cannot serve the rendezvous on {self.rv_host}:{self.rv_port} here ({err}); "
+                             "--rendezvous must name an address of host 0")
+            server.init(self.plan)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            print(f"[hvdrun] Gloo rendezvous for {self.size} rank(s) listening on {rv_address}:{self.rv_port} "
+                  f"(HTTP, no authentication); Gloo listens on {self.iface} ({self.address})", flush=True)
+        elif not wait_for_port(self.rv_host, int(self.rv_port), self.start_timeout):
+            print(f"[hvdrun] error: host 0's rendezvous server {self.rv_host}:{self.rv_port} did not answer within "
+                  f"{self.start_timeout:.0f}s (--start-timeout, TTF_START_TIMEOUT); start host 0 first or check "
+                  "--rendezvous", file=sys.stderr, flush=True)
+            return False
+        try:  # (after the wait: another container's name resolves once it runs)
+            self.rv_host = socket.gethostbyname(self.rv_host)  # Horovod's rendezvous client wants an address
+        except OSError as err:
+            parser.error(f"the rendezvous host {self.rv_host!r} does not resolve here ({err})")
+        return server
+
+    def start_ranks(self):
+        """{rank: process} of this host's ranks, each with horovodrun's environment."""
+        ranks = {}
+        for slot in self.plan:
+            if slot.hostname != self.me:
+                continue
+            env = dict(os.environ, HOROVOD_HOSTNAME=slot.hostname, HOROVOD_RANK=str(slot.rank),
+                       HOROVOD_SIZE=str(slot.size), HOROVOD_LOCAL_RANK=str(slot.local_rank),
+                       HOROVOD_LOCAL_SIZE=str(slot.local_size), HOROVOD_CROSS_RANK=str(slot.cross_rank),
+                       HOROVOD_CROSS_SIZE=str(slot.cross_size), HOROVOD_GLOO_RENDEZVOUS_ADDR=self.rv_host,
+                       HOROVOD_GLOO_RENDEZVOUS_PORT=self.rv_port, HOROVOD_CONTROLLER="gloo",
+                       HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE=self.iface)
+            ranks[slot.rank] = subprocess.Popen(self.command, env=env)
+        print(f"[hvdrun] host {self.host_index} ({self.me}, {self.iface}): started rank(s) {sorted(ranks)} of "
+              f"{self.size}", flush=True)
+        return ranks
+
+
+def supervise(ranks, server):
+    """Waits for this host's ranks; a failed one stops the others here. Returns the exit code."""
 
     def stop_all(*_):
         for proc in ranks.values():
@@ -192,6 +210,15 @@ def main(argv=None):
         if failed:
             print(f"[hvdrun] error: rank {failed[0]} failed (exit code {failed[1]})", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def main(argv=None):
+    parser = _parser()
+    launch = _Launch(parser, parser.parse_args(argv))
+    server = launch.rendezvous(parser)
+    if server is False:
+        return 1
+    return supervise(launch.start_ranks(), server)
 
 
 if __name__ == "__main__":
