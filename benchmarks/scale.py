@@ -21,7 +21,7 @@ copies.
 
 --horovod N: the same table on N Horovod ranks instead (horovodrun --gloo, this host; needs
 horovod, so TensorFlow 2.16's venv): each rank fills the ids it owns, then
-ttf.distribute.collectives.horovod.save_checkpoint on every rank (each writes its own part, rank 0 merges)
+ttf.distribute.horovod.save_checkpoint on every rank (each writes its own part, rank 0 merges)
 and manager.restore_latest on every rank; reported per rank: its part's table memory, peak
 extra RSS during save and restore (and save / part), and the checksums of the ranks' tables
 before and after, and of rank 0 restoring the whole checkpoint alone.
@@ -206,17 +206,18 @@ def hvd_main(args):
     import numpy as np
     import ttf
     import tensorflow as tf
-    import ttf.distribute.collectives.horovod as tdh
+    import ttf.distribute.horovod as tdh
     from ttf._ops import ops
 
     hvd = tdh.hvd
     hvd.init()
+    coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
     rank, size = hvd.rank(), hvd.size()
 
     def sharded_layer():
         layer = ttf.DynamicEmbedding(args.dim, seed=1, name="emb")
         layer(tf.constant([[0]], tf.int64))
-        tdh.shard_tables(layer)
+        tdh.shard_tables(layer, coll)
         return layer
 
     source = sharded_layer()
@@ -233,7 +234,7 @@ def hvd_main(args):
     manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=source), args.dir)
     hvd.allreduce(tf.constant(0), name="scale_ready")
     with PeakWatch({"rank": os.getpid()}) as save:
-        tdh.save_checkpoint(manager, 1)
+        tdh.save_checkpoint(manager, 1, coll)
     del source, table, manager  # this rank's part, freed before the restore
     restored = sharded_layer()
     with PeakWatch({"rank": os.getpid()}) as restore:

@@ -298,21 +298,18 @@ class HorovodRanks(SynchronousRanks):
             raise ImportError(str(err).replace("\n", " ")) from err
         tdh.hvd.init()
         self.tdh, self.hvd = tdh, tdh.hvd
-        super().__init__(tdh._backend(), compression)  # pylint: disable=protected-access
+        super().__init__(tdh.HorovodCollectives(), compression)
 
     def shape(self):
         return {"horovod_ranks": self.size, "compression": self.compression}
 
     def prepare(self, model, optimizer):
         if tables_in(model):
-            self.tdh.shard_tables(model, self.compression)
-            return self.tdh.DistributedOptimizer(optimizer, self.compression)
+            self.tdh.shard_tables(model, self.coll, self.compression)
+            return self.tdh.DistributedOptimizer(optimizer, self.coll, self.compression)
         # A model without ttf tables: horovod's own optimizer (fp16 or none on the wire).
         compression = self.hvd.Compression.fp16 if self.compression == "fp16" else self.hvd.Compression.none
         return self.hvd.DistributedOptimizer(optimizer, compression=compression)
-
-    def wire_bytes(self):
-        return self.tdh.wire_bytes() if self.tdh._wire_bytes else 0  # pylint: disable=protected-access
 
 
 class SyncWorkers(SynchronousRanks):
