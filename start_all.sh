@@ -94,8 +94,8 @@ One role of a multi-host job (run once per task, on its host; or set TF_CONFIG i
   -h, --help           this help
   --script FILE        run your own script (a ttf.distribute.Job chief) instead of models/train.py: as the
                        chief of the local parameter-server cluster, with TF_CONFIG naming the cluster and
-                       its chief role (ttf.distribute.resolve_task(ttf.distribute.tf_config_from_env())
-                       .cluster_config()), or alone with --single; ARGS after -- go to it (docs/job.md)
+                       its chief role (ttf.distribute.ParameterServers() reads it: ttf.distribute.Cluster),
+                       or alone with --single; ARGS after -- go to it (docs/job.md)
   -- ARGS              pass ARGS to models/train.py as they are (any of its flags: python models/train.py -h)
 
 Examples:
@@ -192,7 +192,7 @@ done
 [ "$num_ps" -ge 1 ] && [ "$num_workers" -ge 1 ] || die "--ps and --workers must be at least 1"
 case "$role" in ""|chief|worker|ps) ;; *) die "--role must be chief, worker or ps, got '$role'" ;; esac
 # TF_CONFIG: this task's role and the cluster, merged with the flags given (which must agree) by
-# ttf/distribute/_tf_config.py, run as a plain script (no TensorFlow import: a fraction of a second).
+# ttf/launch/tf_config.py, run as a plain script (no TensorFlow import: a fraction of a second).
 if [ -n "${TF_CONFIG:-}" ] && [ -z "${TTF_NETWORK:-}" ]; then
   if [ -n "$local_flag" ]; then
     echo "[start_all] TF_CONFIG is set, but $local_flag starts a local job: TF_CONFIG is ignored (explicit flags win)"
@@ -202,7 +202,7 @@ if [ -n "${TF_CONFIG:-}" ] && [ -z "${TTF_NETWORK:-}" ]; then
     merge=(--shell)
     for flag in role ps_hosts worker_hosts chief_host; do [ -n "${!flag}" ] && merge+=("--${flag//_/-}" "${!flag}"); done
     [ "$index_given" = 1 ] && merge+=(--index "$index")
-    resolved=$(python3 ttf/distribute/_tf_config.py "${merge[@]}" 2>&1) || refuse "$resolved"
+    resolved=$(python3 ttf/launch/tf_config.py "${merge[@]}" 2>&1) || refuse "$resolved"
     eval "$resolved"  # role index ps_hosts worker_hosts chief_host job_shape role_line, shell-quoted
     echo "[start_all] $role_line"
     case "$role" in
@@ -245,7 +245,7 @@ fi
 # with no authentication: the whole job runs again, same pid, in a private network namespace
 # whose only interface is loopback (TTF_NETWORK=private there, or "refused: why").
 if [ -z "$role" ] && [ "$single" = 0 ] && [ -z "$hvd_hosts" ] && [ "$isolation" = 1 ] && [ -z "${TTF_NETWORK:-}" ]; then
-  TTF_NETWORK_PID=$$ exec "$PY" ttf/distribute/private_network.py -- "$BASH" "$PWD/start_all.sh" ${start_all_args[@]+"${start_all_args[@]}"}
+  TTF_NETWORK_PID=$$ exec "$PY" ttf/launch/private_network.py -- "$BASH" "$PWD/start_all.sh" ${start_all_args[@]+"${start_all_args[@]}"}
 fi
 rank_pids() {  # PID: the Python processes of models/train.py below PID (horovodrun's ranks); reads /proc only
   local status pid
@@ -304,7 +304,7 @@ if [ "$hvd" = 1 ]; then
     [ -n "$hvd_rendezvous" ] && launch+=(--rendezvous "$hvd_rendezvous")
     [ -n "$hvd_iface" ] && launch+=(--iface "$hvd_iface")
     echo "[start_all] Horovod host $hvd_host_index of $hvd_hosts: training (${train_args[*]})"
-    exec "$PY" -m ttf.distribute.hvdrun "${launch[@]}" -- "$PY" models/train.py "${train_args[@]}"
+    exec "$PY" -m ttf.launch.hvdrun "${launch[@]}" -- "$PY" models/train.py "${train_args[@]}"
   fi
   logdir=runs/$(date +%Y%m%d-%H%M%S)-$$-hvd
   mkdir -p "$logdir"
@@ -424,7 +424,7 @@ if [ -n "$role" ]; then
     "$PY" models/train.py "${train_args[@]}" --prepare-data
   fi
   echo "[start_all] $role $index: starting its TensorFlow server"
-  exec "$PY" -m ttf.distribute.server --job "$role" --index "$index" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"}
+  exec "$PY" -m ttf.launch.server --job "$role" --index "$index" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"}
 fi
 
 if [ "$single" = 1 ]; then
@@ -479,7 +479,7 @@ echo "[start_all] cluster: $num_ps ps + $num_workers worker(s) on 127.0.0.1, log
 network_line "$(join_hosts "${listing[@]}" | sed 's/,/, /g')" "TensorFlow gRPC"
 for ((i = 0; i < num_ps + num_workers; i++)); do
   read -r job index <<<"${TASK_NAMES[i]}"
-  "$PY" -m ttf.distribute.server --job "$job" --index "$index" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"} \
+  "$PY" -m ttf.launch.server --job "$job" --index "$index" "${cluster[@]}" ${server_imports[@]+"${server_imports[@]}"} \
     >"$logdir/$job$index.log" 2>&1 &
   pids+=($!) TASK_WHERE+=("pid $!")
 done

@@ -4,7 +4,7 @@ host, and the model of a step's bytes and time at 8-256 workers built on them (d
     python benchmarks/collective_costs.py measure [--repeats 15] [--out costs.json]
     python benchmarks/collective_costs.py model costs.json [--batch 4096] [--dim 16]
 
-`measure` starts 2 workers on loopback (ttf.distribute.sync.TFCollectives, the collectives
+`measure` starts 2 workers on loopback (ttf.distribute.TFCollectives, the collectives
 SyncWorkers runs on) and times, for payloads of 1 KB to 16 MB a worker, the median of
 `--repeats` calls (each in a tf.function, as in a step) of: the all-to-all, the all-reduce,
 and the round trip of a parameter-server lookup (a gather of rows from a variable on a
@@ -48,9 +48,9 @@ def _timed(fn, arg, repeats):
 def collective_worker(hosts, index, repeats, out):
     import tensorflow as tf  # noqa: PLC0415
 
-    import ttf.distribute.sync as tds  # noqa: PLC0415
+    import ttf  # noqa: PLC0415
 
-    coll = tds.TFCollectives(worker_hosts=hosts, task_index=index)
+    coll = ttf.distribute.TFCollectives(ttf.distribute.Cluster(worker_hosts=hosts, task_type="worker", task_index=index))
     alltoall = tf.function(lambda x: coll.alltoall_even(x))
     allreduce = tf.function(lambda x: coll.allreduce(x))
     rows = {}

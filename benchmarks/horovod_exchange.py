@@ -74,14 +74,15 @@ def make_rows(vocab, rows, seed):
 def main(argv=None):
     args = parse(argv)
     hvd.init()
+    coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
     rank, size = hvd.rank(), hvd.size()
     models = {"grouped": build(args.vocab), "per table": build(args.vocab)}
-    tdh.shard_tables(models["grouped"])
+    tdh.shard_tables(models["grouped"], coll)
     group = tdh._group_lookups  # pylint: disable=protected-access
     tdh._group_lookups = lambda model, sharding: set()  # pylint: disable=protected-access
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "each make their own exchange": that is the point here
-        tdh.shard_tables(models["per table"])
+        tdh.shard_tables(models["per table"], coll)
     tdh._group_lookups = group  # pylint: disable=protected-access
 
     total = args.warmup + args.repeats * args.steps
@@ -92,9 +93,9 @@ def main(argv=None):
     loss_fn = tf.keras.losses.BinaryCrossentropy()
     steps, optimizers, alltoalls = {}, {}, {}
     for name, model in models.items():
-        optimizers[name] = tdh.DistributedOptimizer(ttf.optimizers.Adam(1e-3))
+        optimizers[name] = tdh.DistributedOptimizer(ttf.optimizers.Adam(1e-3), coll)
         model(batches[0][0], training=False)
-        tdh.broadcast_variables(model.variables)
+        tdh.broadcast_variables(model.variables, coll)
 
         def step(features, labels, model=model, optimizer=optimizers[name]):
             with tf.GradientTape() as tape:
@@ -121,11 +122,11 @@ def main(argv=None):
         run(name, args.warmup)
     for rep in range(args.repeats):
         for name in models:
-            before = tdh.wire_bytes()
+            before = coll.wire_bytes()
             t0 = time.perf_counter()
             run(name, args.steps)
             rates[name].append(args.steps / (time.perf_counter() - t0))
-            sent[name].append((tdh.wire_bytes() - before) / args.steps)
+            sent[name].append((coll.wire_bytes() - before) / args.steps)
             if rank == 0:
                 print(f"[exchange] block {rep + 1}/{args.repeats} {name}: {rates[name][-1]:.2f} steps/s", flush=True)
     probe = {k: tf.constant(v[:4096]) for k, v in x.items()}

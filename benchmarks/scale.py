@@ -211,12 +211,13 @@ def hvd_main(args):
 
     hvd = tdh.hvd
     hvd.init()
+    coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
     rank, size = hvd.rank(), hvd.size()
 
     def sharded_layer():
         layer = ttf.DynamicEmbedding(args.dim, seed=1, name="emb")
         layer(tf.constant([[0]], tf.int64))
-        tdh.shard_tables(layer)
+        tdh.shard_tables(layer, coll)
         return layer
 
     source = sharded_layer()
@@ -233,7 +234,7 @@ def hvd_main(args):
     manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(layer=source), args.dir)
     hvd.allreduce(tf.constant(0), name="scale_ready")
     with PeakWatch({"rank": os.getpid()}) as save:
-        tdh.save_checkpoint(manager, 1)
+        tdh.save_checkpoint(manager, 1, coll)
     del source, table, manager  # this rank's part, freed before the restore
     restored = sharded_layer()
     with PeakWatch({"rank": os.getpid()}) as restore:

@@ -32,7 +32,8 @@ def worker(args):
     import ttf  # noqa: PLC0415
     import ttf.distribute.sync as tds  # noqa: PLC0415
 
-    coll = None if args.hosts == "one" else tds.TFCollectives(worker_hosts=args.hosts, task_index=args.index)
+    coll = None if args.hosts == "one" else tds.TFCollectives(
+        ttf.distribute.Cluster(worker_hosts=args.hosts, task_type="worker", task_index=args.index))
     size = 1 if coll is None else coll.size
     ids_in = tf.keras.Input([26], dtype=tf.int64, name="ids")
     dense_in = tf.keras.Input([13], name="numeric")

@@ -2,7 +2,7 @@
 
 One process (default), or the chief of a parameter-server job when --ps-hosts,
 --worker-hosts and --chief-host are given (ps and worker tasks run
-`python -m ttf.distribute.server`; start_all.sh starts all of them). Prints progress while
+`python -m ttf.launch.server`; start_all.sh starts all of them). Prints progress while
 training, then global steps/sec, AUC and logloss on the eval data.
 
 Examples:
@@ -98,7 +98,10 @@ def job_config(args):
 def make_topology(args):
     if args.horovod or args.sync:
         try:
-            topology = (ttf.distribute.SyncWorkers(args.sync_hosts, args.sync_index, args.hvd_compression) if args.sync
+            topology = (ttf.distribute.SyncWorkers(ttf.distribute.Cluster(worker_hosts=args.sync_hosts,
+                                                                          task_type="worker",
+                                                                          task_index=args.sync_index),
+                                                   args.hvd_compression) if args.sync
                         else ttf.distribute.HorovodRanks(args.hvd_compression))
         except ImportError as err:
             raise SystemExit(f"[train] error: --horovod needs horovod: {err}".replace("\n", " ")) from err
@@ -118,7 +121,7 @@ def make_topology(args):
             f"compression {args.hvd_compression}" + (f"; {args.task_role}" if args.sync else ""))
         return topology
     if args.ps_hosts:
-        cluster = ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host)
+        cluster = ttf.distribute.Cluster(args.ps_hosts, args.worker_hosts, args.chief_host, "chief")
         if getattr(args, "task_role", None):  # where TF_CONFIG or the flags put this chief
             log(f"[train] {args.task_role}")
         log(f"[train] connecting to {len(cluster.ps_hosts)} ps and {len(cluster.worker_hosts)} worker task(s)")

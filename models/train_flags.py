@@ -127,14 +127,15 @@ def parse_args(argv, description=None):
         sync_cluster(p, args)
     elif not (args.horovod or args.prepare_data):
         try:
-            role = ttf.distribute.resolve_task(
-                ttf.distribute.tf_config_from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
+            role = ttf.distribute.Cluster.from_flags(
+                ttf.distribute.Cluster.from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
                 chief_host=args.chief_host, task_type="chief", task_types=("chief",), shapes=("parameter-server",),
                 names={"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host"})
-        except ttf.distribute.TFConfigError as err:
+        except ttf.distribute.ClusterError as err:
             hint = " (add --sync --tiacc for a synchronous job)" if "synchronous job" in str(err) else ""
             p.error(str(err) + hint)
-        args.ps_hosts, args.worker_hosts, args.chief_host = role.ps_hosts or None, role.worker_hosts or None, role.chief_host or None
+        args.ps_hosts, args.worker_hosts, args.chief_host = (role.hosts("ps") or None, role.hosts("worker") or None,
+                                                             role.chief_host or None)
         args.task_role = role.describe() if role.ps_hosts and role.worker_hosts and role.chief_host else None
     if args.horovod and (args.ps_hosts or args.tfra):
         p.error("--horovod runs the native or ttf (--tiacc) path without parameter servers; "
@@ -349,18 +350,17 @@ def sync_cluster(p, args):
         p.error("--sync runs one step per call (each collective takes a new instance key at each call): "
                 "drop --steps-per-call")
     try:
-        role = ttf.distribute.resolve_task(
-            ttf.distribute.tf_config_from_env(), worker_hosts=args.worker_hosts,
+        role = ttf.distribute.Cluster.from_flags(
+            ttf.distribute.Cluster.from_env(), worker_hosts=args.worker_hosts,
             task_type=None if args.task_index is None else "worker", task_index=args.task_index,
             task_types=("chief", "worker"), shapes=("synchronous",),
             names={"worker_hosts": "--worker-hosts", "task_index": "--task-index", "task_type": "--sync"})
-    except ttf.distribute.TFConfigError as err:
+    except ttf.distribute.ClusterError as err:
         p.error(str(err))
     if not role.worker_hosts or role.task_type is None:
         p.error("--sync needs --worker-hosts and --task-index (or TF_CONFIG with this task)")
-    chief = [role.chief_host] if role.chief_host else []
-    args.sync_hosts = chief + role.worker_hosts.split(",")
-    args.sync_index = 0 if role.task_type == "chief" else len(chief) + role.task_index
+    args.sync_hosts = list(role.ranks())  # the chief (if any) is rank 0
+    args.sync_index = 0 if role.task_type == "chief" else bool(role.chief_host) + role.task_index
     if not 0 <= args.sync_index < len(args.sync_hosts):
         p.error(f"--task-index {role.task_index} is outside the {len(args.sync_hosts)} workers of --worker-hosts")
     args.task_role = role.describe()

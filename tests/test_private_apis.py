@@ -21,7 +21,7 @@ MODULE_ATTRS = [
     ("tensorflow.python.saved_model.nested_structure_coder", "decode_proto", "ttf/embedding/_table.py"),
     ("tensorflow.python.saved_model.registration", "register_serializable", "ttf/embedding/_table.py"),
     ("tensorflow", "keras.optimizers.legacy.Optimizer", "ttf/_keras_hooks.py"),
-    ("tensorflow.python.framework.func_graph", "FuncGraph.capture_call_time_value", "ttf/distribute/_collectives.py"),
+    ("tensorflow.python.framework.func_graph", "FuncGraph.capture_call_time_value", "ttf/distribute/collectives/_tf.py"),
 ]
 # Private members of a functional tf.keras model: (attribute, the ttf modules that use it)
 MODEL_ATTRS = [

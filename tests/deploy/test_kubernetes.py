@@ -22,7 +22,7 @@ yaml = pytest.importorskip("yaml")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (requirements.txt)")
 import jsonschema  # noqa: E402  (a dependency of kubernetes-validate)
 
-from ttf.distribute import parse_tf_config  # noqa: E402
+from ttf.distribute import Cluster  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MANIFESTS = sorted(glob.glob(os.path.join(ROOT, "deploy", "kubernetes", "*.yaml")))
@@ -178,7 +178,7 @@ def test_each_pods_tf_config_names_its_role_and_every_task_at_a_service_name(pat
         container = template["spec"]["containers"][0]
         text = render_tf_config(container, hostname, index, docs, jobset, tmp_path)
         assert text is not None, f"{hostname}: no TF_CONFIG"
-        config = parse_tf_config(text)
+        config = Cluster.from_tf_config(text)
         by_host[f"{hostname}.{subdomain}"] = (template, container, config.task_type, index, kind)
         rendered[hostname] = config
     clusters = {json.dumps({k: list(v) for k, v in c.cluster.items()}, sort_keys=True) for c in rendered.values()}
@@ -203,7 +203,7 @@ def test_each_pods_tf_config_names_its_role_and_every_task_at_a_service_name(pat
     assert all(c.shape == shape for c in rendered.values())
     # And start_all.sh's reading of it (the same module, as the launcher runs it) takes each pod's role.
     hostname, config = next(iter(rendered.items()))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "ttf", "distribute", "_tf_config.py"), "--shell"],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "ttf", "launch", "tf_config.py"), "--shell"],
                           env={**os.environ, "TF_CONFIG": config.to_json()}, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and f"role={config.task_type}" in proc.stdout, proc.stderr
 

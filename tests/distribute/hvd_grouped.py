@@ -22,6 +22,7 @@ from deepctr.models import DeepFM
 
 out_path = sys.argv[1]
 hvd.init()
+coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
 rank, size = hvd.rank(), hvd.size()
 FIELDS, VOCAB, GLOBAL_BATCH, STEPS = 6, 300, 64, 8
 
@@ -37,12 +38,12 @@ probe = {k: v[:128] for k, v in x.items()}
 
 before = fast(probe, training=False).numpy()[:, 0]
 local_size = sum(int(layer.size()) for layer in tdh.ttf_layers(fast))
-tdh.shard_tables(fast)
+tdh.shard_tables(fast, coll)
 after = fast(probe, training=False).numpy()[:, 0]  # every rank: lookups are collective
-sharded_size = tdh.table_size(fast)
+sharded_size = tdh.table_size(fast, coll)
 
-optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01))
-tdh.broadcast_variables(fast.variables)
+optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01), coll)
+tdh.broadcast_variables(fast.variables, coll)
 loss_fn = tf.keras.losses.BinaryCrossentropy()
 
 
@@ -61,7 +62,7 @@ for step in range(STEPS):
     train_step({k: v[lo:lo + per_rank] for k, v in x.items()}, y[lo:lo + per_rank])
 graph = train_step.get_concrete_function({k: v[:per_rank] for k, v in x.items()}, y[:per_rank]).graph
 trained = fast(probe, training=False).numpy()[:, 0]
-trained_size = tdh.table_size(fast)  # a collective: every rank
+trained_size = tdh.table_size(fast, coll)  # a collective: every rank
 
 
 class TwoTables(tf.keras.Model):  # subclassed: shard_tables cannot see its calls, so it warns
@@ -75,7 +76,7 @@ class TwoTables(tf.keras.Model):  # subclassed: shard_tables cannot see its call
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    tdh.shard_tables(TwoTables())
+    tdh.shard_tables(TwoTables(), coll)
 
 if rank == 0:
     with open(out_path, "w") as f:

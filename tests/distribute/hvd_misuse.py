@@ -22,18 +22,20 @@ import ttf.distribute.horovod as tdh
 import horovod.tensorflow as hvd
 
 hvd.init()
+
+coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
 mode, prefix = sys.argv[1], sys.argv[2]
 rank = hvd.rank()
 
 ids = tf.keras.Input([3], dtype=tf.int64, name="ids")
 out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=3, seed=1)(ids)))
 model = tf.keras.Model(ids, out)
-tdh.shard_tables(model)
+tdh.shard_tables(model, coll)
 model(tf.zeros([1, 3], tf.int64))
 with tf.GradientTape() as tape:  # rows on both ranks, stored by the update (a lookup inserts nothing)
     loss = tf.reduce_sum(model(tf.constant(np.arange(30).reshape(10, 3) + 100 * rank, tf.int64), training=True))
 ttf.optimizers.SGD(0.1).apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-tdh.broadcast_variables(model.variables)
+tdh.broadcast_variables(model.variables, coll)
 result = {}
 
 
@@ -49,22 +51,22 @@ def outcome(fn):
 if mode == "stall":
     tdh.COLLECTIVE_TIMEOUT_SECONDS = 10  # the default, 45, would make the test slow
     if rank == 0:  # a collective on one rank only
-        result["call"] = outcome(lambda: tdh.table_size(model))
+        result["call"] = outcome(lambda: tdh.table_size(model, coll))
     else:  # busy elsewhere past the timeout, then the next collective
         time.sleep(15)
-        result["call"] = outcome(lambda: tdh.check_same_config({"x": 1}))
+        result["call"] = outcome(lambda: tdh.check_same_config({"x": 1}, coll))
 elif mode == "misc":
     ckpt_dir = f"{prefix}-ckpt"
     manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(model=model), ckpt_dir)
     result["plain_save"] = outcome(lambda: manager.save(1))  # a sharded table is saved by every rank
-    tdh.save_checkpoint(manager, 1)
-    result["table_size"] = tdh.table_size(model)
+    tdh.save_checkpoint(manager, 1, coll)
+    result["table_size"] = tdh.table_size(model, coll)
     result["saved_model"] = outcome(lambda: tf.saved_model.save(model, f"{prefix}-saved-{rank}"))
     # tdh.export_for_serving: each rank writes its own shard's arrays (no table gathered: the
     # gather of model.save would call hvd.allgather with a ttf_<layer>_export_* name).
     gathers, allgather = [], hvd.allgather
     hvd.allgather = lambda tensor, name=None, **kw: gathers.append(name) or allgather(tensor, name=name, **kw)
-    version = tdh.export_for_serving(model, f"{prefix}-serving")  # rank 0: base/1; others: None
+    version = tdh.export_for_serving(model, f"{prefix}-serving", coll)  # rank 0: base/1; others: None
     hvd.allgather = allgather
     result["export_gathers"] = [name for name in gathers if name and "_export_" in name]
     result["serving_version"] = version
@@ -79,9 +81,9 @@ elif mode == "misc":
         json.dump(result, f)
     # Last (Horovod may be shut down after it): the idiom "restore on rank 0 only, then broadcast".
     if rank == 0:
-        result["idiom"] = outcome(lambda: (manager.restore_latest(), tdh.broadcast_variables(model.variables)))
+        result["idiom"] = outcome(lambda: (manager.restore_latest(), tdh.broadcast_variables(model.variables, coll)))
     else:
-        result["idiom"] = outcome(lambda: tdh.broadcast_variables(model.variables))
+        result["idiom"] = outcome(lambda: tdh.broadcast_variables(model.variables, coll))
 with open(f"{prefix}-{rank}.json", "w") as f:
     json.dump(result, f)
 # The errors above were expected; the test reads the JSON. The script ends as users' scripts

@@ -1,6 +1,6 @@
 """Run by test_horovod.py under horovodrun -np 2: on step 2, rank 1 alone gets a NaN gradient
 for a dense weight (the loss stays finite, the table gradients too, so nothing else carries
-it to rank 0). With make_train_step(finite_across=tdh.all_ranks) both ranks skip that step
+it to rank 0). With make_train_step(finite_across=lambda flag: tdh.all_ranks(flag, coll)) both ranks skip that step
 (and only it); without it, rank 1 alone would skip, and miss rank 0's dense allreduce.
 
     horovodrun --gloo -np 2 python tests/distribute/hvd_one_rank_nan.py OUT_PREFIX
@@ -16,6 +16,8 @@ import horovod.tensorflow as hvd
 import ttf.distribute.horovod as tdh
 
 hvd.init()
+
+coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
 
 
 class SqrtTerm(tf.keras.layers.Layer):
@@ -33,12 +35,12 @@ f = tf.keras.Input([1])
 x = tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=3, tag_fields=True, seed=1)(ids))
 logits = tf.keras.layers.Add()([tf.keras.layers.Dense(1)(x), SqrtTerm()(f)])
 model = tf.keras.Model([ids, f], tf.keras.layers.Activation("sigmoid")(logits))
-tdh.shard_tables(model)
-optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01))
+tdh.shard_tables(model, coll)
+optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01), coll)
 model((tf.zeros([1, 3], tf.int64), tf.ones([1, 1])))
-tdh.broadcast_variables(model.variables)
+tdh.broadcast_variables(model.variables, coll)
 step_fn = ttf.precision.make_train_step(model, tf.keras.losses.BinaryCrossentropy(), optimizer,
-                                        finite_across=tdh.all_ranks)
+                                        finite_across=lambda flag: tdh.all_ranks(flag, coll))
 rng = np.random.default_rng(hvd.rank())
 skipped = []
 for step in range(5):

@@ -20,6 +20,7 @@ import ttf.distribute.horovod as tdh  # Horovod:
 
 out_path, modes, global_batch = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 hvd.init()  # Horovod:
+coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
 rank, size = hvd.rank(), hvd.size()
 per_rank = global_batch // size
 
@@ -58,10 +59,10 @@ def batch(step):
 def train(mode):
     """Trains a new model in `mode`; returns what the test compares."""
     model = make_model()
-    tdh.shard_tables(model)  # Horovod: each id of every ttf table lives on one rank
-    optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01))  # Horovod: dense allreduce, table rows to owners
+    tdh.shard_tables(model, coll)  # Horovod: each id of every ttf table lives on one rank
+    optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adam(0.01), coll)  # Horovod: dense allreduce, table rows to owners
     model(batch(0)[0])  # builds the variables
-    tdh.broadcast_variables(model.variables)  # Horovod: rank 0's initial dense weights everywhere
+    tdh.broadcast_variables(model.variables, coll)  # Horovod: rank 0's initial dense weights everywhere
     loss_fn = tf.keras.losses.BinaryCrossentropy()
 
     alltoalls = None  # counted in the tape loop's graph
@@ -93,7 +94,7 @@ def train(mode):
     probe_ids = tf.constant(ids[:64])
     probe_tags = tf.RaggedTensor.from_row_lengths(tag_values, tag_lengths)[:64]
     predictions = model((probe_ids, probe_tags), training=False).numpy()[:, 0]  # every rank: lookups are collective
-    table_size = tdh.table_size(model)
+    table_size = tdh.table_size(model, coll)
     return {"predictions": predictions.tolist(), "table_size": table_size, "size": size,
             "iterations": int(optimizer.iterations.numpy()), "alltoalls": alltoalls}
 

@@ -23,6 +23,7 @@ from ttf.serving import _publish
 
 hvd = tdh.hvd
 hvd.init()
+coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
 base, prefix = sys.argv[1], sys.argv[2]
 rank = hvd.rank()
 DIM = 4
@@ -30,16 +31,16 @@ DIM = 4
 ids = tf.keras.Input([2], dtype=tf.int64, name="ids")
 layer = ttf.FusedEmbedding(DIM, num_fields=2, name="sparse")
 model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(layer(ids))))
-tdh.shard_tables(model)
-optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adagrad(0.1))
+tdh.shard_tables(model, coll)
+optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adagrad(0.1), coll)
 model(tf.constant([[1, 2]], tf.int64))
-tdh.broadcast_variables(model.variables)
+tdh.broadcast_variables(model.variables, coll)
 
 
 @tf.function(reduce_retracing=True)
 def train(batch):
     with tf.GradientTape() as tape:
-        loss = tdh.mean_over_examples(tf.square(model(batch, training=True))[:, 0])
+        loss = tdh.mean_over_examples(tf.square(model(batch, training=True))[:, 0], coll)
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
 
@@ -62,7 +63,7 @@ try:  # the one-process publisher refuses a sharded model, naming the one to use
 except ValueError as err:
     refusal = str(err)
 clock = [0.0]
-publisher = tdh.Publisher(model, base, publish_every=1, dense_publish_every=1, clock=lambda: clock[0] + rank * 0.5)
+publisher = tdh.Publisher(model, base, coll, publish_every=1, dense_publish_every=1, clock=lambda: clock[0] + rank * 0.5)
 rng = np.random.default_rng(rank)
 seen = set()
 

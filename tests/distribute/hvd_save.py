@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from table_order import by_key  # noqa: E402 (tests/checkpoint/, beside this script's folder)
 
 hvd.init()
+
+coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
 mode, directory, prefix = sys.argv[1], sys.argv[2], sys.argv[3]
 rank = hvd.rank()
 ROWS = ("keys", "values", "meta", "candidate_keys", "candidate_meta")
@@ -35,8 +37,8 @@ def make_model():
     ids = tf.keras.Input([3], dtype=tf.int64, name="ids")
     out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=3, seed=1)(ids)))
     model = tf.keras.Model(ids, out)
-    tdh.shard_tables(model)
-    optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adagrad(0.1))
+    tdh.shard_tables(model, coll)
+    optimizer = tdh.DistributedOptimizer(ttf.optimizers.Adagrad(0.1), coll)
     model(tf.zeros([1, 3], tf.int64))
     manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), directory,
                                                full_every=3)
@@ -66,16 +68,16 @@ result = {}
 if mode == "save":
     model, optimizer, manager = make_model()
     train(model, optimizer, 0)
-    result["paths"] = [tdh.save_checkpoint(manager, 1)]
+    result["paths"] = [tdh.save_checkpoint(manager, 1, coll)]
     save_rows(model, "step1")
     train(model, optimizer, 10_000)
-    result["paths"].append(tdh.save_checkpoint(manager, 2))
+    result["paths"].append(tdh.save_checkpoint(manager, 2, coll))
     save_rows(model, "step2")
     layer = tdh.ttf_layers(model)[0]
     step = int(layer.tables[0].stats()[2])
     result["evicted"] = int(layer.evict(before_step=step - 1))  # ids not updated in the last steps: deleted
     train(model, optimizer, 20_000, steps=1)
-    result["paths"].append(tdh.save_checkpoint(manager, 3))
+    result["paths"].append(tdh.save_checkpoint(manager, 3, coll))
     save_rows(model, "step3")
     restored, _, restored_manager = make_model()
     result["restored_step"] = restored_manager.restore_latest()
@@ -87,7 +89,7 @@ elif mode == "restore":
 elif mode == "fail":
     model, optimizer, manager = make_model()
     train(model, optimizer, 0)
-    result["first"] = tdh.save_checkpoint(manager, 1)
+    result["first"] = tdh.save_checkpoint(manager, 1, coll)
     train(model, optimizer, 10_000)
     real = _format.write_rank_part
     if rank == 1:
@@ -95,13 +97,13 @@ elif mode == "fail":
             raise OSError("no space left on device (injected)")
         _format.write_rank_part = write_rank_part
     try:
-        tdh.save_checkpoint(manager, 2)
+        tdh.save_checkpoint(manager, 2, coll)
         result["error"] = None
     except RuntimeError as err:
         result["error"], result["message"] = type(err).__name__, str(err)
     result["latest"] = manager.latest
     _format.write_rank_part = real  # the disk has room again: the next save holds everything since ckpt-1
-    result["next"] = tdh.save_checkpoint(manager, 3)
+    result["next"] = tdh.save_checkpoint(manager, 3, coll)
     save_rows(model, "step3")
 with open(f"{prefix}-{rank}.json", "w") as f:
     json.dump(result, f)

@@ -40,13 +40,13 @@ def topology_of(args):
     """The user's topology: one synchronous worker, the chief of a parameter-server cluster (by
     flags or TF_CONFIG), or one process."""
     if args.sync_hosts:  # made before the model: TensorFlow renames the devices for collectives
-        return ttf.distribute.SyncWorkers(args.sync_hosts, args.task_index)
+        return ttf.distribute.SyncWorkers(ttf.distribute.Cluster(worker_hosts=args.sync_hosts, task_type="worker",
+                                                                 task_index=args.task_index))
     if args.ps_hosts:
         return ttf.distribute.ParameterServers(
-            ttf.distribute.ClusterConfig(args.ps_hosts, args.worker_hosts, args.chief_host))
+            ttf.distribute.Cluster(args.ps_hosts, args.worker_hosts, args.chief_host, "chief"))
     if os.environ.get("TF_CONFIG"):  # the chief of a cluster TF_CONFIG names (start_all.sh --script)
-        return ttf.distribute.ParameterServers(
-            ttf.distribute.resolve_task(ttf.distribute.tf_config_from_env()).cluster_config())
+        return ttf.distribute.ParameterServers()  # TF_CONFIG
     return ttf.distribute.OneProcess()
 
 

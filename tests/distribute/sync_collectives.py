@@ -15,10 +15,10 @@ import numpy as np
 import tensorflow as tf
 
 import ttf.distribute.sync as tds
-from ttf.distribute import TFCollectives
+from ttf.distribute import Cluster, TFCollectives
 
 out_path, hosts, task = sys.argv[1], sys.argv[2], int(sys.argv[3])
-coll = TFCollectives(worker_hosts=hosts, task_index=task, timeout_seconds=60)
+coll = TFCollectives(Cluster(worker_hosts=hosts, task_type="worker", task_index=task), timeout_seconds=60)
 rank, size = coll.rank, coll.size
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 from ttf.distribute import _table_sharding
 
 out, hosts, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
-topology = ttf.distribute.SyncWorkers(hosts, index)  # before any TensorFlow op
+topology = ttf.distribute.SyncWorkers(ttf.distribute.Cluster(worker_hosts=hosts, task_type="worker", task_index=index))  # first
 with topology.scope():
     ids, user = tf.keras.Input([4], dtype=tf.int64, name="ids"), tf.keras.Input([1], dtype=tf.int64, name="user")
     fields = tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=4, name="fields")(ids))

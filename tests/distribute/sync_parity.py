@@ -24,7 +24,8 @@ steps = int(sys.argv[4]) if len(sys.argv) > 4 else 200
 kill_at = int(sys.argv[5]) if len(sys.argv) > 5 else -1
 use_fit = len(sys.argv) > 6 and sys.argv[6] == "fit"  # model.fit instead of the GradientTape loop
 GLOBAL_BATCH = 256
-coll = None if hosts == "one" else tds.TFCollectives(worker_hosts=hosts, task_index=task)  # sync: before the model
+cluster = ttf.distribute.Cluster(worker_hosts=hosts, task_type="worker", task_index=task) if hosts != "one" else None
+coll = tds.TFCollectives(cluster) if cluster else None  # sync: before the model
 rank, size = (0, 1) if coll is None else (coll.rank, coll.size)
 
 ids_in = tf.keras.Input([26], dtype=tf.int64, name="ids")

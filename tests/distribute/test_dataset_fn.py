@@ -185,7 +185,7 @@ def test_own_dataset_fn_on_two_parameter_server_workers_resumes_after_kill_9_tra
     write(records, rows)
     ps, w0, w1, chief = (f"127.0.0.1:{port}" for port in ttf.distribute.free_ports(4))
     hosts = ["--ps-hosts", ps, "--worker-hosts", f"{w0},{w1}", "--chief-host", chief]
-    servers = [subprocess.Popen([sys.executable, "-m", "ttf.distribute.server", "--job", role, "--index", str(i),
+    servers = [subprocess.Popen([sys.executable, "-m", "ttf.launch.server", "--job", role, "--index", str(i),
                                  *hosts], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for role, i in (("ps", 0), ("worker", 0), ("worker", 1))]
     ck = tmp_path / "ck"

@@ -213,7 +213,7 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(horovod,
 @pytest.mark.slow
 def test_compression_runs_and_sends_fewer_bytes(two_ranks, synthetic, tmp_path):
     """bf16 against the shared uncompressed job. fp16 is bf16's cast without the bit-cast bf16
-    needs on Horovod's wire (ttf/distribute/_wire.py): bf16 runs the longer path; another 2-rank
+    needs on Horovod's wire (ttf/distribute/collectives/_wire.py): bf16 runs the longer path; another 2-rank
     job would add a minute or two for the same check."""
     _, none, _ = two_ranks
     train(*COMMON, "--data", synthetic[0], "--eval-data", synthetic[1], "--batch-size", "128",

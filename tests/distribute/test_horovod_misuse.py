@@ -67,10 +67,11 @@ def test_restore_then_broadcast_saved_model_and_serving_export(tmp_path):
 KERAS3_MODEL = """
 import tensorflow as tf, ttf, ttf.distribute.horovod as tdh
 tdh.hvd.init()
+coll = tdh.HorovodCollectives()  # the ranks' collectives, passed to every tdh call
 ids = tf.keras.Input([2], dtype=tf.int64)
 model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=2)(ids))))
 try:
-    tdh.shard_tables(model)
+    tdh.shard_tables(model, coll)
 except ValueError as err:
     print("refused:", err)
 """

@@ -179,7 +179,7 @@ def test_own_script_on_two_parameter_server_workers_trains_each_row_once(rows, t
     one epoch trains every row once, each worker its own share."""
     ps, w0, w1, chief = (f"127.0.0.1:{port}" for port in ttf.distribute.free_ports(4))
     hosts = ["--ps-hosts", ps, "--worker-hosts", f"{w0},{w1}", "--chief-host", chief]
-    servers = [subprocess.Popen([sys.executable, "-m", "ttf.distribute.server", "--job", job, "--index", str(i), *hosts],
+    servers = [subprocess.Popen([sys.executable, "-m", "ttf.launch.server", "--job", job, "--index", str(i), *hosts],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for job, i in (("ps", 0), ("worker", 0), ("worker", 1))]
     try:
@@ -299,7 +299,7 @@ def test_own_script_on_a_parameter_server_stream_trains_each_example_once_across
     hosts = ["--ps-hosts", ps, "--worker-hosts", f"{w0},{w1}", "--chief-host", chief]
 
     def server(job, index):
-        return subprocess.Popen([sys.executable, "-m", "ttf.distribute.server", "--job", job, "--index", str(index),
+        return subprocess.Popen([sys.executable, "-m", "ttf.launch.server", "--job", job, "--index", str(index),
                                  *hosts], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     servers = [server("ps", 0), server("worker", 0), server("worker", 1)]

@@ -148,7 +148,7 @@ def test_relative_checkpoint_dir_is_made_absolute_here(tmp_path, monkeypatch):
 def test_sync_workers_made_after_the_model_is_one_line():
     script = ("import tensorflow as tf, ttf\n"
               "tf.Variable(1.0)\n"
-              "ttf.distribute.SyncWorkers('localhost:1,localhost:2', 0)\n")
+              "ttf.distribute.SyncWorkers(ttf.distribute.Cluster(worker_hosts='localhost:1,localhost:2', task_type='worker', task_index=0))\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]

@@ -1,4 +1,4 @@
-"""Local jobs listen on nothing outside the machine: ttf/distribute/private_network.py (a private
+"""Local jobs listen on nothing outside the machine: ttf/launch/private_network.py (a private
 user + network namespace, loopback only) and start_all.sh's local jobs run in it, checked from
 outside through /proc (this test process stays in the host's network namespace)."""
 import os
@@ -13,7 +13,7 @@ import pytest
 from tests.jobs import descendants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HELPER = os.path.join(ROOT, "ttf", "distribute", "private_network.py")
+HELPER = os.path.join(ROOT, "ttf", "launch", "private_network.py")
 START = os.path.join(ROOT, "start_all.sh")
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 

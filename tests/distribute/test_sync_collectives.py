@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ttf.distribute import TFCollectives, free_ports
+from ttf.distribute import Cluster, TFCollectives, free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -59,15 +59,15 @@ def test_every_method_on_two_workers(tmp_path):
 
 def test_a_cluster_is_required(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    with pytest.raises(ValueError, match="TFCollectives needs a cluster: pass worker_hosts= and task_index="):
+    with pytest.raises(ValueError, match="TFCollectives needs a cluster: pass a ttf.distribute.Cluster"):
         TFCollectives()
 
 
 def test_a_task_index_outside_the_workers_is_refused():
-    with pytest.raises(ValueError, match=r"task_index must be in \[0, 2\)"):
-        TFCollectives(worker_hosts="127.0.0.1:1,127.0.0.1:2", task_index=2)
+    with pytest.raises(ValueError, match=r"this task \(worker 2\) is not a chief or worker of the cluster"):
+        TFCollectives(Cluster(worker_hosts="127.0.0.1:1,127.0.0.1:2", task_type="worker", task_index=2))
     with pytest.raises(ValueError, match="a task address must be host:port"):
-        TFCollectives(worker_hosts="127.0.0.1", task_index=0)
+        TFCollectives(Cluster(worker_hosts="127.0.0.1", task_type="worker", task_index=0))
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""TF_CONFIG -> the cluster and this task's role (ttf/distribute/_tf_config.py): TensorFlow's own
+"""TF_CONFIG -> the cluster and this task's role (ttf.distribute.Cluster, ttf/launch/tf_config.py): TensorFlow's own
 reading of the same JSON (TFConfigClusterResolver) is the reference; every bad TF_CONFIG is refused
 with one line naming what is wrong, and explicit arguments win but may not contradict it."""
 import dataclasses
@@ -10,7 +10,9 @@ import sys
 import pytest
 import tensorflow as tf
 
-from ttf.distribute import TFConfigError, parse_tf_config, resolve_task, tf_config_from_env
+from ttf.distribute import Cluster, ClusterError
+
+parse_tf_config, resolve_task = Cluster.from_tf_config, Cluster.from_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PS_CLUSTER = {"chief": ["c0:2222"], "worker": ["w0:2222", "w1:2222"], "ps": ["p0:2222"]}
@@ -29,7 +31,7 @@ def test_the_cluster_and_task_are_what_tensorflows_resolver_reads(monkeypatch, c
     text = tf_config(cluster, task_type, index, environment="cloud")  # Vertex AI adds keys of its own
     monkeypatch.setenv("TF_CONFIG", text)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    config = tf_config_from_env()
+    config = Cluster.from_env()
     assert {k: list(v) for k, v in config.cluster.items()} == resolver.cluster_spec().as_dict()
     assert (config.task_type, config.task_index) == (resolver.task_type, resolver.task_id)
     assert config.address == cluster[task_type][index]
@@ -71,7 +73,7 @@ def test_an_evaluator_may_stand_outside_the_cluster_and_listens_nowhere():
     (json.dumps({"cluster": SYNC_CLUSTER}), "needs a \"task\" object"),
 ])
 def test_a_bad_tf_config_is_refused_naming_the_cause(text, message):
-    with pytest.raises(TFConfigError, match=message) as err:
+    with pytest.raises(ClusterError, match=message) as err:
         parse_tf_config(text)
     assert "\n" not in str(err.value)
 
@@ -79,23 +81,23 @@ def test_a_bad_tf_config_is_refused_naming_the_cause(text, message):
 def test_arguments_fill_in_and_win_but_may_not_contradict_tf_config():
     config = parse_tf_config(tf_config(PS_CLUSTER, "worker", 1))
     role = resolve_task(config)
-    assert (role.ps_hosts, role.worker_hosts, role.chief_host) == ("p0:2222", "w0:2222,w1:2222", "c0:2222")
+    assert (role.ps_hosts, role.worker_hosts, role.chief_host) == (("p0:2222",), ("w0:2222", "w1:2222"), "c0:2222")
     assert (role.task_type, role.task_index, role.source) == ("worker", 1, "TF_CONFIG")
     agreeing = resolve_task(config, ps_hosts="p0:2222", task_type="worker", task_index=1)
     assert agreeing == dataclasses.replace(role, source="TF_CONFIG and arguments")
-    with pytest.raises(TFConfigError, match="TF_CONFIG and ps_hosts= disagree: ps_hosts= p9:1, TF_CONFIG p0:2222"):
+    with pytest.raises(ClusterError, match="TF_CONFIG and ps_hosts= disagree: ps_hosts= p9:1, TF_CONFIG p0:2222"):
         resolve_task(config, ps_hosts="p9:1")
-    with pytest.raises(TFConfigError, match="TF_CONFIG and --index disagree: --index 0, TF_CONFIG 1"):
+    with pytest.raises(ClusterError, match="TF_CONFIG and --index disagree: --index 0, TF_CONFIG 1"):
         resolve_task(config, task_index=0, names={"task_index": "--index"})
     sync = parse_tf_config(tf_config(SYNC_CLUSTER, "worker", 0))
-    with pytest.raises(TFConfigError, match="chief_host= c:1, TF_CONFIG nothing"):
+    with pytest.raises(ClusterError, match="chief_host= c:1, TF_CONFIG nothing"):
         resolve_task(sync, chief_host="c:1")
     chief_only = dict(task_type="chief", task_types=("chief",), shapes=("parameter-server",))
     assert resolve_task(parse_tf_config(tf_config(PS_CLUSTER, "chief", 0)), **chief_only).chief_host == "c0:2222"
-    with pytest.raises(TFConfigError, match="names task worker 1; this process runs chief tasks "
+    with pytest.raises(ClusterError, match="names task worker 1; this process runs chief tasks "
                                             r"\(a parameter-server job's ps and worker tasks run python -m"):
         resolve_task(config, **chief_only)
-    with pytest.raises(TFConfigError, match=r"describes a synchronous job \(worker tasks\); this process runs "
+    with pytest.raises(ClusterError, match=r"describes a synchronous job \(worker tasks\); this process runs "
                                             "parameter-server jobs"):
         resolve_task(sync, **chief_only)
     alone = resolve_task(None, ps_hosts="p:1", worker_hosts="w:1", chief_host="c:1", task_type="chief")
@@ -113,7 +115,7 @@ def test_every_role_describes_itself_in_one_line_with_its_listening_port():
 
 def test_the_launcher_entry_prints_shell_assignments_and_refuses_in_one_line():
     """start_all.sh runs the module as a script (no TensorFlow import): the assignments it evals."""
-    script = os.path.join(ROOT, "ttf", "distribute", "_tf_config.py")
+    script = os.path.join(ROOT, "ttf", "launch", "tf_config.py")
 
     def run(text, *args):
         return subprocess.run([sys.executable, script, "--shell", *args], capture_output=True, text=True, timeout=60,
@@ -156,13 +158,24 @@ def test_start_all_local_job_flags_win_over_tf_config():
     assert proc.returncode == 2 and "TF_CONFIG" not in proc.stderr and "--hvd runs" in proc.stderr, proc.stderr
 
 
-def test_a_parameter_server_role_gives_the_cluster_config_of_the_job_runtime():
-    """What `ttf.distribute.ParameterServers(...)` takes, from TF_CONFIG alone."""
-    cluster = resolve_task(parse_tf_config(tf_config(PS_CLUSTER, "chief", 0))).cluster_config()
-    assert cluster.ps_hosts == ("p0:2222",) and cluster.worker_hosts == ("w0:2222", "w1:2222")
-    assert cluster.cluster_spec().as_dict() == PS_CLUSTER
-    with pytest.raises(TFConfigError, match="a parameter-server job needs ps, worker and chief tasks; TF_CONFIG gives ps"):
-        resolve_task(parse_tf_config(tf_config(SYNC_CLUSTER, "worker", 0))).cluster_config()
+def test_one_cluster_from_tf_config_flags_or_a_resolver():
+    """What every topology takes: the same Cluster from TF_CONFIG, from flags, or from TensorFlow's
+    ClusterResolver of that TF_CONFIG; a synchronous cluster is refused as a parameter-server job."""
+    from_config = parse_tf_config(tf_config(PS_CLUSTER, "chief", 0))
+    assert from_config.ps_hosts == ("p0:2222",) and from_config.worker_hosts == ("w0:2222", "w1:2222")
+    assert from_config.spec() == PS_CLUSTER and from_config.job_shape() == {"ps": 1, "workers": 2}
+    from_flags = Cluster("p0:2222", "w0:2222,w1:2222", "c0:2222", "chief")
+    assert dataclasses.replace(from_flags, source="TF_CONFIG") == from_config
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(PS_CLUSTER), task_type="chief", task_id=0, rpc_layer="grpc")
+    assert dataclasses.replace(Cluster.from_resolver(resolver), source="TF_CONFIG") == from_config
+    from_config.require_parameter_servers()
+    with pytest.raises(ClusterError, match="a parameter-server job needs ps, worker and chief tasks; TF_CONFIG gives ps"):
+        parse_tf_config(tf_config(SYNC_CLUSTER, "worker", 0)).require_parameter_servers()
+    with pytest.raises(ClusterError, match="a task address must be host:port, got 'w0'"):
+        Cluster(worker_hosts="w0", task_type="worker")
+    assert Cluster(worker_hosts="a:1,b:1", task_type="worker", task_index=1).rank == 1
+    assert parse_tf_config(tf_config({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, "worker", 1)).rank == 2
 
 
 @pytest.mark.parametrize("argv, config, message", [

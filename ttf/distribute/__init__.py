@@ -1,30 +1,34 @@
 """The job runtime (`Job`, ttf/distribute/job/) over its topologies (`OneProcess`,
-`ParameterServers`, `HorovodRanks`, `SyncWorkers`, ttf/distribute/topology/), and the clusters
+`ParameterServers`, `HorovodRanks`, `SyncWorkers`, ttf/distribute/topology/), and the cluster
 and collectives they run on.
 
-`ClusterConfig` describes the job (chief, workers, parameter servers as host:port);
-`python -m ttf.distribute.server` starts one ps or worker task (ttf's ops loaded first, so
-its kernels run there); `make_coordinator` connects the chief with ParameterServerStrategy
-and a ClusterCoordinator. ttf tables are sharded over `config.ps_devices()`.
-`error_summary` turns a TensorFlow error into the one line a job log needs. `StepAttempts`
-tells a job when the coordinator ran a lost worker's step again (exactly-once streams).
-`tf_config_from_env` / `resolve_task` read TF_CONFIG (the cluster and this task's role, as
-Kubernetes launchers, Vertex AI, SageMaker and Ray set it) and merge it with explicit arguments.
-`TFCollectives` is the collectives of a synchronous job on TensorFlow's own collective ops
-(docs/sync.md); ttf.distribute.sync shards tables over it, and `SyncWorkers` is the job topology on it.
+`Job` trains any Keras model with ttf tables on a topology: `OneProcess`, `ParameterServers`
+(ParameterServerStrategy), `SyncWorkers` (TensorFlow's collectives) or `HorovodRanks`.
+`Cluster` is the one cluster type every topology and server takes, made from flags, TF_CONFIG
+(as Kubernetes launchers, Vertex AI, SageMaker and Ray set it) or a tf.distribute
+ClusterResolver; a bad one is a `ClusterError` line naming the fix. `make_coordinator`
+connects a parameter-server chief. `error_summary` turns a TensorFlow error into the one line a
+job log needs. `StepAttempts` tells a job when the coordinator ran a lost worker's step again
+(exactly-once streams). The collectives of a synchronous job are in ttf.distribute.collectives
+(`TFCollectives`; docs/sync.md); the launchers (servers, hvdrun, the private network) in ttf.launch.
 """
 from ttf._errors import error_summary
-from ttf.distribute._cluster import ClusterConfig, free_ports, make_coordinator
-from ttf.distribute._collectives import (COLLECTIVE_TIMEOUT_SECONDS, CollectiveMisuseError, Collectives,
-                                         LostWorkerError, TFCollectives)
+from ttf.distribute._cluster import TASK_TYPES, Cluster, ClusterError, free_ports
+from ttf.distribute._resolver import make_coordinator
+from ttf.distribute.collectives import (COLLECTIVE_TIMEOUT_SECONDS, CollectiveMisuseError, Collectives,
+                                        LostWorkerError, TFCollectives)
 from ttf.distribute._errors import BadInputError, JobError, LostParameterServerError, LostRankError, SaveFailedError
 from ttf.distribute.topology import HorovodRanks, OneProcess, ParameterServers, StepAttempts, SyncWorkers, Topology
 from ttf.distribute.job import Job, JobConfig, PublishConfig, StopOnSignal, sigmoid_cross_entropy, tier_progress
-from ttf.distribute._tf_config import (TASK_TYPES, TaskRole, TFConfig, TFConfigError, parse_tf_config, resolve_task,
-                                       tf_config_from_env)
 
-__all__ = ["BadInputError", "COLLECTIVE_TIMEOUT_SECONDS", "ClusterConfig", "CollectiveMisuseError", "Collectives",
-           "HorovodRanks", "Job", "JobConfig", "JobError", "LostParameterServerError", "LostRankError", "LostWorkerError",
+# Earlier names (users' scripts): the one cluster type and its constructors.
+ClusterConfig = TFConfig = TaskRole = Cluster
+TFConfigError = ClusterError
+parse_tf_config, tf_config_from_env, resolve_task = Cluster.from_tf_config, Cluster.from_env, Cluster.from_flags
+
+__all__ = ["BadInputError", "COLLECTIVE_TIMEOUT_SECONDS", "Cluster", "ClusterConfig", "ClusterError",
+           "CollectiveMisuseError", "Collectives", "HorovodRanks", "Job", "JobConfig", "JobError",
+           "LostParameterServerError", "LostRankError", "LostWorkerError",
            "OneProcess", "ParameterServers", "PublishConfig", "SaveFailedError", "StepAttempts", "StopOnSignal",
            "TASK_TYPES", "Topology", "TFCollectives", "TFConfig", "TFConfigError", "TaskRole", "error_summary", "free_ports",
            "make_coordinator", "parse_tf_config", "resolve_task", "sigmoid_cross_entropy", "SyncWorkers", "tf_config_from_env",

@@ -1,77 +1,12 @@
-"""Starts one ps or worker task of a parameter-server job and serves until killed.
-
-    python -m ttf.distribute.server --job ps --index 0 \\
-        --ps-hosts 10.0.0.1:2222 --worker-hosts 10.0.0.2:2222,10.0.0.3:2222 --chief-host 10.0.0.4:2222
-    TF_CONFIG='{"cluster": {...}, "task": {"type": "ps", "index": 0}}' python -m ttf.distribute.server
-
-With TF_CONFIG set, the cluster and this task come from it (TensorFlow's convention, as
-Kubernetes launchers set it); flags given as well must agree with it.
-
-ttf's op library is loaded before the server starts, so the table kernels are registered in
-this process. Prints one "ready" line once it listens, naming where: TensorFlow binds every
-server to 0.0.0.0:<port> (every address), unauthenticated; see SECURITY.md.
-"""
-import argparse
-import importlib
+"""Moved: `python -m ttf.launch.server`. This name still runs it, with a DeprecationWarning,
+because users' manifests start their servers with it."""
 import sys
 
-import ttf  # noqa: F401  (Keras 2 before TensorFlow is used)
-import tensorflow as tf
+from ttf.launch._moved import warn_moved
 
-from ttf._ops import ops
-from ttf.distribute._cluster import ClusterConfig
-from ttf.distribute._tf_config import TFConfigError, resolve_task, tf_config_from_env
+warn_moved("ttf.distribute.server", "ttf.launch.server", __name__ == "__main__")
 
-_FLAG_NAMES = {"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host",
-               "task_type": "--job", "task_index": "--index"}
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--job", choices=["ps", "worker"], help="this task's job (default: TF_CONFIG's task type)")
-    parser.add_argument("--index", type=int, help="this task's index within its job (default: TF_CONFIG's)")
-    parser.add_argument("--ps-hosts", help="comma-separated host:port of every ps task (default: TF_CONFIG's)")
-    parser.add_argument("--worker-hosts", help="comma-separated host:port of every worker task (default: TF_CONFIG's)")
-    parser.add_argument("--chief-host", help="host:port of the chief (default: TF_CONFIG's)")
-    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                        help="also import MODULE before starting, so its ops run here too "
-                             "(e.g. tensorflow_recommenders_addons.dynamic_embedding for TFRA jobs); repeatable")
-    args = parser.parse_args(argv)
-    try:
-        role = resolve_task(tf_config_from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
-                            chief_host=args.chief_host, task_type=args.job, task_index=args.index, names=_FLAG_NAMES)
-    except TFConfigError as err:
-        parser.error(str(err))
-    if role.source == "arguments" and not (role.task_type and role.ps_hosts and role.worker_hosts and role.chief_host):
-        parser.error("give --job, --index, --ps-hosts, --worker-hosts and --chief-host, or set TF_CONFIG")
-    if role.task_type not in ("ps", "worker"):
-        parser.error(f"this module starts a ps or worker task; TF_CONFIG names a {role.task_type} task")
-    if not role.parameter_server_job:
-        parser.error("TF_CONFIG names a synchronous job (workers, no ps tasks): its workers train, they serve no chief")
-    try:
-        config = ClusterConfig(role.ps_hosts, role.worker_hosts, role.chief_host)
-    except ValueError as err:
-        parser.error(str(err))
-    job, index = role.task_type, role.task_index
-    tasks = config.ps_hosts if job == "ps" else config.worker_hosts
-    if not 0 <= index < len(tasks):
-        parser.error(f"--index {index} is outside the {len(tasks)} {job} task(s)")
-    ops()
-    for module in args.imports:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            parser.error(f"--import {module}: {err}")
-    server = tf.distribute.Server(config.cluster_spec(), job_name=job, task_index=index, protocol="grpc", start=True)
-    loaded = ", ".join(["ttf ops"] + args.imports)
-    port = tasks[index].rpartition(":")[2]
-    # TensorFlow binds every server to 0.0.0.0: say so, the address in the cluster is only a name.
-    print(f"[{job}:{index}] {role.describe()}", flush=True)
-    print(f"[{job}:{index}] ready at {tasks[index]} ({loaded} loaded); listening on 0.0.0.0:{port} "
-          "(every address of this network namespace; TensorFlow gRPC, no authentication)", flush=True)
-    server.join()
-    return 0
-
+from ttf.launch.server import main  # noqa: E402  (after the warning: it loads TensorFlow, seconds)
 
 if __name__ == "__main__":
     sys.exit(main())

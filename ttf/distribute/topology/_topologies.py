@@ -7,14 +7,17 @@ process its own rows; the chief never holds another's), and the step runner (`st
 each step here, or scheduled on a parameter-server job's workers).
 
     OneProcess()                       everything here
-    ParameterServers(cluster)          this process is the chief of a PS job (ClusterConfig)
+    ParameterServers(cluster)          this process is the chief of a PS job
     HorovodRanks(compression="none")   this process is one rank (imports horovod)
-    SyncWorkers(worker_hosts, task_index, compression="none")
+    SyncWorkers(cluster, compression="none")
                                        one worker of a synchronous job on TensorFlow's collectives
 
 They are siblings over the defaults of `_Steps`: `OneProcess` and `ParameterServers` share
 the mechanics of a job run by one process (`_OneLoop`), the ranks theirs over a Collectives
 backend (`SynchronousRanks`); none is a special case of another.
+
+A cluster is a `ttf.distribute.Cluster` (from flags or TF_CONFIG), a tf.distribute
+ClusterResolver, or None: TF_CONFIG.
 """
 import numpy as np
 import tensorflow as tf
@@ -22,10 +25,11 @@ import tensorflow as tf
 from ttf.data import open_stream as _open_stream
 from ttf.data import stream_batches as _stream_batches
 from ttf.distribute import _errors, _ranks, _table_sharding
-from ttf.distribute._cluster import make_coordinator
-from ttf.distribute._collectives import LostWorkerError, TFCollectives
-from ttf.distribute._wire import wire_dtype
-from ttf.distribute.sync import all_workers, mean_over_examples, rank_slice
+from ttf.distribute._cluster import cluster_of
+from ttf.distribute._resolver import make_coordinator
+from ttf.distribute.collectives import LostWorkerError, TFCollectives
+from ttf.distribute.collectives._wire import wire_dtype
+from ttf.distribute.collectives.sync import all_workers, mean_over_examples, rank_slice
 from ttf.distribute.topology._face import Topology
 from ttf.distribute.topology._steps import CoordinatedSteps, LocalSteps
 from ttf.embedding import table_summary as _table_summary
@@ -148,13 +152,16 @@ class OneProcess(_OneLoop):
 
 class ParameterServers(_OneLoop):
     """This process is the chief of a parameter-server job: it connects to the cluster
-    (`ttf.distribute.ClusterConfig`) with ParameterServerStrategy and schedules the steps on
+    (a `ttf.distribute.Cluster`, a ClusterResolver, or None: TF_CONFIG) with
+    ParameterServerStrategy and schedules the steps on
     the workers; ttf tables are sharded over the parameter servers, whose tasks each save,
     export and publish their own shard. Each worker reads its own input share."""
 
     name = "ps"
 
-    def __init__(self, cluster):
+    def __init__(self, cluster=None):
+        cluster = cluster_of(cluster, "ParameterServers")
+        cluster.require_parameter_servers("ParameterServers")
         self.cluster = cluster
         self.num_shares = len(cluster.worker_hosts)
         self.strategy, self.coordinator = make_coordinator(cluster)
@@ -172,7 +179,7 @@ class ParameterServers(_OneLoop):
         return None
 
     def shape(self):
-        return self.cluster.shape()
+        return self.cluster.job_shape()
 
 
 # Seconds a SyncWorkers job's collective waits for the other workers (measured: a loaded 2-core
@@ -278,27 +285,25 @@ class HorovodRanks(SynchronousRanks):
             raise ImportError(str(err).replace("\n", " ")) from err
         tdh.hvd.init()
         self.tdh, self.hvd = tdh, tdh.hvd
-        super().__init__(tdh._backend(), compression)  # pylint: disable=protected-access
+        super().__init__(tdh.HorovodCollectives(), compression)
 
     def shape(self):
         return {"horovod_ranks": self.size, "compression": self.compression}
 
     def prepare(self, model, optimizer):
         if tables_in(model):
-            self.tdh.shard_tables(model, self.compression)
-            return self.tdh.DistributedOptimizer(optimizer, self.compression)
+            self.tdh.shard_tables(model, self.coll, self.compression)
+            return self.tdh.DistributedOptimizer(optimizer, self.coll, self.compression)
         # A model without ttf tables: horovod's own optimizer (fp16 or none on the wire).
         compression = self.hvd.Compression.fp16 if self.compression == "fp16" else self.hvd.Compression.none
         return self.hvd.DistributedOptimizer(optimizer, compression=compression)
-
-    def wire_bytes(self):
-        return self.tdh.wire_bytes() if self.tdh._wire_bytes else 0  # pylint: disable=protected-access
 
 
 class SyncWorkers(SynchronousRanks):
     """This process is one worker of a synchronous job on TensorFlow's own collectives
     (MultiWorkerMirroredStrategy's gRPC cluster; any TensorFlow from 2.16, Keras 2 or 3).
-    The cluster comes from `worker_hosts` ("h:p,h:p") and `task_index`, or else TF_CONFIG.
+    cluster: a `ttf.distribute.Cluster` (e.g. Cluster(worker_hosts="h:p,h:p", task_type="worker",
+    task_index=i)), a tf.distribute ClusterResolver, or None: TF_CONFIG.
     Create it first, before the model and its tables (TensorFlow renames this process's
     devices when it enables collectives). compression: "none", "fp16" or "bf16" on the wire.
     timeout_seconds: how long a collective waits for the other workers before the job stops
@@ -310,9 +315,8 @@ class SyncWorkers(SynchronousRanks):
     runtime = "TensorFlow"
     max_steps_per_call = 1  # a fresh instance key per collective and call: one step per call
 
-    def __init__(self, worker_hosts=None, task_index=None, compression="none", timeout_seconds=None):
-        coll = TFCollectives(worker_hosts=worker_hosts, task_index=task_index,
-                             timeout_seconds=timeout_seconds or JOB_COLLECTIVE_TIMEOUT_SECONDS)
+    def __init__(self, cluster=None, compression="none", timeout_seconds=None):
+        coll = TFCollectives(cluster, timeout_seconds=timeout_seconds or JOB_COLLECTIVE_TIMEOUT_SECONDS)
         super().__init__(coll, compression)
 
     def shape(self):

@@ -1,6 +1,6 @@
 """Runs a command in a private network namespace: its own loopback and no other interface.
 
-    python ttf/distribute/private_network.py -- COMMAND [ARGS...]
+    python ttf/launch/private_network.py -- COMMAND [ARGS...]
 
 start_all.sh runs its local jobs (the parameter-server cluster, local Horovod ranks) this way:
 TensorFlow's gRPC servers listen on 0.0.0.0 with no authentication, and inside the namespace
