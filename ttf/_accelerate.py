@@ -19,6 +19,7 @@ else:
 from ttf._ops import ops
 from ttf.data._schema import FIELD_SHIFT
 from ttf.embedding import DynamicEmbedding, RowInitializer, tables_in
+from ttf.embedding._table import check_rows
 import ttf.optimizers as ttf_optimizers
 from ttf.optimizers import from_keras, not_reaching_rows
 
@@ -144,7 +145,7 @@ class _Source:
     skipped: object = None  # the lookup node replaced by the key transform
 
 
-def accelerate(model, keep=(), sample=None):
+def accelerate(model, keep=(), sample=None, table_rows="fp32"):
     """Returns `model` with every tf.keras Embedding turned into a ttf table (tf_keras or Keras 3).
 
     The new model has the same inputs and outputs and computes the same function:
@@ -192,6 +193,8 @@ def accelerate(model, keep=(), sample=None):
       sample: a subclassed model only: one batch of inputs, as model(sample) takes them, to
         build the new model with (default: zeros of the input spec tf_keras recorded at the
         model's first call; Keras 3 records none, so it needs `sample`).
+      table_rows: how the tables store rows: "fp32", "bf16" or "int8" (the `rows` of
+        ttf.embedding.EmbeddingTable; docs/table_rows.md).
 
     Returns: the new tf.keras.Model.
 
@@ -207,15 +210,17 @@ def accelerate(model, keep=(), sample=None):
     if held:  # a copy of a table would start empty: its rows live in the table, not in weights
         raise ValueError(f"ttf.accelerate: {model.name} already holds ttf tables ({', '.join(held)}); accelerate the "
                          "model that has Keras Embeddings, or use this one as it is")
+    check_rows(table_rows)
     graph = _graph.functional(model)
     if graph is None:
-        return _Subclassed(model, set(keep), sample).run()
-    return _Converter(model, graph, set(keep)).run()
+        return _Subclassed(model, set(keep), sample, table_rows).run()
+    return _Converter(model, graph, set(keep), table_rows=table_rows).run()
 
 
 class _Converter:
-    def __init__(self, model, graph, keep, compile_model=True, name_prefix=""):
+    def __init__(self, model, graph, keep, compile_model=True, name_prefix="", table_rows="fp32"):
         self.model, self.graph, self.keep = model, graph, keep  # graph: the Functional behind model
+        self.table_rows = table_rows
         self.compile_model = compile_model
         self.name_prefix = name_prefix  # a nested block's tables need names of their own (export names tables)
         by_depth = _graph.nodes_by_depth(graph)
@@ -404,7 +409,7 @@ class _Converter:
                             [sources[id(node)].key_kind for _, node in columns],
                             [self._mask_value(layer, sources[id(node)]) for layer, node in columns],
                             initializer=initializer, seed=self._seed(layers[0]), trainable=trainable,
-                            name=f"{self.name_prefix}ttf_fused_{dim}d_{len(self.carried)}")
+                            name=f"{self.name_prefix}ttf_fused_{dim}d_{len(self.carried)}", rows=self.table_rows)
         results = fused([tensors[id(sources[id(node)].tensor)] for _, node in columns])
         for (layer, node), out in zip(columns, results):
             outputs_of[id(node)] = out
@@ -421,7 +426,7 @@ class _Converter:
         another Embedding's output, or are not a dense tensor."""
         table = FusedLookup(layer.output_dim, [None], [source.key_kind], [self._mask_value(layer, source)],
                             initializer=self._initializer(layer), seed=self._seed(layer), trainable=layer.trainable,
-                            name=layer.name)
+                            name=layer.name, rows=self.table_rows)
         self.carried[table] = self._rows(layer, source)
         return table
 
@@ -459,8 +464,8 @@ class _Subclassed:
     """ttf.accelerate of a subclassed model: a new instance of its class with its weights, whose
     Embeddings (and nested functional blocks holding Embeddings) are swapped for ttf tables."""
 
-    def __init__(self, model, keep, sample):
-        self.model, self.keep = model, keep
+    def __init__(self, model, keep, sample, table_rows="fp32"):
+        self.model, self.keep, self.table_rows = model, keep, table_rows
         if not model.weights:
             raise ValueError(f"ttf.accelerate: {model.name} ({type(model).__name__}) has no weights yet; call it once "
                              "on a batch (model(x)) before accelerating it")
@@ -539,7 +544,8 @@ class _Subclassed:
                 initializer = RowInitializer()
             table = FusedLookup(layer.output_dim, [None], ["int"], [0 if layer.mask_zero else None],
                                 initializer=initializer, trainable=layer.trainable, name=layer.name,
-                                seed=int(getattr(layer.embeddings_initializer, "seed", None) or 0))
+                                seed=int(getattr(layer.embeddings_initializer, "seed", None) or 0),
+                                rows=self.table_rows)
             matrix = layer.get_weights()[0]
             table.build(None)
             _import_rows(table, np.arange(len(matrix), dtype=np.int64), matrix)
@@ -551,7 +557,7 @@ class _Subclassed:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 converted = _Converter(original, _graph.functional(original), self.keep, compile_model=False,
-                                       name_prefix=f"{layer.name}_").run()
+                                       name_prefix=f"{layer.name}_", table_rows=self.table_rows).run()
             self.nested_warnings += [str(w.message) for w in caught]
             return converted
         return None

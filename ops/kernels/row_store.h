@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "page_memory.h"
@@ -156,8 +157,22 @@ class RowStore {
   // Ids 0..n-1 taken in order, for a store being filled from scratch (chunks added first).
   void TakeFirst(int64_t n) { next_id_ = static_cast<uint32_t>(n); }
   int64_t bytes() const;
-  // Rebuilds every row with a wider stride: old floats first, then `fill` per new float.
-  void Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+  // Rebuilds every row with a wider stride: the old words first, then init_slots(new row)
+  // writes the rest.
+  template <typename F>
+  void Widen(int64_t new_stride, F init_slots) {
+    for (Chunk& chunk : chunks_) {
+      PageArray<float> wider(kChunkRows * new_stride);
+      for (int64_t r = 0; r < kChunkRows; ++r) {
+        float* dst = wider.get() + r * new_stride;
+        std::memcpy(dst, chunk.values.get() + r * stride_, stride_ * sizeof(float));
+        init_slots(dst);
+      }
+      chunk.values = std::move(wider);
+    }
+    for (size_t c = 0; c < chunks_.size(); ++c) values_[c] = chunks_[c].values.get();
+    stride_ = new_stride;
+  }
 
  private:
   int64_t stride_;
