@@ -255,3 +255,17 @@ def test_what_is_not_supported_is_refused_in_one_line(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError, match="not supported yet"):
         ops().ttf_embedding_table(dim=4, rows="int8", dram_budget=1 << 20, ssd_dir=str(tmp_path),
                                   shared_name=f"rows_{next(_names)}")
+
+
+def test_accelerate_passes_table_rows_to_every_table():
+    ids = tf.keras.Input([2], dtype=tf.int32)
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 4)(ids)))
+    model = tf.keras.Model(ids, out)
+    fast = ttf.accelerate(model, table_rows="bf16")
+    tables = [table for layer in ttf.embedding.tables_in(fast) for table in layer.tables]
+    assert tables and all(table.rows == "bf16" for table in tables)
+    # the carried-over rows read back as their bf16 rounding
+    rows = fast.layers[1](tf.constant([[3, 7]], tf.int64)).numpy()[0]
+    np.testing.assert_array_equal(rows, bf16_nearest(model.layers[1].get_weights()[0][[3, 7]]))
+    with pytest.raises(ValueError, match="rows must be one of"):
+        ttf.accelerate(model, table_rows="fp8")

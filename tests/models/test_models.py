@@ -273,6 +273,7 @@ def test_train_cli_table_capacity_is_rows_or_bytes(capsys):
         assert exited.value.code == 2 and message in err and "Traceback" not in err, err
     with pytest.raises(SystemExit):
         train.parse_args(["--table-capacity", "64M"])  # without --tiacc
+    assert "--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc" in capsys.readouterr().err
 
 
 def test_train_cli_table_rows(capsys):
@@ -292,7 +293,6 @@ def test_train_cli_table_rows(capsys):
             train.parse_args(flags)
         err = capsys.readouterr().err
         assert exited.value.code == 2 and message in err and "Traceback" not in err, err
-    assert "--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc" in capsys.readouterr().err
 
 
 def test_train_progress_says_when_the_disk_index_crowds_out_dram(tmp_path, capfd):
