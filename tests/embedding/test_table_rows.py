@@ -67,8 +67,12 @@ def trained(rows, keys, steps=4, dim=8, optimizer="adam", seed=0):
         lookup(h, batch, dim)
         if optimizer == "adam":
             ops().ttf_table_apply_adam(h, batch, grads, *ADAM, step)
-        else:
+        elif optimizer == "adagrad":
             ops().ttf_table_apply_adagrad(h, batch, grads, 0.1, 1e-7, step)
+        elif optimizer == "ftrl":
+            ops().ttf_table_apply_ftrl(h, batch, grads, 0.1, -0.5, 0.0, 0.0, 0.0, 0.0, step)
+        else:
+            ops().ttf_table_apply_sgd(h, batch, grads, 0.1, step)
     return h
 
 
@@ -146,6 +150,23 @@ def test_an_adam_step_matches_numpy_within_one_quantization_step(rows):
     assert not np.array_equal(after, before)
 
 
+@pytest.mark.parametrize("rows", ["int8", "bf16"])
+def test_an_sgd_step_matches_numpy_within_one_quantization_step(rows):
+    dim, n = 8, 300
+    rng = np.random.default_rng(5)
+    keys = rng.choice(1 << 40, n, replace=False).astype(np.int64)
+    h = new_table(rows, dim)
+    before = lookup(h, keys, dim)
+    grads = rng.normal(size=(n, dim)).astype(np.float32)
+    ops().ttf_table_apply_sgd(h, keys, grads, 0.1, 1)
+    ref = (before - np.float32(0.1) * grads).astype(np.float32)
+    if rows == "int8":
+        tolerance = ((ref.max(axis=1) - ref.min(axis=1)) / 255)[:, None] * 1.0001
+    else:
+        tolerance = np.abs(ref) * 2.0 ** -7
+    assert np.all(np.abs(lookup(h, keys, dim) - ref) <= tolerance)
+
+
 def test_an_int8_adagrad_step_is_numpys_rowwise_adagrad_within_one_code():
     dim, n = 8, 300
     rng = np.random.default_rng(4)
@@ -165,7 +186,8 @@ def test_an_int8_adagrad_step_is_numpys_rowwise_adagrad_within_one_code():
     np.testing.assert_array_equal(export(h)["values"][:, dim:], np.repeat(accum[np.argsort(keys)][:, None], dim, 1))
 
 
-@pytest.mark.parametrize("rows,optimizer", [("int8", "adam"), ("bf16", "adam"), ("int8", "adagrad")])
+@pytest.mark.parametrize("rows,optimizer", [("int8", "adam"), ("bf16", "adam"), ("int8", "adagrad"),
+                                            ("int8", "ftrl"), ("bf16", "sgd")])
 def test_rows_are_the_same_bytes_in_two_runs(rows, optimizer):
     keys = np.arange(0, 3000, 3, dtype=np.int64)
     a, b = (export(trained(rows, keys, optimizer=optimizer)) for _ in range(2))
