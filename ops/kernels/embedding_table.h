@@ -1,5 +1,5 @@
-// EmbeddingTable: a dynamic hash table from int64 keys to float32 rows, the resource behind
-// every ttf embedding op.
+// EmbeddingTable: a dynamic hash table from int64 keys to float32 rows (stored as fp32, bf16 or
+// int8: row_layout.h), the resource behind every ttf embedding op.
 //
 // The table is an orchestrator of shards, locks and the step; each concern lives in files of
 // its own, as concrete members (no virtual call per key):

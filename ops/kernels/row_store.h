@@ -1,7 +1,8 @@
 // The DRAM half of a table shard: an open-addressing index from key to row id (KeyIndex) and
 // the rows it points into (RowStore), together a KeyedStore. A row holds the embedding value
-// and the optimizer's slots side by side ([value | slot 0 | slot 1], each `dim` floats), so one
-// probe reaches all of them; rows live in fixed-size chunks that never move, so growing the
+// and the optimizer's slots side by side in `stride` 4-byte words (fp32 rows: [value | slot 0 |
+// slot 1], each `dim` floats; bf16 and int8 rows: row_layout.h), so one probe reaches all of
+// them; rows live in fixed-size chunks that never move, so growing the
 // store never copies rows. Per-row metadata (RowMeta) sits in a parallel chunk. Admission
 // candidates use the same shape with no floats (stride 0).
 #ifndef TTF_OPS_KERNELS_ROW_STORE_H_
@@ -36,7 +37,7 @@ struct RowMeta {
 };
 
 // The RAM bytes a row counts against dram_budget and capacity_bytes: value and optimizer
-// slots (`stride` floats), metadata, and its index entry (12 bytes at a load of ~1/2).
+// slots (`stride` 4-byte words), metadata, and its index entry (12 bytes at a load of ~1/2).
 inline int64_t RowBytes(int64_t stride) {
   return stride * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(RowMeta)) + 24;
 }
@@ -122,7 +123,8 @@ class KeyIndex {
   int64_t size_ = 0;
 };
 
-// Rows of `stride` floats plus a RowMeta each, in chunks of kChunkRows that never move.
+// Rows of `stride` 4-byte words (row_layout.h) plus a RowMeta each, in chunks of kChunkRows
+// that never move.
 // Freed ids are reused before new ones are taken.
 class RowStore {
  public:
