@@ -94,6 +94,11 @@ def parse_args(argv, description=None):
     tables.add_argument("--ssd-dir", default="",
                         help="a writable directory for the disk tier of --dram-budget (its files are unlinked "
                              "caches, not part of a checkpoint)")
+    tables.add_argument("--table-rows", choices=["fp32", "bf16", "int8"], default="fp32",
+                        help="how ttf tables store rows: fp32, bf16, or int8 (a scale and an offset a row), with "
+                             "the optimizer's slots to match (int8: Adagrad's accumulator and Adam's second "
+                             "moment one a row, docs/table_rows.md); updates round stochastically, seeded. "
+                             "Not with --dram-budget (default fp32)")
     step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep; a parameter-server job: "
                                 "ttf.precision.NonFiniteGuard)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
@@ -194,6 +199,7 @@ def parse_args(argv, description=None):
 
 
 _TABLE_FLAGS = re.compile(r"\b(capacity|evict_policy|ttl_steps|dram_budget|ssd_dir)\b")
+_ROWS = re.compile(r"\brows='(\w+)'")  # TableConfig's rows='int8' is --table-rows int8
 _SLOTS = {"adam": 2, "ftrl": 2, "adagrad": 1, "sgd": 0}  # optimizer slots beside each table row
 
 
@@ -204,16 +210,23 @@ def table_config(p, args, schema):
     try:
         table = ttf.embedding.TableConfig(
             capacity=int(text) if text.isdigit() else text, evict_policy=args.evict_policy,  # digits: rows
-            ttl_steps=args.ttl_steps, dram_budget=args.dram_budget, ssd_dir=args.ssd_dir)
+            ttl_steps=args.ttl_steps, dram_budget=args.dram_budget, ssd_dir=args.ssd_dir, rows=args.table_rows)
         table.check_fits(args.embedding_dim + 1, _SLOTS[args.optimizer], args.batch_size * max(schema.num_fields, 1),
                          optimizer=args.optimizer)
     except ValueError as err:
         flag = {"capacity": "table-capacity"}
-        p.error(_TABLE_FLAGS.sub(lambda m: "--" + flag.get(m.group(1), m.group(1).replace("_", "-")), str(err)))
+        message = _ROWS.sub(r"--table-rows \1", str(err))
+        p.error(_TABLE_FLAGS.sub(lambda m: "--" + flag.get(m.group(1), m.group(1).replace("_", "-")), message))
     if (table.capacity or table.evict_policy == "ttl") and not args.tiacc:
         p.error("--table-capacity and --evict-policy ttl bound ttf tables: add --tiacc")
     if table.ssd_dir and not args.tiacc:
         p.error("--dram-budget and --ssd-dir tier ttf tables: add --tiacc")
+    if table.rows != "fp32" and not args.tiacc:
+        p.error(f"--table-rows {table.rows} stores ttf tables' rows: add --tiacc")
+    untested = ("a parameter-server cluster (--ps-hosts)" if args.ps_hosts else
+                "--publish-dir" if args.publish_dir else "")
+    if table.rows != "fp32" and untested:
+        p.error(f"--table-rows {table.rows} with {untested} is not supported yet: use --table-rows fp32 there")
     return table if args.tiacc else None
 
 

@@ -47,12 +47,17 @@ REGISTER_OP("TtfEmbeddingTable")
     .Attr("ttl_steps: int >= 0 = 0")
     .Attr("dram_budget: int >= 0 = 0")
     .Attr("ssd_dir: string = ''")
+    .Attr("rows: {'fp32', 'bf16', 'int8'} = 'fp32'")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape)
     .Doc(R"doc(
 Creates (once per shared_name) a dynamic embedding table and returns its handle.
+
+rows: how rows are stored: fp32, or bf16 / row-wise int8 (with their optimizer slots in
+compressed forms) written back with stochastic rounding seeded by (seed, key, step); lookups
+read them decoded to float32 (ops/kernels/row_layout.h). Not with dram_budget yet.
 
 A new key's row is a pure function of (seed, key): normal(mean=init_a, stddev=init_b),
 truncated_normal (within 2 stddev), uniform(minval=init_a, maxval=init_b), zeros, or

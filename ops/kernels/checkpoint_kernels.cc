@@ -35,13 +35,15 @@ class TableSummaryOp : public TableOpKernel {
     int64_t size = 0;
     uint64_t checksum = 0;  // wrapping sum: order-independent, shards add up
     double value_sum = 0.0;
+    std::vector<float> scratch;
     for (int s = 0; s < table->num_shards(); ++s) {
       TableShard& sh = table->shard(s);
       std::shared_lock<std::shared_mutex> lock(sh.mu);
       const RowStore& rows = sh.rows.store;
-      const int64_t stride = rows.stride();
+      const RowLayout& layout = table->layout();  // compressed rows are summed in the full layout
+      const int64_t stride = layout.full_floats();
       sh.rows.index.ForEach([&](int64_t key, uint32_t id) {
-        const float* row = rows.row(id);
+        const float* row = FullRow(layout, rows.row(id), &scratch);
         checksum += HashEntry(kRowSalt, key, row, stride, rows.meta(id));
         for (int64_t i = 0; i < stride; ++i) value_sum += row[i];
         ++size;

@@ -40,6 +40,10 @@ class EmbeddingTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &config_.ttl_steps));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dram_budget", &config_.dram_budget));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ssd_dir", &config_.ssd_dir));
+    std::string rows;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rows", &rows));
+    OP_REQUIRES(ctx, ParseRowFormat(rows, &config_.rows),
+                errors::InvalidArgument("rows must be fp32, bf16 or int8, got '", rows, "'"));
     OP_REQUIRES(ctx, num_shards >= 1 && num_shards <= kMaxShards,
                 errors::InvalidArgument("num_shards must be in [1, ", kMaxShards, "], got ", num_shards));
     config_.num_shards = static_cast<int>(num_shards);

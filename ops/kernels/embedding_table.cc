@@ -13,9 +13,14 @@ namespace tensorflow {
 namespace ttf {
 
 EmbeddingTable::EmbeddingTable(const TableConfig& config)
-    : config_(config), admission_(config_), eviction_(config_), tiering_(config_) {
+    : config_(config),
+      admission_(config_),
+      eviction_(config_),
+      tiering_(config_),
+      layout_(config.rows, config.dim, "", 0) {
   shards_.reserve(config.num_shards);
-  for (int i = 0; i < config.num_shards; ++i) shards_.emplace_back(new TableShard(config.dim, admission_.NewShard()));
+  for (int i = 0; i < config.num_shards; ++i)
+    shards_.emplace_back(new TableShard(layout_.words(), admission_.NewShard()));
 }
 
 std::string EmbeddingTable::DebugString() const {
@@ -86,7 +91,6 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     break;
   }
   // Room is reserved for every missing key: from here on nothing allocates.
-  const int64_t stride = sh.rows.store.stride();
   for (int64_t i = 0; i < n; ++i) {
     if (i + 4 < n && ids[i + 4] != KeyIndex::kNone) {
       __builtin_prefetch(&sh.rows.store.meta(ids[i + 4]), 1);
@@ -107,8 +111,15 @@ Status EmbeddingTable::TouchKeys(int s, std::unique_lock<std::shared_mutex>& loc
     if (count == 0) continue;  // not admitted yet: ids[i] stays kNone
     const uint32_t id = sh.rows.Add(keys[i], hashes[i]);
     float* row = sh.rows.store.row(id);
-    config_.init.Fill(keys[i], row, dim);
-    for (int64_t f = dim; f < stride; ++f) row[f] = slot_init_[f / dim - 1];
+    if (layout_.fp32()) {
+      config_.init.Fill(keys[i], row, dim);
+    } else {  // the initializer's value rounded to nearest: a pure function of (seed, key)
+      thread_local std::vector<float> value;
+      value.resize(dim);
+      config_.init.Fill(keys[i], value.data(), dim);
+      layout_.EncodeValue(value.data(), nullptr, row);
+    }
+    layout_.InitSlots(slot_init_, row);
     sh.rows.store.meta(id) = RowMeta{count, now};
     ids[i] = id;
   }
@@ -149,7 +160,7 @@ Status EmbeddingTable::FindOrInsert(int s, const int64_t* keys, const uint64_t* 
     if (ids[i] == KeyIndex::kNone) {
       FillDefault(out + i * dim);
     } else {
-      CopyRow(out + i * dim, sh.rows.store.row(ids[i]), dim);
+      layout_.DecodeValue(sh.rows.store.row(ids[i]), out + i * dim);
     }
   }
   return WriteBack(s);
@@ -169,18 +180,22 @@ Status EmbeddingTable::EnsureSlots(const std::string& optimizer, const std::vect
                                    "' per row; it cannot be updated by '", optimizer,
                                    "'. Train a table with one optimizer (or start from a fresh table).");
   }
-  const int64_t new_stride = config_.dim * (1 + static_cast<int64_t>(slot_init.size()));
-  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(config_, new_stride));
+  const int64_t num_slots = static_cast<int64_t>(slot_init.size());
+  const RowLayout layout(config_.rows, config_.dim, optimizer, num_slots);
+  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(config_, layout.words(), num_slots));
   // A one-time re-layout when the first optimizer step meets rows made by lookups alone.
   return Relayout(optimizer, slot_init);
 }
 
 Status EmbeddingTable::Relayout(const std::string& optimizer, const std::vector<float>& slot_init) {
-  const int64_t new_stride = config_.dim * (1 + static_cast<int64_t>(slot_init.size()));
-  for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->tier.disk.Rewrite(new_stride, slot_init, config_.dim));
-  for (auto& sh : shards_) sh->rows.store.Widen(new_stride, slot_init, config_.dim);
+  // Rows hold a value only before their first slots (EnsureSlots, a merge into a fresh table):
+  // the value's words stay, the slots' initial values follow.
+  const RowLayout layout(config_.rows, config_.dim, optimizer, static_cast<int64_t>(slot_init.size()));
+  for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->tier.disk.Rewrite(layout.words(), slot_init, config_.dim));
+  for (auto& sh : shards_) sh->rows.store.Widen(layout.words(), [&](float* row) { layout.InitSlots(slot_init, row); });
   optimizer_ = optimizer;
   slot_init_ = slot_init;
+  layout_ = layout;
   return OkStatus();
 }
 

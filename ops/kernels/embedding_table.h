@@ -1,5 +1,5 @@
-// EmbeddingTable: a dynamic hash table from int64 keys to float32 rows, the resource behind
-// every ttf embedding op.
+// EmbeddingTable: a dynamic hash table from int64 keys to float32 rows (stored as fp32, bf16 or
+// int8: row_layout.h), the resource behind every ttf embedding op.
 //
 // The table is an orchestrator of shards, locks and the step; each concern lives in files of
 // its own, as concrete members (no virtual call per key):
@@ -50,6 +50,7 @@
 #include "disk_tier.h"
 #include "eviction.h"
 #include "grouped_keys.h"
+#include "row_layout.h"
 #include "row_store.h"
 #include "table_config.h"
 #include "table_hash.h"
@@ -71,6 +72,9 @@ class EmbeddingTable : public ResourceBase {
 
   const TableConfig& config() const { return config_; }
   int64_t dim() const { return config_.dim; }
+  // How rows are stored now (format and optimizer slots); read under any shard lock (it
+  // changes with the slot layout, under every one).
+  const RowLayout& layout() const { return layout_; }
   int num_shards() const { return static_cast<int>(shards_.size()); }
   // A 32-bit division (24 bits of hash by at most 4,096 shards: the same result), where a
   // 64-bit one took ~4% of the samples of an inference lookup, which shards every id.
@@ -214,6 +218,7 @@ class EmbeddingTable : public ResourceBase {
   // Set once by EnsureSlots/Import under every shard lock; read under any shard lock.
   std::string optimizer_;
   std::vector<float> slot_init_;
+  RowLayout layout_;  // of config_.rows, optimizer_ and slot_init_
   // Held shared by Save for its whole span, exclusively by the slot re-layout and Import,
   // before any other lock: a save copies its shards under one layout and one content. The
   // change log's lock (change_log_.mu()) comes next, then the shard locks in shard order.

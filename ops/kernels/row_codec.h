@@ -45,13 +45,25 @@ class RoundingDraws {
   RoundingDraws(uint64_t seed, int64_t key, int64_t step)
       : base_(Mix64(Mix64(seed ^ 0x6a09e667f3bcc908ULL) ^ static_cast<uint64_t>(key)) ^
               Mix64(static_cast<uint64_t>(step) ^ 0xbb67ae8584caa73bULL)) {}
+  // Draws that round to nearest instead (ties away from zero): Uniform is 1/2, the bits' low
+  // half 0x8000.
+  static RoundingDraws Nearest() {
+    RoundingDraws draws(0, 0, 0);
+    draws.nearest_ = true;
+    return draws;
+  }
   // 32 uniform bits for element j (the high half of one SplitMix64 step).
-  uint32_t Bits(int64_t j) const { return static_cast<uint32_t>(Mix64(base_ + static_cast<uint64_t>(j)) >> 32); }
+  uint32_t Bits(int64_t j) const {
+    return nearest_ ? 0x80008000u : static_cast<uint32_t>(Mix64(base_ + static_cast<uint64_t>(j)) >> 32);
+  }
   // Uniform in [0, 1), 24 bits (exact in a float).
-  float Uniform(int64_t j) const { return static_cast<float>(Bits(j) >> 8) * (1.0f / 16777216.0f); }
+  float Uniform(int64_t j) const {
+    return nearest_ ? 0.5f : static_cast<float>(Bits(j) >> 8) * (1.0f / 16777216.0f);
+  }
 
  private:
   uint64_t base_;
+  bool nearest_ = false;
 };
 
 inline uint32_t FloatBits(float x) {

@@ -84,19 +84,6 @@ int64_t RowStore::bytes() const {
          static_cast<int64_t>(free_ids_.capacity()) * sizeof(uint32_t);
 }
 
-void RowStore::Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim) {
-  for (Chunk& chunk : chunks_) {
-    PageArray<float> wider(kChunkRows * new_stride);
-    for (int64_t r = 0; r < kChunkRows; ++r) {
-      float* dst = wider.get() + r * new_stride;
-      std::memcpy(dst, chunk.values.get() + r * stride_, stride_ * sizeof(float));
-      for (int64_t f = stride_; f < new_stride; ++f) dst[f] = fill_per_slot[f / dim - 1];
-    }
-    chunk.values = std::move(wider);
-  }
-  for (size_t c = 0; c < chunks_.size(); ++c) values_[c] = chunks_[c].values.get();
-  stride_ = new_stride;
-}
 int64_t ProbeAll(const KeyedStore& ks, const int64_t* keys, const uint64_t* hashes, int64_t n, uint32_t* ids) {
   int64_t missing = 0;
   for (int64_t i = 0; i < n; ++i) {

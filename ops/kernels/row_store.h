@@ -1,7 +1,8 @@
 // The DRAM half of a table shard: an open-addressing index from key to row id (KeyIndex) and
 // the rows it points into (RowStore), together a KeyedStore. A row holds the embedding value
-// and the optimizer's slots side by side ([value | slot 0 | slot 1], each `dim` floats), so one
-// probe reaches all of them; rows live in fixed-size chunks that never move, so growing the
+// and the optimizer's slots side by side in `stride` 4-byte words (fp32 rows: [value | slot 0 |
+// slot 1], each `dim` floats; bf16 and int8 rows: row_layout.h), so one probe reaches all of
+// them; rows live in fixed-size chunks that never move, so growing the
 // store never copies rows. Per-row metadata (RowMeta) sits in a parallel chunk. Admission
 // candidates use the same shape with no floats (stride 0).
 #ifndef TTF_OPS_KERNELS_ROW_STORE_H_
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "page_memory.h"
@@ -35,7 +37,7 @@ struct RowMeta {
 };
 
 // The RAM bytes a row counts against dram_budget and capacity_bytes: value and optimizer
-// slots (`stride` floats), metadata, and its index entry (12 bytes at a load of ~1/2).
+// slots (`stride` 4-byte words), metadata, and its index entry (12 bytes at a load of ~1/2).
 inline int64_t RowBytes(int64_t stride) {
   return stride * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(sizeof(RowMeta)) + 24;
 }
@@ -121,7 +123,8 @@ class KeyIndex {
   int64_t size_ = 0;
 };
 
-// Rows of `stride` floats plus a RowMeta each, in chunks of kChunkRows that never move.
+// Rows of `stride` 4-byte words (row_layout.h) plus a RowMeta each, in chunks of kChunkRows
+// that never move.
 // Freed ids are reused before new ones are taken.
 class RowStore {
  public:
@@ -156,8 +159,22 @@ class RowStore {
   // Ids 0..n-1 taken in order, for a store being filled from scratch (chunks added first).
   void TakeFirst(int64_t n) { next_id_ = static_cast<uint32_t>(n); }
   int64_t bytes() const;
-  // Rebuilds every row with a wider stride: old floats first, then `fill` per new float.
-  void Widen(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+  // Rebuilds every row with a wider stride: the old words first, then init_slots(new row)
+  // writes the rest.
+  template <typename F>
+  void Widen(int64_t new_stride, F init_slots) {
+    for (Chunk& chunk : chunks_) {
+      PageArray<float> wider(kChunkRows * new_stride);
+      for (int64_t r = 0; r < kChunkRows; ++r) {
+        float* dst = wider.get() + r * new_stride;
+        std::memcpy(dst, chunk.values.get() + r * stride_, stride_ * sizeof(float));
+        init_slots(dst);
+      }
+      chunk.values = std::move(wider);
+    }
+    for (size_t c = 0; c < chunks_.size(); ++c) values_[c] = chunks_[c].values.get();
+    stride_ = new_stride;
+  }
 
  private:
   int64_t stride_;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "compressed_updates.h"
 #include "embedding_table.h"
 #include "table_kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -30,7 +31,9 @@ bool AllFinite(const float* x, int64_t n) {
 // after grads), SlotInit (initial slot values), Check (the hyperparameters' ranges, as
 // tf_keras' optimizer of the same name accepts them, narrowed where a value would turn
 // rows into NaN/inf), a constructor from the scalars and the step, and
-// Update(row, grad, dim) where row is [value | slots...].
+// Update(row, grad, dim) where row is [value | slots...], and Rowwise / MakeRowwise: the
+// functor for int8 rows, whose state is row-wise (row_layout.h; the functor itself where
+// no row-wise form is used).
 
 // InvalidArgument unless `value` is finite and lies in the range the predicate accepts.
 template <typename Pred>
@@ -50,6 +53,8 @@ struct SgdUpdate {
   static Status Check(const float* s, float) { return CheckScalar("learning_rate", s[0], kNonNegative, ">= 0"); }
   float lr;
   SgdUpdate(const float* s, int64_t) : lr(s[0]) {}
+  using Rowwise = SgdUpdate;
+  static Rowwise MakeRowwise(const float* s, int64_t step) { return SgdUpdate(s, step); }
   void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
     for (int64_t j = 0; j < dim; ++j) row[j] -= lr * g[j];
   }
@@ -68,6 +73,8 @@ struct AdagradUpdate {
   }
   float lr, epsilon;
   AdagradUpdate(const float* s, int64_t) : lr(s[0]), epsilon(s[1]) {}
+  using Rowwise = RowwiseAdagradUpdate;
+  static Rowwise MakeRowwise(const float* s, int64_t) { return RowwiseAdagradUpdate{s[0], s[1]}; }
   void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
     float* __restrict accum = row + dim;
     for (int64_t j = 0; j < dim; ++j) {
@@ -93,6 +100,8 @@ struct AdamUpdate {
     const float t = static_cast<float>(step);
     alpha = s[0] * std::sqrt(1.0f - std::pow(beta_2, t)) / (1.0f - std::pow(beta_1, t));
   }
+  using Rowwise = PartialRowwiseAdamUpdate;
+  static Rowwise MakeRowwise(const float* s, int64_t step) { return Rowwise(s[0], s[1], s[2], s[3], step); }
   void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
     float* __restrict m = row + dim;
     float* __restrict v = row + 2 * dim;
@@ -126,6 +135,8 @@ struct FtrlUpdate {
   FtrlUpdate(const float* s, int64_t)
       : lr(s[0]), lr_power(s[1]), l1(s[2]), l2_reg(s[3] + s[5] / (2.0f * s[0])), l2_shrinkage(s[4]) {}
   float Power(float x) const { return lr_power == -0.5f ? std::sqrt(x) : std::pow(x, -lr_power); }
+  using Rowwise = FtrlUpdate;
+  static Rowwise MakeRowwise(const float* s, int64_t step) { return FtrlUpdate(s, step); }
   void Update(float* __restrict row, const float* __restrict g, int64_t dim) const {
     float* __restrict accum = row + dim;
     float* __restrict linear = row + 2 * dim;
@@ -142,6 +153,38 @@ struct FtrlUpdate {
     }
   }
 };
+
+// Updates the admitted rows ids[i] (kNone: skipped) of one shard with grads row i (weight
+// decay first, as Keras); returns how many. fp32 rows in place; compressed rows decoded to
+// fp32, updated, and written back with stochastic rounding drawn from (seed, key, step).
+template <typename F>
+int64_t UpdateRows(const F& update, const RowLayout& layout, uint64_t seed, int64_t step, float weight_decay,
+                   float lr, const int64_t* keys, const uint32_t* ids, int64_t n, const float* grads, RowStore* store) {
+  const int64_t dim = layout.dim(), row_bytes = layout.words() * 4;
+  thread_local std::vector<float> work;
+  work.resize(layout.work_floats());
+  int64_t done = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {  // the whole row: value and slots
+      const char* ahead = reinterpret_cast<const char*>(store->row(ids[i + 8]));
+      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b, 1);
+    }
+    if (ids[i] == KeyIndex::kNone) continue;  // not admitted yet: counted, gradient dropped
+    float* stored = store->row(ids[i]);
+    float* row = layout.fp32() ? stored : work.data();
+    if (!layout.fp32()) layout.Decode(stored, row);
+    if (weight_decay * lr != 0.0f) {  // Keras: variable - variable * weight_decay * learning_rate, then the update
+      for (int64_t j = 0; j < dim; ++j) row[j] -= row[j] * weight_decay * lr;
+    }
+    update.Update(row, grads + i * dim, dim);
+    if (!layout.fp32()) {
+      const RoundingDraws draws(seed, keys[i], step);
+      layout.Encode(row, &draws, stored);
+    }
+    ++done;
+  }
+  return done;
+}
 
 template <typename U>
 class TableApplyOp : public TableOpKernel {
@@ -210,8 +253,13 @@ class TableApplyOp : public TableOpKernel {
       grouped_grads = summed.data();
     }
     const U update(scalars, step);
-    const float decay = weight_decay_ * scalars[0];  // scalars[0] is every optimizer's learning rate
-    const int64_t stride = dim * (1 + static_cast<int64_t>(slot_init_.size()));
+    const typename U::Rowwise rowwise_update = U::MakeRowwise(scalars, step);
+    const float lr = scalars[0];  // every optimizer's learning rate
+    // The layout the rows have with this optimizer's slots: a concurrent import to another
+    // changes their stride.
+    const RowLayout layout(table->config().rows, dim, U::kName, static_cast<int64_t>(slot_init_.size()));
+    const int64_t stride = layout.words();
+    const uint64_t seed = static_cast<uint64_t>(table->config().init.seed);
     std::atomic<int64_t> updated{0};
     std::atomic<bool> relaid{false};
     std::vector<Status> shard_status(table->num_shards());
@@ -232,21 +280,15 @@ class TableApplyOp : public TableOpKernel {
         relaid = true;
         return;
       }
-      int64_t done = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {  // the whole row: value and slots
-          const char* ahead = reinterpret_cast<const char*>(sh.rows.store.row(ids[i + 8]));
-          for (int64_t b = 0; b < stride * 4; b += 64) __builtin_prefetch(ahead + b, 1);
-        }
-        if (ids[i] == KeyIndex::kNone) continue;  // not admitted yet: counted, gradient dropped
-        float* row = sh.rows.store.row(ids[i]);
-        if (decay != 0.0f) {  // Keras: variable - variable * weight_decay * learning_rate, then the update
-          for (int64_t j = 0; j < dim; ++j) row[j] -= row[j] * weight_decay_ * scalars[0];
-        }
-        update.Update(row, grouped_grads + (begin + i) * dim, dim);
-        ++done;
-      }
-      updated += done;
+      const int64_t* shard_keys = &grouped.keys[begin];
+      const float* shard_grads = grouped_grads + begin * dim;
+      const uint32_t* shard_ids = ids.data();
+      RowStore* store = &sh.rows.store;
+      updated += layout.rowwise()
+                     ? UpdateRows(rowwise_update, layout, seed, step, weight_decay_, lr, shard_keys, shard_ids, n,
+                                  shard_grads, store)
+                     : UpdateRows(update, layout, seed, step, weight_decay_, lr, shard_keys, shard_ids, n, shard_grads,
+                                  store);
       shard_status[s] = table->WriteBack(s);  // tiered: updated disk rows DRAM does not keep
     });
     for (const Status& status : shard_status) OP_REQUIRES_OK(ctx, status);

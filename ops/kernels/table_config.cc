@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "row_layout.h"
 #include "row_store.h"
 #include "table_hash.h"
 #include "tensorflow/core/lib/strings/strcat.h"
@@ -35,7 +36,7 @@ bool TableConfig::operator==(const TableConfig& o) const {
          admission_min_count == o.admission_min_count && max_candidates == o.max_candidates &&
          num_shards == o.num_shards && capacity == o.capacity && capacity_bytes == o.capacity_bytes &&
          evict_policy == o.evict_policy && ttl_steps == o.ttl_steps && dram_budget == o.dram_budget && ssd_dir == o.ssd_dir &&
-         admission_sketch_bytes == o.admission_sketch_bytes;
+         admission_sketch_bytes == o.admission_sketch_bytes && rows == o.rows;
 }
 
 std::string TableConfig::DebugString() const {
@@ -48,7 +49,7 @@ std::string TableConfig::DebugString() const {
                          ", capacity_bytes=", capacity_bytes, ", evict_policy=",
                          kPolicies[static_cast<int>(evict_policy)], ", ttl_steps=", ttl_steps,
                          ", dram_budget=", dram_budget, ", ssd_dir='", ssd_dir,
-                         "', admission_sketch_bytes=", admission_sketch_bytes);
+                         "', admission_sketch_bytes=", admission_sketch_bytes, ", rows=", RowFormatName(rows));
 }
 
 Status ValidateConfig(const TableConfig& c) {
@@ -78,12 +79,16 @@ Status ValidateConfig(const TableConfig& c) {
     return errors::InvalidArgument("capacity_bytes (", c.capacity_bytes, ") with dram_budget (", c.dram_budget,
                                    "): a tiered table's RAM is already bounded by dram_budget; use capacity (rows) "
                                    "to bound both tiers");
-  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(c, c.dim));
+  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(c, RowLayout(c.rows, c.dim, "", 0).words(), 0));
   if (c.ttl_steps < 0) return errors::InvalidArgument("ttl_steps must be >= 0, got ", c.ttl_steps);
   if (c.dram_budget < 0) return errors::InvalidArgument("dram_budget must be >= 0 bytes (0: no SSD tier), got ", c.dram_budget);
   if (c.tiered() == c.ssd_dir.empty())
     return errors::InvalidArgument("dram_budget (", c.dram_budget, ") and ssd_dir ('", c.ssd_dir,
                                    "') go together: set both for a DRAM + SSD tier, or neither");
+  if (c.tiered() && c.rows != RowFormat::kFp32)
+    return errors::InvalidArgument("rows='", RowFormatName(c.rows), "' with a DRAM + SSD tier (dram_budget ",
+                                   c.dram_budget, ") is not supported yet: use rows='fp32' with the tier, or drop "
+                                   "dram_budget");
   if ((c.evict_policy == EvictPolicy::kTtl) != (c.ttl_steps > 0))
     return errors::InvalidArgument("ttl_steps (", c.ttl_steps, ") must be > 0 exactly when evict_policy is 'ttl'");
   if (!std::isfinite(c.init.a) || !std::isfinite(c.init.b))
@@ -100,11 +105,11 @@ Status ValidateConfig(const TableConfig& c) {
   return OkStatus();
 }
 
-Status CheckCapacityBytesHoldARow(const TableConfig& c, int64_t stride) {
+Status CheckCapacityBytesHoldARow(const TableConfig& c, int64_t stride, int64_t num_slots) {
   if (c.capacity_bytes == 0 || c.capacity_bytes / c.num_shards >= RowBytes(stride)) return OkStatus();
   return errors::InvalidArgument("capacity_bytes (", c.capacity_bytes, ") gives each of the ", c.num_shards,
                                  " shards ", c.capacity_bytes / c.num_shards, " bytes, below one row of ",
-                                 RowBytes(stride), " bytes (", stride / c.dim - 1,
+                                 RowBytes(stride), " bytes (", num_slots,
                                  " optimizer slot(s) at dim ", c.dim, "): raise it to at least ",
                                  RowBytes(stride) * c.num_shards, " or use fewer num_shards");
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "row_codec.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/lib/core/status.h"
 
@@ -61,6 +62,9 @@ struct TableConfig {
   // (value, slots, metadata and their index entry) live in files under `ssd_dir`.
   int64_t dram_budget = 0;
   std::string ssd_dir;
+  // How rows are stored (row_layout.h): fp32, or bf16 / row-wise int8 written back with
+  // seeded stochastic rounding. Not with the DRAM + SSD tier yet.
+  RowFormat rows = RowFormat::kFp32;
   bool tiered() const { return dram_budget > 0; }
   // A capacity (rows or bytes) bounds the rows after each update.
   bool capped() const { return capacity > 0 || capacity_bytes > 0; }
@@ -70,8 +74,8 @@ struct TableConfig {
 // Checks every field of a config for a table's creation (InvalidArgument naming the attr).
 Status ValidateConfig(const TableConfig& config);
 // InvalidArgument unless a capacity_bytes config gives each shard room for one row of
-// `stride` floats (the row width grows when an optimizer adds its slots).
-Status CheckCapacityBytesHoldARow(const TableConfig& config, int64_t stride);
+// `words` 4-byte words (the row width grows when an optimizer adds its num_slots slots).
+Status CheckCapacityBytesHoldARow(const TableConfig& config, int64_t words, int64_t num_slots);
 
 // The slot count each optimizer's apply op keeps per row ("" = rows without slots).
 // Returns false for a name no apply op uses.

@@ -52,6 +52,20 @@ __attribute__((noinline)) void CopyBlock(const float* const* rows, int64_t m, in
     }
   }
 }
+
+// CopyBlock of compressed rows: each decoded (bf16, int8: row_layout.h).
+__attribute__((noinline)) void DecodeBlock(const float* const* rows, int64_t m, const RowLayout& layout,
+                                           float default_value, float* out) {
+  const int64_t dim = layout.dim();
+  for (int64_t q = 0; q < m; ++q) {
+    float* dst = out + q * dim;
+    if (rows[q] != nullptr) {
+      layout.DecodeValue(rows[q], dst);
+    } else {
+      std::fill_n(dst, dim, default_value);
+    }
+  }
+}
 }  // namespace
 
 Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) const {
@@ -89,7 +103,11 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
       for (int64_t begin = 0; begin < span; begin += kBlock) {
         const int64_t m = std::min(kBlock, span - begin);
         ProbeBlock<kAhead>(views.data(), span_keys, hashes, shard, begin, m, span, rows);
-        CopyBlock(rows, m, dim, config_.default_value, out + (locked + begin) * dim);
+        if (layout_.fp32()) {
+          CopyBlock(rows, m, dim, config_.default_value, out + (locked + begin) * dim);
+        } else {
+          DecodeBlock(rows, m, layout_, config_.default_value, out + (locked + begin) * dim);
+        }
         if (!tiered) continue;  // tiered only, a pass of its own: the untiered copy loop stays as it was
         for (int64_t q = 0; q < m; ++q) {
           if (rows[q] != nullptr) {
@@ -177,7 +195,11 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
     const uint32_t id = ids[i];
     float* dst = out + i * dim;
     if (id != KeyIndex::kNone) {
-      CopyRow(dst, sh.rows.store.row(id), dim);
+      if (layout_.fp32()) {
+        CopyRow(dst, sh.rows.store.row(id), dim);
+      } else {
+        layout_.DecodeValue(sh.rows.store.row(id), dst);
+      }
       continue;
     }
     if (tiered) {  // read from disk above, not promoted: the apply promotes (TouchKeys)
@@ -199,6 +221,7 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
     // Admitted by this step's update if this sighting reaches admission_min_count.
     if (training && admission_.AdmitsNext(sh.admission, keys[i], hashes[i])) {
       config_.init.Fill(keys[i], dst, dim);
+      layout_.RoundValue(dst);  // as the apply will store it
     } else {
       FillDefault(dst);
     }

@@ -67,12 +67,16 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   TF_RETURN_IF_ERROR(allocate(layout, &out));
   const int64_t stride = layout.stride;
   int64_t r = 0, c = 0;
+  std::vector<float> scratch;  // a compressed row in the full layout
   for (const auto& sh : shards_) {
-    if (sh->rows.store.stride() != stride)  // cannot happen: layouts change under every lock
-      return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", stride);
+    if (sh->rows.store.stride() != layout_.words())  // cannot happen: layouts change under every lock
+      return errors::Internal("table shard has row stride ", sh->rows.store.stride(), ", expected ", layout_.words());
     // The disk tier's rows are read sequentially (same snapshot: writers wait).
     TF_RETURN_IF_ERROR(VisitShard(
-        *sh, since_step, [&](int64_t key, const RowMeta& m, const float* row) { out.PutRow(r++, stride, key, m, row); },
+        *sh, since_step,
+        [&](int64_t key, const RowMeta& m, const float* row) {
+          out.PutRow(r++, stride, key, m, FullRow(layout_, row, &scratch));
+        },
         [&](int64_t key, const RowMeta& m) { out.PutCandidate(c++, key, m); }));
   }
   if (deleted != nullptr || reset_deleted) CollectDeleted(reset_deleted, deleted, reader);
@@ -83,11 +87,13 @@ Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, s
                             int reader) {
   std::shared_lock<std::shared_mutex> relayout_lock(relayout_mu_);
   ExportLayout layout;
+  RowLayout rows;  // the slot layout stays this one throughout (relayout_mu_)
   {
     std::shared_lock<std::shared_mutex> lock(shards_[0]->mu);  // optimizer_ and slot_init_ are read under a shard lock
     layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
     layout.optimizer = optimizer_;
     layout.slot_init = slot_init_;
+    rows = layout_;
   }
   // Before the first shard: an update landing after some shard's copy (its step above every
   // completed one) stamps its rows later than this, so the next delta holds them.
@@ -105,6 +111,7 @@ Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, s
     return OkStatus();
   };
   deleted->clear();
+  std::vector<float> scratch;  // a compressed row in the full layout
   for (auto& shard : shards_) {
     TableShard& sh = *shard;
     if (piece.rows > 0 || piece.candidates > 0) {
@@ -124,8 +131,8 @@ Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, s
     // lock order) keeps other readers of the log out.
     std::lock_guard<std::mutex> log_lock(change_log_.mu());
     std::shared_lock<std::shared_mutex> lock(sh.mu);
-    if (sh.rows.store.stride() != stride)  // cannot happen: layouts change under relayout_mu_
-      return errors::Internal("table shard has row stride ", sh.rows.store.stride(), ", expected ", stride);
+    if (sh.rows.store.stride() != rows.words())  // cannot happen: layouts change under relayout_mu_
+      return errors::Internal("table shard has row stride ", sh.rows.store.stride(), ", expected ", rows.words());
     Status status = OkStatus();
     // A full piece inside a shard is written under its lock: the shard holds more than a piece.
     TF_RETURN_IF_ERROR(VisitShard(
@@ -133,7 +140,7 @@ Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, s
         [&](int64_t key, const RowMeta& m, const float* row) {
           if (!status.ok()) return;
           if (piece.rows == piece.max_rows && !(status = write()).ok()) return;
-          piece.PutRow(piece.rows++, stride, key, m, row);
+          piece.PutRow(piece.rows++, stride, key, m, FullRow(rows, row, &scratch));
         },
         [&](int64_t key, const RowMeta& m) {
           if (!status.ok()) return;
@@ -192,13 +199,27 @@ Status IndexShard(const int64_t* keys, const ShardOrder& so, int s, const char* 
   return OkStatus();
 }
 
+// An imported row (the full layout) into a stored row: compressed rows round to nearest, so
+// an export of a table of the same format imports back to the same codes.
+void PutImported(const RowLayout& layout, const float* full, float* stored) {
+  if (layout.fp32()) {
+    std::memcpy(stored, full, layout.full_floats() * sizeof(float));
+    return;
+  }
+  thread_local std::vector<float> work;
+  work.resize(layout.work_floats());
+  layout.FromFull(full, work.data());
+  layout.Encode(work.data(), nullptr, stored);
+}
+
 }  // namespace
 
 Status EmbeddingTable::Import(const ImportSource& src) {
   const int64_t slots = static_cast<int64_t>(src.slot_init.size());
   const int64_t stride = config_.dim * (1 + slots);
+  const RowLayout layout(config_.rows, config_.dim, src.optimizer, slots);
   // Validate everything before the table changes: an import either happens whole or not at all.
-  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(config_, stride));
+  TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(config_, layout.words(), slots));
   // A NaN/Inf value or slot would poison every step that reads its row: refuse it.
   int64_t non_finite = 0, first_bad = -1;
   for (int64_t i = 0; i < src.num_rows; ++i) {
@@ -257,7 +278,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
           TF_RETURN_IF_ERROR(sh.tier.disk.Remove(key, h, &was_on_disk));
           id = sh.rows.Add(key, h);
         }
-        std::memcpy(sh.rows.store.row(id), src.values + i * stride, stride * sizeof(float));
+        PutImported(layout, src.values + i * stride, sh.rows.store.row(id));
         sh.rows.store.meta(id) = RowMeta{src.meta[2 * i], src.meta[2 * i + 1]};
       }
       for (int64_t j = cands.offsets[s]; j < cands.offsets[s + 1]; ++j) {
@@ -279,21 +300,22 @@ Status EmbeddingTable::Import(const ImportSource& src) {
   // so the import needs the input plus about one shard, never a second whole table.
   for (int s = 0; s < num_shards(); ++s) {
     TableShard& sh = *shards_[s];
-    sh.rows = KeyedStore(stride);  // frees the old rows first
+    sh.rows = KeyedStore(layout.words());  // frees the old rows first
     sh.admission = admission_.NewShard();  // no candidates, none dropped, an empty sketch
     sh.tier.disk.Clear();
-    TF_RETURN_IF_ERROR(sh.tier.disk.Rewrite(stride, src.slot_init, config_.dim));  // empty: sets the stride
+    TF_RETURN_IF_ERROR(sh.tier.disk.Rewrite(layout.words(), src.slot_init, config_.dim));  // empty: sets the stride
     sh.rows.index = std::move(row_index[s]);
     KeyedStore& candidates = sh.admission.candidates;
     candidates.index = std::move(cand_index[s]);
     const int64_t n = rows.offsets[s + 1] - rows.offsets[s], m = cands.offsets[s + 1] - cands.offsets[s];
-    for (int64_t c = sh.rows.store.ChunksNeeded(n); c > 0; --c) sh.rows.store.AddChunk(RowStore::NewChunk(stride));
+    for (int64_t c = sh.rows.store.ChunksNeeded(n); c > 0; --c)
+      sh.rows.store.AddChunk(RowStore::NewChunk(layout.words()));
     for (int64_t c = candidates.store.ChunksNeeded(m); c > 0; --c) candidates.store.AddChunk(RowStore::NewChunk(0));
     sh.rows.store.TakeFirst(n);
     candidates.store.TakeFirst(m);
     for (int64_t j = 0; j < n; ++j) {  // id j is the shard's j-th imported key (IndexShard)
       const int64_t i = rows.order[rows.offsets[s] + j];
-      std::memcpy(sh.rows.store.row(static_cast<uint32_t>(j)), src.values + i * stride, stride * sizeof(float));
+      PutImported(layout, src.values + i * stride, sh.rows.store.row(static_cast<uint32_t>(j)));
       sh.rows.store.meta(static_cast<uint32_t>(j)) = RowMeta{src.meta[2 * i], src.meta[2 * i + 1]};
     }
     for (int64_t j = 0; j < m; ++j) {
@@ -307,6 +329,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
   }
   optimizer_ = src.optimizer;
   slot_init_ = src.slot_init;
+  layout_ = layout;
   step_.store(src.step, std::memory_order_relaxed);
   return tier_status;
 }

@@ -3,9 +3,10 @@ from ttf._keras import graph as _graph
 from ttf.accelerate._functional import Converter
 from ttf.accelerate._subclassed import Subclassed
 from ttf.embedding import tables_in
+from ttf.embedding._table import check_rows
 
 
-def accelerate(model, keep=(), sample=None):
+def accelerate(model, keep=(), sample=None, table_rows="fp32"):
     """Returns `model` with every tf.keras Embedding turned into a ttf table (tf_keras or Keras 3).
 
     The new model has the same inputs and outputs and computes the same function:
@@ -55,6 +56,8 @@ def accelerate(model, keep=(), sample=None):
       sample: a subclassed model only: one batch of inputs, as model(sample) takes them, to
         build the new model with (default: zeros of the input spec tf_keras recorded at the
         model's first call; Keras 3 records none, so it needs `sample`).
+      table_rows: how the tables store rows: "fp32", "bf16" or "int8" (the `rows` of
+        ttf.embedding.EmbeddingTable; docs/table_rows.md).
 
     Returns: the new tf.keras.Model.
 
@@ -70,7 +73,8 @@ def accelerate(model, keep=(), sample=None):
     if held:  # a copy of a table would start empty: its rows live in the table, not in weights
         raise ValueError(f"ttf.accelerate: {model.name} already holds ttf tables ({', '.join(held)}); accelerate the "
                          "model that has Keras Embeddings, or use this one as it is")
+    check_rows(table_rows)
     graph = _graph.functional(model)
     if graph is None:
-        return Subclassed(model, set(keep), sample).run()
-    return Converter(model, graph, set(keep)).run()
+        return Subclassed(model, set(keep), sample, table_rows).run()
+    return Converter(model, graph, set(keep), table_rows=table_rows).run()

@@ -28,8 +28,9 @@ class _Source:
 class Converter:
     """One functional graph -> the new model (see accelerate)."""
 
-    def __init__(self, model, graph, keep, compile_model=True, name_prefix=""):
+    def __init__(self, model, graph, keep, compile_model=True, name_prefix="", table_rows="fp32"):
         self.model, self.graph, self.keep = model, graph, keep  # graph: the Functional behind model
+        self.table_rows = table_rows  # how the tables store rows (accelerate's table_rows)
         self.compile_model = compile_model
         self.name_prefix = name_prefix  # a nested block's tables need names of their own (export names tables)
         by_depth = _graph.nodes_by_depth(graph)
@@ -218,7 +219,7 @@ class Converter:
                             [sources[id(node)].key_kind for _, node in columns],
                             [self._mask_value(layer, sources[id(node)]) for layer, node in columns],
                             initializer=initializer, seed=seed_of(layers[0]), trainable=trainable,
-                            name=f"{self.name_prefix}ttf_fused_{dim}d_{len(self.carried)}")
+                            name=f"{self.name_prefix}ttf_fused_{dim}d_{len(self.carried)}", rows=self.table_rows)
         results = fused([tensors[id(sources[id(node)].tensor)] for _, node in columns])
         for (layer, node), out in zip(columns, results):
             outputs_of[id(node)] = out
@@ -233,7 +234,7 @@ class Converter:
     def _single_lookup(self, layer, source):
         """A lookup of its own (untagged keys) for an Embedding whose ids are computed from
         another Embedding's output, or are not a dense tensor."""
-        table = single_table(layer, source.key_kind, self._mask_value(layer, source), self.warnings)
+        table = single_table(layer, source.key_kind, self._mask_value(layer, source), self.warnings, self.table_rows)
         self.carried[table] = self._rows(layer, source, None)
         return table
 
@@ -289,7 +290,7 @@ def _holds_embeddings(layer):
                for inner in layer._flatten_layers())  # pylint: disable=protected-access
 
 
-def converted_block(layer, keep, original=None):
+def converted_block(layer, keep, original=None, table_rows="fp32"):
     """(the conversion of a nested functional or Sequential block holding Embeddings, the messages
     of its warnings), or None for any other layer or one the user keeps. original: the block to
     read (its lookups' vocabularies, adapted or not) when `layer` is a copy of it."""
@@ -299,5 +300,5 @@ def converted_block(layer, keep, original=None):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         converted = Converter(original, _graph.functional(original), keep, compile_model=False,
-                               name_prefix=f"{layer.name}_").run()
+                               name_prefix=f"{layer.name}_", table_rows=table_rows).run()
     return converted, [str(w.message) for w in caught]

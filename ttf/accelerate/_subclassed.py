@@ -19,8 +19,8 @@ class Subclassed:
     """ttf.accelerate of a subclassed model: a new instance of its class with its weights, whose
     Embeddings (and nested functional blocks holding Embeddings) are swapped for ttf tables."""
 
-    def __init__(self, model, keep, sample):
-        self.model, self.keep = model, keep
+    def __init__(self, model, keep, sample, table_rows="fp32"):
+        self.model, self.keep, self.table_rows = model, keep, table_rows
         if not model.weights:
             raise ValueError(f"ttf.accelerate: {model.name} ({type(model).__name__}) has no weights yet; call it once "
                              "on a batch (model(x)) before accelerating it")
@@ -88,12 +88,12 @@ class Subclassed:
     def _make_twin(self, layer, originals):
         if isinstance(layer, tf.keras.layers.Embedding):
             check_embedding(layer, self.warnings)
-            table = single_table(layer, "int", 0 if layer.mask_zero else None, self.warnings)
+            table = single_table(layer, "int", 0 if layer.mask_zero else None, self.warnings, self.table_rows)
             matrix = layer.get_weights()[0]
             table.build(None)
             import_rows(table, np.arange(len(matrix), dtype=np.int64), matrix)
             return table
-        converted = converted_block(layer, self.keep, originals.get(id(layer), layer))
+        converted = converted_block(layer, self.keep, originals.get(id(layer), layer), self.table_rows)
         if converted is None:
             return None
         block, messages = converted

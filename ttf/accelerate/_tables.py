@@ -30,10 +30,11 @@ def seed_of(layer):
     return int(getattr(layer.embeddings_initializer, "seed", None) or 0)
 
 
-def single_table(layer, key_kind, mask_value, found):
-    """A lookup of its own (one untagged column) with the Embedding's settings and name."""
+def single_table(layer, key_kind, mask_value, found, rows="fp32"):
+    """A lookup of its own (one untagged column) with the Embedding's settings and name; `rows`:
+    how its table stores rows."""
     return FusedLookup(layer.output_dim, [None], [key_kind], [mask_value], initializer=initializer_of(layer, found),
-                       seed=seed_of(layer), trainable=layer.trainable, name=layer.name)
+                       seed=seed_of(layer), trainable=layer.trainable, name=layer.name, rows=rows)
 
 
 def report(found, messages, stacklevel):

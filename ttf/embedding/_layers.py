@@ -67,6 +67,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         bytes of DRAM rows (an int or a size such as "2G"), the rest in a file under ssd_dir
         (see ttf.embedding.EmbeddingTable and docs/tiers.md); training is exactly that of an
         all-DRAM table.
+      rows: how each table stores rows: "fp32", "bf16" or "int8" (see
+        ttf.embedding.EmbeddingTable and docs/table_rows.md).
 
     Input: int64 (or int32) ids of shape [B], [B, F], ..., or a RaggedTensor [B, None]
     (needs a combiner). Output: float32 [..., dim] ([B, dim] for ragged ids).
@@ -87,7 +89,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def __init__(self, dim, initializer="uniform", combiner=None, name=None, seed=0, admission_min_count=0,
                  default_value=0.0, shard_devices=None, num_shards=16, capacity=0, evict_policy="lru", ttl_steps=0,
-                 dram_budget=0, ssd_dir="", admission_sketch_bytes=0, **kwargs):
+                 dram_budget=0, ssd_dir="", admission_sketch_bytes=0, rows="fp32", **kwargs):
         kwargs.setdefault("dtype", "float32")  # rows are float32 whatever the model's precision
         super().__init__(name=name, **kwargs)
         self.supports_jit = False  # Keras 3's jit_compile="auto": the table ops have no XLA kernels
@@ -103,7 +105,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             EmbeddingTable(dim, initializer, seed, default_value, admission_min_count, num_shards,
                            name=f"{self.name}_shard{i}", device=device, capacity=capacity,
                            evict_policy=evict_policy, ttl_steps=ttl_steps, dram_budget=dram_budget, ssd_dir=ssd_dir,
-                           admission_sketch_bytes=admission_sketch_bytes)
+                           admission_sketch_bytes=admission_sketch_bytes, rows=rows)
             for i, device in enumerate(shard_devices or [""])
         ]
         # None, or an object whose lookup(layer, keys, row_splits, training) replaces the
@@ -307,7 +309,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                       initializer=table.initializer.get_config(), num_shards=table.num_shards,
                       capacity=table.capacity, evict_policy=table.evict_policy, ttl_steps=table.ttl_steps,
                       dram_budget=table.dram_budget, ssd_dir=table.ssd_dir,
-                      admission_sketch_bytes=table.admission_sketch_bytes)
+                      admission_sketch_bytes=table.admission_sketch_bytes, rows=table.rows)
         return config
 
 

@@ -75,6 +75,7 @@ class RowInitializer:
 
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
+ROW_FORMATS = ("fp32", "bf16", "int8")
 TIER_STATS = ("dram_rows", "disk_rows", "dram_hits", "disk_hits", "demoted", "promoted", "dram_bytes",
               "disk_index_bytes", "disk_file_bytes", "dram_row_limit", "disk_waits", "crowded_shards", "written_back")
 
@@ -144,6 +145,15 @@ def parse_dram_budget(dram_budget):
                      f"got {dram_budget!r}")
 
 
+def check_rows(rows, dram_budget=0):
+    """ValueError naming rows unless it is a row format this table setting supports."""
+    if rows not in ROW_FORMATS:
+        raise ValueError(f"rows must be one of {ROW_FORMATS}, got {rows!r}")
+    if rows != "fp32" and dram_budget:
+        raise ValueError(f"rows={rows!r} with a DRAM + SSD tier (dram_budget) is not supported yet: use rows='fp32' "
+                         "with the tier, or drop dram_budget")
+
+
 def check_tier(dram_budget, ssd_dir):
     """dram_budget in bytes; ValueError naming the argument unless (dram_budget, ssd_dir) is valid."""
     budget = parse_dram_budget(dram_budget)
@@ -210,13 +220,19 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
       ssd_dir: a writable directory for the disk tier (with dram_budget; InvalidArgument at
         creation if it cannot be written). Its file is a cache, unlinked at once: a
         checkpoint holds every row, and a killed process leaves nothing there.
+      rows: how rows are stored: "fp32", "bf16" or "int8" (a scale and an offset a row),
+        with optimizer slots to match (docs/table_rows.md). Lookups read them as float32;
+        updates run in float32 and write back with stochastic rounding seeded by (seed, key,
+        step), so rows stay a pure function of the seed and the update history. Exports and
+        checkpoints hold float32 rows: a restore into another row format converts. Not with
+        dram_budget yet.
       name: a readable name (made unique).
       device: where the table lives, e.g. "/job:ps/replica:0/task:0".
     """
 
     def __init__(self, dim, initializer="uniform", seed=0, default_value=0.0, admission_min_count=0,
                  num_shards=16, name="embedding_table", device="", capacity=0, evict_policy="lru", ttl_steps=0,
-                 dram_budget=0, ssd_dir="", admission_sketch_bytes=0):
+                 dram_budget=0, ssd_dir="", admission_sketch_bytes=0, rows="fp32"):
         if not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
         if admission_min_count < 0:
@@ -225,6 +241,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
         check_eviction(capacity, evict_policy, ttl_steps)
         dram_budget = check_tier(dram_budget, ssd_dir)
+        check_rows(rows, dram_budget)
+        self.rows = rows
         self.capacity_rows, self.capacity_bytes = parse_capacity(capacity)
         if self.capacity_bytes and dram_budget:
             raise ValueError(f"capacity {capacity!r} (bytes) with dram_budget ({dram_budget}): a tiered table's RAM is "
@@ -263,7 +281,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             admission_min_count=self.admission_min_count, num_shards=self.num_shards,
             capacity=self.capacity_rows, capacity_bytes=self.capacity_bytes, evict_policy=self.evict_policy,
             ttl_steps=self.ttl_steps, dram_budget=self.dram_budget, ssd_dir=self.ssd_dir,
-            admission_sketch_bytes=self.admission_sketch_bytes,
+            admission_sketch_bytes=self.admission_sketch_bytes, rows=self.rows,
             shared_name=self._shared_name)
 
     def _destroy_resource(self):
@@ -363,7 +381,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
                       num_shards=self.num_shards, name=self.name, capacity=self.capacity,
                       evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
                       dram_budget=self.dram_budget, ssd_dir=self.ssd_dir,
-                      admission_sketch_bytes=self.admission_sketch_bytes)
+                      admission_sketch_bytes=self.admission_sketch_bytes, rows=self.rows)
         return nested_structure_coder.encode_structure(config)
 
     @classmethod

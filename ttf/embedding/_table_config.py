@@ -5,7 +5,7 @@ import os
 import tempfile
 from typing import Union
 
-from ttf.embedding._table import parse_capacity, parse_size, tier_row_bytes
+from ttf.embedding._table import check_rows, parse_capacity, parse_size, tier_row_bytes
 
 EVICT_POLICIES = ("lru", "lfu", "ttl")
 
@@ -27,6 +27,8 @@ class TableConfig:
       ssd_dir: a writable directory for the disk tier (its files are unlinked caches).
       num_shards: lock shards inside each table shard (parallelism within one process; each
         must hold one row).
+      rows: how rows are stored: "fp32", "bf16" or "int8", with optimizer slots to match
+        (docs/table_rows.md); not with dram_budget yet.
 
     Raises ValueError naming the field and the fix.
 
@@ -41,6 +43,7 @@ class TableConfig:
     dram_budget: Union[int, str] = 0
     ssd_dir: str = ""
     num_shards: int = 16
+    rows: str = "fp32"
 
     def __post_init__(self):
         if not isinstance(self.num_shards, int) or self.num_shards < 1:
@@ -60,6 +63,7 @@ class TableConfig:
             raise ValueError(f"dram_budget: {err}") from None
         if bool(budget) != bool(self.ssd_dir):
             raise ValueError("dram_budget and ssd_dir go together: give both for a DRAM + SSD tier, or neither")
+        check_rows(self.rows, budget)
         if budget and capacity_bytes:
             raise ValueError(f"capacity {self.capacity} (bytes) with dram_budget: a tiered table's RAM is already "
                              "bounded by dram_budget; give capacity in rows to bound both tiers")
@@ -73,13 +77,15 @@ class TableConfig:
 
     @property
     def bounded(self):
-        """True when the tables are capped, expire ids or keep rows on disk."""
+        """True when the tables are capped, expire ids or keep rows on disk (compressed rows
+        bound nothing)."""
         return bool(self.capacity or self.evict_policy == "ttl" or parse_size(self.dram_budget))
 
     def layer_options(self):
         """The keyword arguments of ttf.DynamicEmbedding / FusedEmbedding these bounds set."""
         return dict(capacity=self.capacity, evict_policy=self.evict_policy, ttl_steps=self.ttl_steps,
-                    dram_budget=parse_size(self.dram_budget), ssd_dir=self.ssd_dir, num_shards=self.num_shards)
+                    dram_budget=parse_size(self.dram_budget), ssd_dir=self.ssd_dir, num_shards=self.num_shards,
+                    rows=self.rows)
 
     def check_fits(self, dim, num_slots, batch_rows, optimizer="the optimizer"):
         """Raises ValueError when a shard cannot hold what one update needs: a capacity in

@@ -1,0 +1,161 @@
+#include "row_layout.h"
+
+#include <algorithm>
+
+namespace tensorflow {
+namespace ttf {
+namespace {
+int64_t RoundUp4(int64_t bytes) { return (bytes + 3) / 4 * 4; }
+
+int64_t SlotBytes(SlotFormat slot, int64_t dim) {
+  switch (slot) {
+    case SlotFormat::kBf16: return RoundUp4(2 * dim);
+    case SlotFormat::kFp32Row: return 4;
+    default: return 4 * dim;
+  }
+}
+}  // namespace
+
+bool ParseRowFormat(const std::string& name, RowFormat* format) {
+  if (name == "fp32") *format = RowFormat::kFp32;
+  else if (name == "bf16") *format = RowFormat::kBf16;
+  else if (name == "int8") *format = RowFormat::kInt8;
+  else return false;
+  return true;
+}
+
+const char* RowFormatName(RowFormat format) {
+  switch (format) {
+    case RowFormat::kBf16: return "bf16";
+    case RowFormat::kInt8: return "int8";
+    default: return "fp32";
+  }
+}
+
+std::vector<SlotFormat> SlotFormats(RowFormat format, const std::string& optimizer, int64_t num_slots) {
+  std::vector<SlotFormat> slots(num_slots, format == RowFormat::kFp32 ? SlotFormat::kFp32 : SlotFormat::kBf16);
+  if (format == RowFormat::kInt8 && optimizer == "adagrad" && num_slots == 1) slots[0] = SlotFormat::kFp32Row;
+  if (format == RowFormat::kInt8 && optimizer == "adam" && num_slots == 2) slots[1] = SlotFormat::kFp32Row;
+  return slots;
+}
+
+RowLayout::RowLayout(RowFormat format, int64_t dim, const std::string& optimizer, int64_t num_slots)
+    : format_(format), dim_(dim), slots_(SlotFormats(format, optimizer, num_slots)) {
+  part_offset_.assign(1, 0);
+  part_offset_.push_back(RoundUp4(RowValueBytes(format, dim)));
+  work_floats_ = dim;
+  for (int k = 0; k < num_slots; ++k) {
+    part_offset_.push_back(part_offset_.back() + SlotBytes(slots_[k], dim));
+    work_floats_ += SlotWorkFloats(k);
+    rowwise_ = rowwise_ || slots_[k] == SlotFormat::kFp32Row;
+  }
+  words_ = part_offset_.back() / 4;
+}
+
+void RowLayout::Decode(const float* stored, float* work) const {
+  DecodeValue(stored, work);
+  const char* bytes = reinterpret_cast<const char*>(stored);
+  float* out = work + dim_;
+  for (int k = 0; k < num_slots(); ++k) {
+    const char* part = bytes + part_offset_[k + 1];
+    if (slots_[k] == SlotFormat::kBf16) {
+      DecodeBf16(reinterpret_cast<const uint16_t*>(part), dim_, out);
+    } else {
+      std::memcpy(out, part, SlotWorkFloats(k) * sizeof(float));
+    }
+    out += SlotWorkFloats(k);
+  }
+}
+
+void RowLayout::EncodeValue(const float* value, const RoundingDraws* draws, float* stored) const {
+  const RoundingDraws rounding = draws != nullptr ? *draws : RoundingDraws::Nearest();
+  char* bytes = reinterpret_cast<char*>(stored);
+  switch (format_) {
+    case RowFormat::kBf16: EncodeBf16(value, dim_, rounding, reinterpret_cast<uint16_t*>(bytes)); break;
+    case RowFormat::kInt8: EncodeInt8(value, dim_, rounding, reinterpret_cast<int8_t*>(bytes)); break;
+    default: std::memcpy(stored, value, dim_ * sizeof(float));
+  }
+}
+
+void RowLayout::Encode(const float* work, const RoundingDraws* draws, float* stored) const {
+  EncodeValue(work, draws, stored);
+  const RoundingDraws rounding = draws != nullptr ? *draws : RoundingDraws::Nearest();
+  char* bytes = reinterpret_cast<char*>(stored);
+  const float* in = work + dim_;
+  for (int k = 0; k < num_slots(); ++k) {
+    char* part = bytes + part_offset_[k + 1];
+    if (slots_[k] == SlotFormat::kBf16) {
+      uint16_t* out = reinterpret_cast<uint16_t*>(part);
+      const int64_t first = (k + 1) * dim_;  // this slot's draws
+      for (int64_t j = 0; j < dim_; ++j) out[j] = Bf16Stochastic(in[j], rounding.Bits(first + j));
+    } else {
+      std::memcpy(part, in, SlotWorkFloats(k) * sizeof(float));
+    }
+    in += SlotWorkFloats(k);
+  }
+}
+
+void RowLayout::ToFull(const float* work, float* full) const {
+  std::memcpy(full, work, dim_ * sizeof(float));
+  const float* in = work + dim_;
+  for (int k = 0; k < num_slots(); ++k) {
+    float* out = full + (k + 1) * dim_;
+    if (slots_[k] == SlotFormat::kFp32Row) {
+      std::fill(out, out + dim_, in[0]);
+    } else {
+      std::memcpy(out, in, dim_ * sizeof(float));
+    }
+    in += SlotWorkFloats(k);
+  }
+}
+
+void RowLayout::FromFull(const float* full, float* work) const {
+  std::memcpy(work, full, dim_ * sizeof(float));
+  float* out = work + dim_;
+  for (int k = 0; k < num_slots(); ++k) {
+    const float* in = full + (k + 1) * dim_;
+    if (slots_[k] == SlotFormat::kFp32Row) {
+      double sum = 0.0;  // in double: dim equal floats give back that float exactly
+      for (int64_t j = 0; j < dim_; ++j) sum += in[j];
+      out[0] = static_cast<float>(sum / static_cast<double>(dim_));
+    } else {
+      std::memcpy(out, in, dim_ * sizeof(float));
+    }
+    out += SlotWorkFloats(k);
+  }
+}
+
+void RowLayout::RoundValue(float* value) const {
+  if (fp32()) return;
+  thread_local std::vector<float> stored;
+  stored.resize(value_words());
+  EncodeValue(value, nullptr, stored.data());
+  DecodeValue(stored.data(), value);
+}
+
+void RowLayout::InitSlots(const std::vector<float>& slot_init, float* stored) const {
+  char* bytes = reinterpret_cast<char*>(stored);
+  for (int k = 0; k < num_slots(); ++k) {
+    char* part = bytes + part_offset_[k + 1];
+    const float init = slot_init[k];
+    if (slots_[k] == SlotFormat::kBf16) {
+      const uint16_t h = Bf16Stochastic(init, 0x8000u);  // to nearest
+      std::fill_n(reinterpret_cast<uint16_t*>(part), dim_, h);
+    } else {
+      std::fill_n(reinterpret_cast<float*>(part), SlotWorkFloats(k), init);
+    }
+  }
+}
+
+const float* FullRow(const RowLayout& layout, const float* stored, std::vector<float>* scratch) {
+  if (layout.fp32()) return stored;
+  scratch->resize(layout.work_floats() + layout.full_floats());
+  float* work = scratch->data();
+  float* full = work + layout.work_floats();
+  layout.Decode(stored, work);
+  layout.ToFull(work, full);
+  return full;
+}
+
+}  // namespace ttf
+}  // namespace tensorflow
