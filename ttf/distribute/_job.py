@@ -41,6 +41,7 @@ from ttf.data import InputPosition, best_auc, zero_features
 from ttf.distribute import _checks, _errors, _user_data
 from ttf.distribute._attempts import StepAttempts
 from ttf.distribute._config import JobConfig
+from ttf.distribute._pipeline import pipelined_step
 from ttf.distribute._topology import OneProcess
 from ttf.embedding import EventTimeTTL, tables_in
 from ttf.precision import NonFiniteGuard, low_precision, make_train_step, policy_for
@@ -105,6 +106,7 @@ class Job:
             self.auc_window = _summary.RollingAUC(self.config.auc_window) if self.config.logdir else None
         self._extras = dict(checkpoint_extras or {})
         self.stream = self.event_ttl = self.manager = self.publisher = self.train_step = self.guard = None
+        self.pipeline = None  # fit's pipelined step (JobConfig.pipeline)
         self.stop = None
         self._reader, self._bad_before = None, 0  # fit's lenient Reader: its bad lines count as skipped input
         self._ready = False
@@ -148,6 +150,11 @@ class Job:
                                                   max_non_finite_steps=config.max_non_finite_steps,
                                                   finite_across=topology.finite_across())
                 parts["train_step"] = self.train_step
+                if config.pipeline and stream is None:
+                    self.pipeline = pipelined_step(self.train_step, self.model, topology)
+                elif config.pipeline:
+                    self.log("pipeline=True: a stream's steps are not pipelined (each batch is read when the "
+                             "previous one is done)")
             parts.update(self._extras)
             fingerprint = ModelFingerprint.of(tf.train.Checkpoint(**parts), schema)
             parts["fingerprint"] = fingerprint.variable()  # every checkpoint knows the model it holds

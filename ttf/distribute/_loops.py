@@ -40,19 +40,22 @@ def fit_local(job, dataset, finite=True):
     warmup, timed_start, run = max(5, per_call), None, 0
     last_log, last_log_step = time.perf_counter(), step
     iterator = iter(dataset(topology.share))
+    step_fn = job.train_step
+    if job.pipeline is not None:  # reads one batch ahead: its ids travel while this batch trains
+        iterator = step_fn = job.pipeline.start(iterator, topology if finite and topology.size > 1 else None)
     record = tf.function(job.position.record)
     while target is None or step < target:
         # No host read per step: the step decides its precision on the device.
         calls = per_call if target is None else min(per_call, target - step)
         if calls == 1:
             batch = next(iterator, None)
-            if finite and topology.size > 1:  # every rank stops when one runs out
+            if finite and topology.size > 1 and job.pipeline is None:  # every rank stops when one runs out
                 if not topology.all_have(batch is not None):
                     break
             if batch is None:
                 break
             features, labels = batch[0], batch[1]
-            result, ran = job.train_step(features, labels), 1
+            result, ran = step_fn(features, labels), 1
             if len(batch) > 2:  # a Reader's batch: where its share continues
                 record(batch[2], tf.size(labels))
         else:

@@ -352,6 +352,28 @@ class PrecisionTrainStep(tf.Module):
                 raise
             raise self._non_finite_error() from None
 
+    def traced_step(self, features, labels):
+        """The step's ops for a caller's own tf.function (ttf.distribute's pipelined step traces
+        the next batch's id routing beside them); returns what `__call__` returns. Call
+        `prepare()` before the first trace, and the function inside `non_finite_errors()`."""
+        return self._train_step(features, labels, None)
+
+    def prepare(self):
+        """Creates the optimizer's slots (before the first trace of a step)."""
+        if not self._optimizer_built:
+            _build_optimizer(self._optimizer, self._trainable_variables())
+            self._optimizer_built = True
+
+    @contextlib.contextmanager
+    def non_finite_errors(self):
+        """Turns the step's runaway check into NonFiniteTrainingError (as `__call__` does)."""
+        try:
+            yield
+        except tf.errors.InvalidArgumentError as err:
+            if _NON_FINITE_MARKER not in str(err):
+                raise
+            raise self._non_finite_error() from None
+
     def _run_steps(self, iterator, steps):
         def body(done, loss, more):
             optional = iterator.get_next_as_optional()
