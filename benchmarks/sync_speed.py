@@ -1,8 +1,7 @@
 """SyncWorkers against Horovod, same job, same TensorFlow: examples/s of 2 workers on this host (issue 39's
-speed target: SyncWorkers at least 0.9x Horovod's). With --against pipeline: SyncWorkers with JobConfig(pipeline=True)
-(`-- --pipeline`) against SyncWorkers without, on the set-up's TensorFlow (issue 47's target: at least 1.15x).
+speed target: SyncWorkers at least 0.9x Horovod's).
 
-    python benchmarks/sync_speed.py [--pairs 4] [--steps 300] [--batch-size 512] [--against horovod|pipeline]
+    python benchmarks/sync_speed.py [--pairs 4] [--steps 300] [--batch-size 512]
 
 Every run is `start_all.sh --tiacc --fm --hvd|--sync --workers 2` under TTF_TF=2.16 (Horovod needs it), fp32,
 the same synthetic data and seed. The runs alternate ABBA (hvd sync sync hvd ...), so drift in the machine's
@@ -19,19 +18,15 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNTIMES = {"horovod": ["--hvd"], "sync": ["--sync"], "pipeline": ["--sync"]}
-TRAIN_ARGS = {"pipeline": ["--", "--pipeline"]}  # to models/train.py
-BASELINE = {"horovod": "horovod", "pipeline": "sync"}  # --against X: X's runs against these
-LABELS = {"horovod": "Horovod", "sync": "SyncWorkers", "pipeline": "SyncWorkers pipelined"}
+RUNTIMES = {"horovod": "--hvd", "sync": "--sync"}
 
 
 def run(name, args, out):
-    cmd = [os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", *RUNTIMES[name], "--workers", "2",
+    cmd = [os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", RUNTIMES[name], "--workers", "2",
            "--precision", "fp32", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-           "--synthetic-rows", str(args.rows), "--metrics-out", out, *TRAIN_ARGS.get(name, [])]
+           "--synthetic-rows", str(args.rows), "--metrics-out", out]
     started = time.time()
-    env = dict(os.environ, TTF_TF="2.16") if "horovod" in (name, args.against) else dict(os.environ)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TTF_TF="2.16"))
     if proc.returncode != 0:
         raise SystemExit(f"[sync-speed] {name} failed:\n" + (proc.stdout + proc.stderr)[-3000:])
     with open(out) as f:
@@ -49,42 +44,37 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=300, help="global steps per run (default 300)")
     p.add_argument("--batch-size", type=int, default=512, help="batch per worker (default 512)")
     p.add_argument("--rows", type=int, default=200_000, help="synthetic rows (default 200000)")
-    p.add_argument("--against", choices=sorted(BASELINE), default="horovod",
-                   help="horovod: SyncWorkers against Horovod (TF 2.16); pipeline: SyncWorkers pipelined against not")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     os.makedirs(os.path.join(ROOT, "runs"), exist_ok=True)
-    a, b = (BASELINE[args.against], "sync") if args.against == "horovod" else ("sync", "pipeline")
     pairs = []
     for i in range(args.pairs):
-        order = [a, b] if i % 2 == 0 else [b, a]
+        order = ["horovod", "sync"] if i % 2 == 0 else ["sync", "horovod"]
         pair = {name: run(name, args, os.path.join(ROOT, "runs", f"sync_speed_{name}_{i}.json")) for name in order}
         pairs.append(pair)
-    la, lb = LABELS[a], LABELS[b]
-    lines = [f"| pair | {la} steps/s | {lb} steps/s | ratio | CPU ms/step ({la} / {lb}) | "
-             f"wire bytes/step ({la} / {lb}) | AUC ({la} / {lb}) |",
+    lines = ["| pair | Horovod steps/s | SyncWorkers steps/s | ratio | CPU ms/step (Horovod / sync) | "
+             "wire bytes/step (Horovod / sync) | AUC (Horovod / sync) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     ratios = []
     for i, pair in enumerate(pairs, 1):
-        h, s = pair[a], pair[b]
+        h, s = pair["horovod"], pair["sync"]
         ratios.append(s["global_steps_per_sec"] / h["global_steps_per_sec"])
         lines.append(f"| {i} | {h['global_steps_per_sec']:.2f} | {s['global_steps_per_sec']:.2f} | {ratios[-1]:.2f}x | "
                      f"{h['cpu_seconds_per_step'] * 1000:.0f} / {s['cpu_seconds_per_step'] * 1000:.0f} | "
                      f"{h['wire_bytes_per_step']:,.0f} / {s['wire_bytes_per_step']:,.0f} | "
                      f"{h['auc']:.4f} / {s['auc']:.4f} |")
-    cpu = statistics.median(p[a]["cpu_seconds_per_step"] / p[b]["cpu_seconds_per_step"] for p in pairs)
-    summary = (f"Median ratio of steps/s ({lb} / {la}) over {len(pairs)} pairs: **{statistics.median(ratios):.2f}x** "
-               f"(range {min(ratios):.2f}-{max(ratios):.2f}x); rank 0's CPU per step, {la} / {lb}: {cpu:.2f}x.")
+    cpu = statistics.median(p["horovod"]["cpu_seconds_per_step"] / p["sync"]["cpu_seconds_per_step"] for p in pairs)
+    summary = (f"Median ratio of steps/s (sync / Horovod) over {len(pairs)} pairs: **{statistics.median(ratios):.2f}x** "
+               f"(range {min(ratios):.2f}-{max(ratios):.2f}x); rank 0's CPU per step, Horovod / sync: {cpu:.2f}x.")
     table = "\n".join(lines) + "\n\n" + summary
     print(table)
     if not args.no_record:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from _results import machine, record  # noqa: PLC0415
 
-        tf_version = "TensorFlow 2.16 (TTF_TF=2.16)" if args.against == "horovod" else "the set-up's TensorFlow"
-        entry = (f"## {lb} vs {la}, {len(pairs)} ABBA pairs ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
+        entry = (f"## SyncWorkers vs Horovod, {len(pairs)} ABBA pairs ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
                  f"Command: `.venv/bin/python benchmarks/sync_speed.py {' '.join(sys.argv[1:])}`  \n"
-                 f"Machine: {machine(ROOT)}; {tf_version}, load average at the end "
+                 f"Machine: {machine(ROOT)}; TensorFlow 2.16 (TTF_TF=2.16), load average at the end "
                  f"{os.getloadavg()[0]:.1f}. DeepFM (`--tiacc --fm`), fp32, Adam, {args.steps} global steps of "
                  f"{args.batch_size} examples per worker, 2 workers on this host.\n\n{table}\n")
         print(f"[sync-speed] recorded in {record('sync', entry)}")

@@ -122,7 +122,9 @@ def parse_args(argv, description=None):
                            "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
     sync.add_argument("--pipeline", action="store_true",
                       help="with --sync or --horovod (and --tiacc): route the next batch's ids to their owners while "
-                           "this batch trains (the same updates in the same order; docs/sync.md)")
+                           "this batch trains (the same updates in the same order; docs/sync.md). Needs a functional "
+                           "model: the CTR models here are subclassed and refuse it (your own script: "
+                           "JobConfig(pipeline=True))")
     args = p.parse_args(argv)
     # TF_CONFIG (set by cluster launchers) fills the cluster flags not given; --horovod and --prepare-data ignore it
     args.task_role = None
@@ -147,7 +149,7 @@ def parse_args(argv, description=None):
     if args.horovod and args.epochs and args.steps_per_call > 1:
         p.error("--epochs on Horovod needs --steps-per-call 1: the ranks' shares may end a batch apart, and every "
                 "rank checks before each step that all ranks still have a batch")
-    if args.pipeline and not ((args.horovod or args.sync) and args.tiacc):
+    if args.pipeline and not args.prepare_data and not ((args.horovod or args.sync) and args.tiacc):
         p.error("--pipeline overlaps the table exchange of a synchronous job: it needs --sync or --horovod, with --tiacc")
     if args.hvd_compression != "none" and not (args.horovod or args.sync):
         p.error("--wire-compression needs --sync or --horovod")

@@ -39,7 +39,10 @@ def test_pipelined_steps_train_what_unpipelined_ones_do_across_an_epoch_end_and_
     rest = sync_job("fit", rows, "--epochs", "1", "--checkpoint-dir", ck, "--pipeline")
     assert rest["steps_run"] == plain["steps"] - 10 and rest["steps"] == plain["steps"]
     assert rest["examples_trained"] == plain["examples_trained"] == 3000
-    assert rest["table_summary"] == plain["table_summary"]  # ids, checksum, and the rows' sum
+    assert rest["table_summary"][:2] == plain["table_summary"][:2]  # the same ids
+    # The rows' sum runs in the table's storage order, which a restore changes (the rows are
+    # the same: the ids' checksum and the dense weights after them are bit-identical)
+    assert rest["table_summary"][2] == pytest.approx(plain["table_summary"][2], rel=1e-12)
     assert rest["dense_digest"] == plain["dense_digest"]
     assert rest["auc"] == plain["auc"]
 
