@@ -59,6 +59,7 @@ class PipelinedStep:
         self.train_step = train_step
         self._sharding, self._grouping = sharding, grouping
         self._iterator = self._agree = self._next = self._routed = None
+        self._traced = False
         self._route = tf.function(self._route_ids, reduce_retracing=True)
         self._step = tf.function(self._pipelined, reduce_retracing=True)
 
@@ -95,6 +96,10 @@ class PipelinedStep:
         with self.train_step.non_finite_errors():
             if self._routed is None:  # the first batch of a pass: its ids were routed by no earlier step
                 self._routed = self._route(features)
+            if ahead is not None and not self._traced:  # one trace for every batch's routing (sizes vary)
+                self._step.get_concrete_function(_any_size(features, 1), _any_size(labels, 1),
+                                                 _any_size(self._routed), _any_size(ahead, 1))
+                self._traced = True
             result, self._routed = self._step(features, labels, self._routed, ahead)
         return result
 
@@ -111,6 +116,18 @@ class PipelinedStep:
         finally:
             self._sharding.prefetched = outer
         return result, routed_next
+
+
+def _any_size(structure, dims=None):
+    """TensorSpecs of `structure` with their first `dims` dimensions unknown (None: all)."""
+    def spec(value):
+        shape = value.shape.as_list()
+        cut = len(shape) if dims is None else min(dims, len(shape))
+        shape = [None] * cut + shape[cut:]
+        if isinstance(value, tf.RaggedTensor):
+            return tf.RaggedTensorSpec(shape, value.dtype, value.ragged_rank, value.row_splits.dtype)
+        return tf.TensorSpec(shape, value.dtype)
+    return tf.nest.map_structure(spec, structure)
 
 
 __all__ = ["PipelinedStep", "pipelined_step"]
