@@ -361,8 +361,8 @@ def _group_lookups(model, sharding):
             return call(inputs, training=training, mask=mask, **kwargs)  # export_for_serving is tracing: no exchange
         queues = {}
         for flag, chosen in grouping.requests(inputs, training).items():
-            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(
-                    chosen, flag, None if routed is None else routed[flag])):
+            ahead = {} if routed is None else {"routed": routed[flag]}  # (a wrapped exchange may take 2 arguments)
+            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(chosen, flag, **ahead)):
                 queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
         outer, sharding._grouped = sharding._grouped, queues  # pylint: disable=protected-access
         try:
