@@ -92,7 +92,7 @@ def job_config(args):
         log_every=args.log_every, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         full_every=args.full_every, max_non_finite_steps=args.max_non_finite_steps, precision=args.precision,
         seed=args.seed, logdir=args.logdir, auc_window=args.auc_window, publish=publish, ttl_seconds=args.ttl_seconds,
-        journal=args.stream_journal)
+        journal=args.stream_journal, pipeline=args.pipeline)
 
 
 def make_topology(args):

@@ -125,6 +125,11 @@ def parse_args(argv, description=None):
     sync.add_argument("--hvd-compression", "--wire-compression", choices=["none", "fp16", "bf16"], default="none",
                       help="what crosses the wire between ranks (dense allreduce, embedding rows and their "
                            "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
+    sync.add_argument("--pipeline", action="store_true",
+                      help="with --sync or --horovod (and --tiacc): route the next batch's ids to their owners while "
+                           "this batch trains (the same updates in the same order; docs/sync.md). Needs a functional "
+                           "model: the CTR models here are subclassed and refuse it (your own script: "
+                           "JobConfig(pipeline=True))")
     args = p.parse_args(argv)
     # TF_CONFIG (set by cluster launchers) fills the cluster flags not given; --horovod and --prepare-data ignore it
     args.task_role = None
@@ -150,6 +155,8 @@ def parse_args(argv, description=None):
     if args.horovod and args.epochs and args.steps_per_call > 1:
         p.error("--epochs on Horovod needs --steps-per-call 1: the ranks' shares may end a batch apart, and every "
                 "rank checks before each step that all ranks still have a batch")
+    if args.pipeline and not args.prepare_data and not ((args.horovod or args.sync) and args.tiacc):
+        p.error("--pipeline overlaps the table exchange of a synchronous job: it needs --sync or --horovod, with --tiacc")
     if args.hvd_compression != "none" and not (args.horovod or args.sync):
         p.error("--wire-compression needs --sync or --horovod")
     if args.horovod and args.hvd_compression == "bf16" and not args.tiacc:

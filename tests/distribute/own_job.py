@@ -9,6 +9,7 @@ restarted, as the chief of a parameter-server job), on whichever Keras the env s
 Prints one JSON line of the job's numbers at the end.
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -62,16 +63,21 @@ def main(argv):
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--journal")
     p.add_argument("--publish")
+    p.add_argument("--pipeline", action="store_true")
+    p.add_argument("--seed", type=int, help="the dense layers' initial weights (default: random)")
     add_topology_flags(p)
     args = p.parse_args(argv)
     topology = topology_of(args)
+    if args.seed is not None:
+        tf.keras.utils.set_random_seed(args.seed)
     with topology.scope():
         model = own_model()
         optimizer = ttf.optimizers.Adam(args.learning_rate)
     config = ttf.distribute.JobConfig(
         batch_size=args.batch_size, steps=args.steps, epochs=args.epochs, log_every=10,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, journal=args.journal,
-        publish=ttf.distribute.PublishConfig(args.publish, every=0.5) if args.publish else None)
+        publish=ttf.distribute.PublishConfig(args.publish, every=0.5) if args.publish else None,
+        pipeline=args.pipeline)
     job = ttf.distribute.Job(model, optimizer, topology=topology, config=config)
     if args.mode == "fit":
         result = job.fit(ttf.data.Reader([args.source], "criteo"))
@@ -80,6 +86,8 @@ def main(argv):
     else:
         result = job.follow(args.source, schema="criteo", poll_seconds=0.2)
     result["table_summary"] = job.table_summary()
+    result["dense_digest"] = hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.weights
+                                                     if ttf.embedding.embedding_of(v) is None)).hexdigest()
     print("RESULT " + json.dumps(result, default=str), flush=True)
     return 0
 

@@ -63,7 +63,7 @@ def test_each_rank_publishes_its_own_rows_and_the_follower_equals_the_ranks(horo
     for rank, found in enumerate(ranks):
         assert found["results"] == [[1, 0], [1, 1], [1, 2], None, [1, 3], [1, 4], None], found
         assert found["paused"] is None
-        assert "publish with ttf.distribute.horovod.Publisher on every rank" in found["refusal"]
+        assert "publish with ttf.distribute.sync.Publisher(model, base, collectives) on every rank" in found["refusal"]
         assert {name for name in found["written"] if name != "dense.delta"} == {f"sparse-{rank}-0.delta"}
     assert "dense.delta" in ranks[0]["written"] and "dense.delta" not in ranks[1]["written"]
     assert proc.stderr.count("publishing to") == 4  # paused and resumed, on each rank

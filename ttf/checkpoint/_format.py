@@ -140,8 +140,8 @@ def _rank_parts(name, logical, delta):
     staged = logical.mode and logical.mode.rank_parts
     if staged is None:
         raise ValueError(
-            f"{logical.layer.name} is sharded over {logical.layer.sharding.size} Horovod ranks, and each rank writes "
-            "its own part of a checkpoint: call ttf.distribute.horovod.save_checkpoint(manager, step) on every rank "
+            f"{logical.layer.name} is sharded over {logical.layer.sharding.size} ranks, and each rank writes "
+            "its own part of a checkpoint: call ttf.distribute.sync.save_checkpoint(manager, step, collectives) on every rank "
             "(not manager.save or checkpoint.write, which would write this rank's ids only)")
     if staged["delta"] != delta:
         raise RuntimeError(f"{name}: the ranks wrote {'delta' if staged['delta'] else 'full'} parts for a "

@@ -1,5 +1,5 @@
 """The job mechanics of a synchronous job, written once over the Collectives interface
-(ttf/distribute/_collectives.py), so Horovod ranks and TensorFlow-collective workers share
+(ttf/distribute/collectives/_tf.py), so Horovod ranks and TensorFlow-collective workers share
 them: checkpoints (each rank writes its own rows), the serving export (no rank holds
 another's rows), publishing, a stream's shares and their positions, and the small
 agreements a job takes (a flag, a config, rows to gather).

@@ -1,5 +1,5 @@
 """ttf tables sharded over the workers of a synchronous job, written once over the
-collectives interface (ttf/distribute/_collectives.py): TensorFlow's collectives or Horovod.
+collectives interface (ttf/distribute/collectives/_tf.py): TensorFlow's collectives or Horovod.
 
 Every worker runs the whole model on its slice of the global batch. Each id of a ttf table
 lives on exactly one worker, `ttf.embedding.shard_of(id, size)`. A training step:
@@ -27,8 +27,8 @@ if KERAS3:
 else:
     from ttf._keras import FunctionalGraph as _graph
 from ttf._ops import ops
-from ttf.distribute._collectives import CollectiveMisuseError
-from ttf.distribute._wire import from_wire, itemsize, to_wire, wire_dtype
+from ttf.distribute.collectives._tf import CollectiveMisuseError
+from ttf.distribute.collectives._wire import from_wire, itemsize, to_wire, wire_dtype
 from ttf.embedding import DynamicEmbedding, embedding_of, shard_of, tables_in
 
 
@@ -57,6 +57,8 @@ class TableSharding:
         self.rank, self.size = collectives.rank, collectives.size
         self._restores = {}  # layer name -> restores on this worker
         self._grouped = {}  # id(layer) -> [(training, keys shape, embeddings)] while a grouped model runs
+        self.grouping = None  # the sharded functional model's Grouping (_group_lookups)
+        self.prefetched = None  # {trains: routing} of the ids of the call being traced (a pipelined step)
 
     def lookup(self, layer, keys, row_splits, training):
         """The layer's lookup of `keys` (a flat id list with row_splits for ragged ids, else
@@ -73,13 +75,19 @@ class TableSharding:
             return embeddings
         return self.exchange([(layer, keys, row_splits)], training)[0]
 
-    def exchange(self, requests, training):
+    def exchange(self, requests, training, routed=None):
         """Looks up every request (layer, keys, row_splits) through the owners with one
         alltoall per direction for all of them: ids out, rows back and, in the backward
-        pass, row gradients out. Returns each request's embeddings."""
+        pass, row gradients out. Returns each request's embeddings.
+        routed: these requests' ids already sent to their owners (route_ids, a pipelined
+        step's previous call); only the rows then travel here."""
         layers = list({id(layer): layer for layer, _, _ in requests}.values())
+        if routed is None:
+            routed = self.route_ids(requests, layers, training)
+        else:  # routed by an earlier call: it must be these ids' routing
+            requests = _checked_against(requests, layers, routed)
         if not training:
-            return self._forward(requests, layers, training=False)[0]
+            return self.fetch_rows(requests, layers, routed, training=False)[0]
         for layer in layers:
             if not layer.built:
                 layer.build(None)
@@ -87,7 +95,7 @@ class TableSharding:
         @tf.custom_gradient
         def lookup(*anchors):
             del anchors  # connect the tape to the layers' anchor variables; their values are unused
-            embeddings, route = self._forward(requests, layers, training=True)
+            embeddings, route = self.fetch_rows(requests, layers, routed, training=True)
 
             def grad(*upstream):
                 return self._route_gradients(requests, layers, upstream, route)
@@ -96,10 +104,16 @@ class TableSharding:
 
         return lookup(*[tf.convert_to_tensor(layer.anchor) for layer in layers])
 
-    def _forward(self, requests, layers, training):
-        """Worker r's ids travel as one block: the count of each table's ids, then table 0's
-        ids, table 1's, ...; the rows come back as one flat float buffer, each id's row (its
-        table's width) in the place of the id."""
+    # The exchange's stages, as TorchRec splits a sharded module into input_dist / compute /
+    # output_dist: route_ids reads no table, so a pipelined step runs it for batch N+1 while
+    # batch N trains; fetch_rows reads the owners' rows and must follow batch N's update.
+
+    def route_ids(self, requests, layers, training):
+        """Stage 1: each table's ids de-duplicated, sent to their owners, and de-duplicated
+        again on the owner (the same id can come from several workers). Worker r's ids travel
+        as one block: the count of each table's ids, then table 0's ids, table 1's, ...
+        Returns the routing (a dict of tensors and lists of tensors, one entry per table) that
+        fetch_rows and the backward pass need; it depends on the ids only."""
         coll, num_tables, size = self.collectives, len(layers), self.size
         name = _exchange_name(layers)
         table_of = {id(layer): t for t, layer in enumerate(layers)}
@@ -130,39 +144,53 @@ class TableSharding:
         received_counts = tf.cast(received[:, :num_tables].to_tensor(shape=[size, num_tables]), tf.int32)
         received_keys = received[:, num_tables:].values
         received_tags = tf.repeat(tf.tile(tf.range(num_tables), [size]), tf.reshape(received_counts, [-1]))
-        # The owner: each table probes its ids once (the same id can come from several workers)
-        # and writes the rows where the ids were.
+        # The owner: each table's ids once, and where their rows go in the flat buffer back.
         widths = tf.gather(dims, received_tags)
         received_offsets = tf.cumsum(widths, exclusive=True)
-        owned, slots, rows = [], [], []
+        owned_keys, owned_index, owned_slots = [], [], []
         for t, layer in enumerate(layers):
             where = tf.where(tf.equal(received_tags, t))[:, 0]
             keys_t, index_t = tf.unique(tf.gather(received_keys, where), out_idx=tf.int32)
-            slots_t = _row_slots(tf.gather(received_offsets, where), layer.dim)
-            owned.append((keys_t, index_t, slots_t))
-            slots.append(tf.reshape(slots_t, [-1]))
-            rows.append(tf.reshape(tf.gather(layer.tables[0].lookup(keys_t, training), index_t), [-1]))
+            owned_keys.append(keys_t)
+            owned_index.append(index_t)
+            owned_slots.append(_row_slots(tf.gather(received_offsets, where), layer.dim))
         rows_out = tf.math.unsorted_segment_sum(widths, tf.repeat(tf.range(size), tf.reduce_sum(received_counts, 1)),
                                                 size)
-        # Floats each requester sends each owner (row gradients), = rows each owner sends back, transposed.
-        float_counts = None if every_counts is None else tf.reduce_sum(every_counts * dims, 2)
-        flat_rows, rows_in = coll.alltoall(
-            to_wire(tf.dynamic_stitch(slots, rows), self.wire_dtype), rows_out, f"{name}_rows", count=training,
-            all_splits=None if float_counts is None else tf.transpose(float_counts))
-        flat_rows = from_wire(flat_rows, self.wire_dtype)
         # The requester: table t's unique ids sit in `send` at these places.
         sent_offsets = tf.cumsum(tf.gather(dims, tf.gather(tags, order)), exclusive=True)
         places = tf.split(tf.math.invert_permutation(order), counts, num=num_tables)
-        unique_slots = [_row_slots(tf.gather(sent_offsets, places[t]), layer.dim) for t, layer in enumerate(layers)]
-        embeddings, start = [], [0] * num_tables
+        routed = dict(unique_keys=[u.y for u in unique], unique_index=[u.idx for u in unique],
+                      unique_slots=[_row_slots(tf.gather(sent_offsets, places[t]), layer.dim)
+                                    for t, layer in enumerate(layers)],
+                      owned_keys=owned_keys, owned_index=owned_index, owned_slots=owned_slots, rows_out=rows_out)
+        if every_counts is not None:  # floats each requester sends each owner (row gradients), = rows back, transposed
+            routed["float_counts"] = tf.reduce_sum(every_counts * dims, 2)
+        return routed
+
+    def fetch_rows(self, requests, layers, routed, training):
+        """Stage 2: the owners look their ids up (a new id: the row its update will insert)
+        and one alltoall brings the rows back, as one flat float buffer with each id's row (its
+        table's width) in the place of the id. Returns (each request's embeddings, what the
+        backward pass needs)."""
+        coll, name = self.collectives, _exchange_name(layers)
+        table_of = {id(layer): t for t, layer in enumerate(layers)}
+        rows = [tf.reshape(tf.gather(layer.tables[0].lookup(routed["owned_keys"][t], training),
+                                     routed["owned_index"][t]), [-1]) for t, layer in enumerate(layers)]
+        float_counts = routed.get("float_counts")
+        flat_rows, rows_in = coll.alltoall(
+            to_wire(tf.dynamic_stitch([tf.reshape(s, [-1]) for s in routed["owned_slots"]], rows), self.wire_dtype),
+            routed["rows_out"], f"{name}_rows", count=training,
+            all_splits=None if float_counts is None else tf.transpose(float_counts))
+        flat_rows = from_wire(flat_rows, self.wire_dtype)
+        embeddings, start = [], [0] * len(layers)
         for layer, keys, row_splits in requests:
             t = table_of[id(layer)]
             n = tf.size(keys)
-            per_key = tf.gather(flat_rows, tf.gather(unique_slots[t], unique[t].idx[start[t]:start[t] + n]))
+            index = routed["unique_index"][t][start[t]:start[t] + n]
+            per_key = tf.gather(flat_rows, tf.gather(routed["unique_slots"][t], index))
             start[t] += n
             embeddings.append(layer._combine(per_key, keys, row_splits))  # pylint: disable=protected-access
-        route = dict(unique=unique, unique_slots=unique_slots, rows_in=rows_in, owned=owned,
-                     float_counts=float_counts, name=name)
+        route = dict(routed, rows_in=rows_in, float_counts=float_counts, name=name)
         return embeddings, route
 
     def _route_gradients(self, requests, layers, upstream, route):
@@ -174,15 +202,15 @@ class TableSharding:
             up = tf.cast(tf.convert_to_tensor(up), tf.float32)
             per_key[table_of[id(layer)]].append(
                 tf.reshape(layer._per_key_gradient(up, row_splits), [-1, layer.dim]))  # pylint: disable=protected-access
-        unique_grads = [ops().ttf_embedding_grad(tf.concat(per_key[t], 0), route["unique"][t].idx, route["unique"][t].y)
-                        for t in range(len(layers))]
+        unique_grads = [ops().ttf_embedding_grad(tf.concat(per_key[t], 0), route["unique_index"][t],
+                                                 route["unique_keys"][t]) for t in range(len(layers))]
         flat = tf.dynamic_stitch([tf.reshape(s, [-1]) for s in route["unique_slots"]],
                                  [tf.reshape(g, [-1]) for g in unique_grads])
         received, _ = self.collectives.alltoall(to_wire(flat, self.wire_dtype), route["rows_in"],
                                                 f"{route['name']}_grads", all_splits=route["float_counts"], count=True)
         received = from_wire(received, self.wire_dtype)
         grads = []
-        for keys_t, index_t, slots_t in route["owned"]:
+        for keys_t, index_t, slots_t in zip(route["owned_keys"], route["owned_index"], route["owned_slots"]):
             # Sum each owned id's gradient over the workers; / size averages like the dense allreduce.
             summed = tf.math.unsorted_segment_sum(tf.gather(received, slots_t), index_t, tf.size(keys_t))
             grads.append(tf.IndexedSlices(summed / self.size, keys_t))
@@ -254,12 +282,54 @@ def shard_tables(model, collectives, compression="none", group=None, make_shardi
     return layers
 
 
+def _checked_against(requests, layers, routed):
+    """`requests` with their keys made to wait for a check that `routed` (route_ids' output)
+    routed as many ids of each table as they hold."""
+    held = [0] * len(layers)
+    table_of = {id(layer): t for t, layer in enumerate(layers)}
+    for layer, keys, _ in requests:
+        held[table_of[id(layer)]] += tf.size(keys)
+    checks = [tf.debugging.assert_equal(tf.size(routed["unique_index"][t]), held[t], message=(
+        f"ttf: the ids routed ahead for {layer.name} are not this batch's (a pipelined step fed another batch); "
+        "report this as a ttf bug")) for t, layer in enumerate(layers)]
+    with tf.control_dependencies(checks):
+        return [(layer, tf.identity(keys), row_splits) for layer, keys, row_splits in requests]
+
+
+class Grouping:
+    """A functional model's ttf lookups made as one exchange: its ttf layer calls in the order
+    the graph runs them, and a sub-model from the model's inputs to those calls' ids."""
+
+    def __init__(self, layers, ids_model, ids_structure):
+        self.layers, self.ids_model, self.ids_structure = layers, ids_model, ids_structure
+
+    def requests(self, inputs, training):
+        """{trains: [(layer, keys, row_splits)]} of one call on `inputs`: a frozen table takes
+        part in a find-only exchange."""
+        flat_ids = self.ids_model(inputs, training=training)
+        ids = tf.nest.pack_sequence_as(self.ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
+        groups = {}
+        for layer, x in zip(self.layers, ids):
+            groups.setdefault(layer.trains(training), []).append((layer, *layer.keys_of(x)))
+        return {flag: groups[flag] for flag in sorted(groups)}
+
+    def route_ids(self, sharding, inputs, training):
+        """Stage 1 of the exchange of a call on `inputs` (ids to their owners): {trains: routing}."""
+        return {flag: sharding.route_ids(chosen, _distinct(chosen), flag)
+                for flag, chosen in self.requests(inputs, training).items()}
+
+
+def _distinct(requests):
+    return list({id(layer): layer for layer, _, _ in requests}.values())
+
+
 def _group_lookups(model, sharding):
     """Makes a functional model (Keras 2 or 3, or a Sequential) look up all its ttf tables in
     one exchange: each call first computes the ids of every ttf layer call (a sub-model from
     the inputs to those ids), exchanges them all at once, and the layers then take their rows
     from that exchange. Returns the ids of the grouped layers (none for a subclassed model,
-    or one ttf call)."""
+    or one ttf call). A model with one ttf call keeps its layer's own exchange, but gets its
+    Grouping too (sharding.grouping): a pipelined step routes the next batch's ids with it."""
     functional = _graph.functional(model)
     if functional is None:
         return set()
@@ -267,7 +337,7 @@ def _group_lookups(model, sharding):
     nodes = [node for depth in sorted(by_depth, reverse=True) for node in by_depth[depth]  # the order the graph runs
              if not node.is_input and isinstance(_graph.layer(node), DynamicEmbedding)
              and _graph.layer(node).sharding is sharding]
-    if len(nodes) < 2:
+    if not nodes:
         return set()
     layers = [_graph.layer(node) for node in nodes]
     ids_structure = [_graph.first_argument(node, "ids") for node in nodes]
@@ -277,22 +347,22 @@ def _group_lookups(model, sharding):
         ids_model = tf.keras.Model(_graph.structures(functional)[0], tf.nest.flatten(ids_structure),
                                    name=f"{model.name}_ttf_ids")
     except (ValueError, TypeError) as err:
-        warnings.warn(f"ttf: cannot group the ttf lookups of {model.name} into one exchange ({err}); "
-                      "each table makes its own", stacklevel=3)
+        if len(nodes) > 1:
+            warnings.warn(f"ttf: cannot group the ttf lookups of {model.name} into one exchange ({err}); "
+                          "each table makes its own", stacklevel=3)
         return set()
+    grouping = sharding.grouping = Grouping(layers, ids_model, ids_structure)
     call = functional.call
 
     def grouped_call(inputs, training=None, mask=None, **kwargs):
-        if any(layer._serving_table is not None for layer in layers):  # pylint: disable=protected-access
+        routed = sharding.prefetched  # a pipelined step's routing of these inputs' ids, or None
+        if (any(layer._serving_table is not None for layer in layers)  # pylint: disable=protected-access
+                or (len(layers) == 1 and routed is None)):
             return call(inputs, training=training, mask=mask, **kwargs)  # export_for_serving is tracing: no exchange
-        flat_ids = ids_model(inputs, training=training)
-        ids = tf.nest.pack_sequence_as(ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
-        requests = [(layer, *layer.keys_of(x)) for layer, x in zip(layers, ids)]
-        trains = [layer.trains(training) for layer in layers]
         queues = {}
-        for flag in sorted(set(trains)):  # a frozen table takes part in a find-only exchange
-            chosen = [request for request, trained in zip(requests, trains) if trained == flag]
-            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(chosen, flag)):
+        for flag, chosen in grouping.requests(inputs, training).items():
+            ahead = {} if routed is None else {"routed": routed[flag]}  # (a wrapped exchange may take 2 arguments)
+            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(chosen, flag, **ahead)):
                 queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
         outer, sharding._grouped = sharding._grouped, queues  # pylint: disable=protected-access
         try:
@@ -301,7 +371,7 @@ def _group_lookups(model, sharding):
             sharding._grouped = outer  # pylint: disable=protected-access
 
     functional.call = grouped_call  # this model's calls (Keras calls self.call) exchange once
-    return {id(layer) for layer in layers}
+    return {id(layer) for layer in layers} if len(layers) > 1 else set()
 
 
 def table_size(model, collectives):
@@ -404,5 +474,5 @@ def DistributedOptimizer(optimizer, collectives, compression="none"):  # noqa: N
     return optimizer
 
 
-__all__ = ["DistributedOptimizer", "TableSharding", "allreduce_dense", "broadcast_variables", "shard_tables",
+__all__ = ["DistributedOptimizer", "Grouping", "TableSharding", "allreduce_dense", "broadcast_variables", "shard_tables",
            "table_size"]

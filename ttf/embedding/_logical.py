@@ -162,10 +162,10 @@ class LogicalTable(tf.__internal__.tracking.Trackable):
         # it with _SavedModelLogicalTable's traced restore function, without ttf's Python.
         if getattr(self.layer, "sharding", None) is not None:  # Horovod: this rank holds 1/N of the ids
             raise ValueError(
-                f"tf.saved_model.save of {self.layer.name}, a table sharded over Horovod ranks, would write this "
-                "rank's ids only. For serving, call ttf.distribute.horovod.export_for_serving(model, path) on every "
+                f"tf.saved_model.save of {self.layer.name}, a table sharded over ranks, would write this "
+                "rank's ids only. For serving, call ttf.distribute.sync.export_for_serving(model, path, collectives) on every "
                 "rank (the whole table, written once by rank 0); for a checkpoint, "
-                "ttf.distribute.horovod.save_checkpoint(manager, step) on every rank (each writes its part).")
+                "ttf.distribute.sync.save_checkpoint(manager, step, collectives) on every rank (each writes its part).")
         # Keras 3's model.export() and tf.saved_model.save come here; ttf.export_for_serving
         # freezes the tables into stock ops and never does.
         warnings.warn(SAVED_MODEL_NEEDS_TTF, UserWarning, stacklevel=2)

@@ -311,17 +311,9 @@ class PrecisionTrainStep(tf.Module):
         Raises:
           NonFiniteTrainingError: this step made `max_non_finite_steps` skipped steps in a row.
         """
-        if not self._optimizer_built:
-            # Before the first trace: variables created while tracing make tf.function
-            # trace a second time.
-            _build_optimizer(self._optimizer, self._trainable_variables())
-            self._optimizer_built = True
-        try:
+        self.prepare()  # before the first trace: variables created while tracing make it trace again
+        with self.non_finite_errors():
             return self._function(features, labels, sample_weight)
-        except tf.errors.InvalidArgumentError as err:
-            if _NON_FINITE_MARKER not in str(err):
-                raise
-            raise self._non_finite_error() from None
 
     def run(self, iterator, steps, after_batch=None):
         """Runs up to `steps` steps in one tf.function call, each on the next batch
@@ -340,13 +332,29 @@ class PrecisionTrainStep(tf.Module):
         """
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-        if not self._optimizer_built:
-            _build_optimizer(self._optimizer, self._trainable_variables())
-            self._optimizer_built = True
-        try:
+        self.prepare()
+        with self.non_finite_errors():
             if after_batch != self._after_batch:  # a new hook: a new trace
                 self._after_batch, self._loop = after_batch, tf.function(self._run_steps)
             return self._loop(iterator, tf.constant(steps, tf.int32))
+
+    def traced_step(self, features, labels):
+        """The step's ops for a caller's own tf.function (ttf.distribute's pipelined step traces
+        the next batch's id routing beside them); returns what `__call__` returns. Call
+        `prepare()` before the first trace, and the function inside `non_finite_errors()`."""
+        return self._train_step(features, labels, None)
+
+    def prepare(self):
+        """Creates the optimizer's slots (before the first trace of a step)."""
+        if not self._optimizer_built:
+            _build_optimizer(self._optimizer, self._trainable_variables())
+            self._optimizer_built = True
+
+    @contextlib.contextmanager
+    def non_finite_errors(self):
+        """Turns the step's runaway check into NonFiniteTrainingError (as `__call__` does)."""
+        try:
+            yield
         except tf.errors.InvalidArgumentError as err:
             if _NON_FINITE_MARKER not in str(err):
                 raise

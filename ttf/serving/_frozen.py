@@ -241,8 +241,8 @@ class HashedTable(tf.Module):
         steps = []
         sharding = getattr(layer, "sharding", None)
         if sharding is not None and rank_shards is None:
-            raise ValueError(f"{layer.name} is sharded over {sharding.size} Horovod ranks, each holding its own rows: "
-                             "export it with ttf.distribute.horovod.export_for_serving(model, base) on every rank")
+            raise ValueError(f"{layer.name} is sharded over {sharding.size} ranks, each holding its own rows: "
+                             "export it with ttf.distribute.sync.export_for_serving(model, base, collectives) on every rank")
         if sharding is not None:  # Horovod: this rank's shard, built here, and the others' placeholders
             for i, (shard, step) in enumerate(rank_shards):
                 if not isinstance(shard, HashedShard):  # its rank writes its arrays into the same SavedModel

@@ -149,8 +149,8 @@ class Publisher:
         self.shards = shards or LocalShards()
         if isinstance(self.shards, LocalShards) and any(getattr(layer, "sharding", None) is not None
                                                         for layer in self.layers):
-            raise ValueError("Publisher: the tables are sharded over Horovod ranks: publish with "
-                             "ttf.distribute.horovod.Publisher on every rank (each rank writes its own part)")
+            raise ValueError("Publisher: the tables are sharded over ranks: publish with "
+                             "ttf.distribute.sync.Publisher(model, base, collectives) on every rank (each rank writes its own part)")
         self.model, self.base = model, os.fspath(base)
         self.publish_every, self.dense_publish_every, self.rebase_every = publish_every, dense_publish_every, rebase_every
         self.row_dtype, self.keep_versions, self.clock = row_dtype, keep_versions, clock

@@ -88,6 +88,9 @@ class JobConfig:
       ttl_seconds: event-time TTL on a stream: evict ids not trained on an example newer than
         this many seconds before the newest one (ttf.embedding.EventTimeTTL).
       journal: append one line per stream step (the step, then its example ids) here.
+      pipeline: synchronous ranks (SyncWorkers, HorovodRanks) route the next batch's ids to
+        their owners while this batch trains (fit only; a functional model). The same
+        updates in the same order as without it; docs/sync.md, "Pipelined steps".
       max_bad_fraction: stop with BadInputError when more than this fraction of the lines read
         so far (after the first 1,000) were skipped as bad (a lenient Reader or stream,
         strict=False): input that went bad stops the job rather than training on what is left.
@@ -112,6 +115,7 @@ class JobConfig:
     ttl_seconds: Optional[float] = None
     journal: Optional[str] = None
     max_bad_fraction: float = 0.1
+    pipeline: bool = False
 
     def __post_init__(self):
         for name in ("batch_size", "steps_per_call", "log_every", "checkpoint_every", "full_every", "max_to_keep",
@@ -129,6 +133,11 @@ class JobConfig:
                              f"ttf.precision.resolve_precision), got {self.precision!r}")
         if not (isinstance(self.max_bad_fraction, (int, float)) and 0 <= self.max_bad_fraction <= 1):
             raise ValueError(f"JobConfig.max_bad_fraction must be a number in [0, 1], got {self.max_bad_fraction!r}")
+        if not isinstance(self.pipeline, bool):
+            raise ValueError(f"JobConfig.pipeline must be True or False, got {self.pipeline!r}")
+        if self.pipeline and self.steps_per_call > 1:
+            raise ValueError("JobConfig: pipeline=True runs one step per call, each routing the next batch's ids; "
+                             f"give steps_per_call=1 (got {self.steps_per_call})")
         if self.resume not in RESUMES:
             raise ValueError(f"JobConfig.resume must be one of {RESUMES}, got {self.resume!r}")
         _positive("JobConfig", "ttl_seconds", self.ttl_seconds, allow_none=True, number=float)

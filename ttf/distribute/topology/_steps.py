@@ -9,7 +9,7 @@ coordinator schedules one traced function per precision, so the precision is the
 call for the next round; the guard's decision stays in the graph (NonFiniteGuard), its count
 of skipped steps in a row on the host. Both host halves are in `_observe`, once.
 
-A runner gives the loops (ttf/distribute/_loops.py) the same few calls: `start_fit` /
+A runner gives the loops (ttf/distribute/job/_loops.py) the same few calls: `start_fit` /
 `warm_up` / `next_call` / `run` for batches, `rounds` for a stream, and the counters.
 """
 import dataclasses
@@ -17,6 +17,7 @@ import dataclasses
 import tensorflow as tf
 
 from ttf.distribute.topology._attempts import StepAttempts
+from ttf.distribute.topology._pipeline import check_can_pipeline, pipelined_step
 from ttf.precision import NonFiniteGuard, low_precision, make_train_step
 
 
@@ -39,9 +40,9 @@ class LocalSteps:
 
     def __init__(self, job):
         self.job = job
-        self.train_step = None
+        self.train_step = self.pipeline = None  # pipeline: the pipelined step (JobConfig.pipeline)
         self._low_before = 0
-        self._iterator = self._record = None
+        self._iterator = self._record = self._step = None
         self._finite = True
 
     def build(self, parts):
@@ -51,6 +52,11 @@ class LocalSteps:
                                           max_non_finite_steps=job.config.max_non_finite_steps,
                                           finite_across=job.topology.finite_across())
         parts["train_step"] = self.train_step
+        if job.config.pipeline and job.stream is None:
+            self.pipeline = pipelined_step(self.train_step, job.model, job.topology)
+        elif job.config.pipeline:
+            job.log("pipeline=True: a stream's steps are not pipelined (each batch is read when the previous one "
+                    "is done)")
 
     def restored(self):
         """After the restore: this run's counters start here."""
@@ -70,6 +76,10 @@ class LocalSteps:
         ranks every rank stops when one runs out)."""
         job = self.job
         self._iterator = iter(dataset(job.topology.share))
+        self._step = self.train_step
+        if self.pipeline is not None:  # reads one batch ahead: its ids travel while this batch trains
+            ranks_agree = finite and job.topology.num_ranks > 1
+            self._iterator = self._step = self.pipeline.start(self._iterator, job.topology if ranks_agree else None)
         self._record = tf.function(job.position.record)
         self._finite = finite
 
@@ -92,12 +102,13 @@ class LocalSteps:
             ran = int(result["steps"])
             return ran, result["loss"], ran < steps
         batch = next(self._iterator, None)
-        if self._finite and not job.topology.all_have(batch is not None):  # every rank stops when one runs out
+        # Every rank stops when one runs out (a pipelined step's iterator agrees on it itself).
+        if self._finite and self.pipeline is None and not job.topology.all_have(batch is not None):
             return 0, None, True
         if batch is None:
             return 0, None, True
         labels = batch[1]
-        result = self.train_step(batch[0], labels)
+        result = self._step(batch[0], labels)
         if len(batch) > 2:  # a Reader's batch: where its share continues
             self._record(batch[2], tf.size(labels))
         return 1, result["loss"], False
@@ -130,6 +141,8 @@ class CoordinatedSteps:
 
     def build(self, parts):
         job = self.job
+        if job.config.pipeline:
+            check_can_pipeline(job.topology)  # one line: a parameter-server job has no table exchange to overlap
         self.guard = NonFiniteGuard(job.config.max_non_finite_steps)
         self.guard.build(job.optimizer, job.forward.trainable_variables)
         parts["non_finite_guard"] = self.guard

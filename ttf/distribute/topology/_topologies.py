@@ -188,7 +188,7 @@ JOB_COLLECTIVE_TIMEOUT_SECONDS = 600.0
 
 
 class SynchronousRanks(_Steps):
-    """Ranks of a synchronous job over a Collectives backend (ttf/distribute/_collectives.py):
+    """Ranks of a synchronous job over a Collectives backend (ttf/distribute/collectives/_tf.py):
     ttf tables sharded over the ranks, dense gradients averaged, each rank reads its own
     input share and writes its own rows; every mechanic is ttf/distribute/_ranks.py's, written
     once for every backend. Subclasses make the backend (`self.coll`)."""
