@@ -1,12 +1,11 @@
-"""Moved: `python -m ttf.launch.server`. This name still runs it, with a DeprecationWarning,
-because users' manifests start their servers with it."""
-import sys
+"""Moved: `python -m ttf.launch.server`. This name still runs it, with a DeprecationWarning, because
+users' manifests start their servers with it. It runs the new module by name (runpy),
+so ttf.distribute never imports the launchers, which stand above it."""
+import runpy
+import warnings
 
-from ttf.launch._moved import warn_moved
-
-warn_moved("ttf.distribute.server", "ttf.launch.server", __name__ == "__main__")
-
-from ttf.launch.server import main  # noqa: E402  (after the warning: it loads TensorFlow, seconds)
+warnings.warn("ttf.distribute.server is now ttf.launch.server: run `python -m ttf.launch.server` "
+              "(the old name will go)", DeprecationWarning, stacklevel=1 if __name__ == "__main__" else 2)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("ttf.launch.server", run_name="__main__", alter_sys=True)
