@@ -20,7 +20,7 @@ import ttf
 import tensorflow as tf
 import ttf.distribute.horovod as tdh
 import horovod.tensorflow as hvd
-from ttf.checkpoint import _format
+from ttf.distribute import _ranks  # where each rank writes its part (write_rank_part)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoint"))
 from table_order import by_key  # noqa: E402 (tests/checkpoint/, beside this script's folder)
@@ -91,18 +91,18 @@ elif mode == "fail":
     train(model, optimizer, 0)
     result["first"] = tdh.save_checkpoint(manager, 1, coll)
     train(model, optimizer, 10_000)
-    real = _format.write_rank_part
+    real = _ranks.write_rank_part
     if rank == 1:
         def write_rank_part(*args):
             raise OSError("no space left on device (injected)")
-        _format.write_rank_part = write_rank_part
+        _ranks.write_rank_part = write_rank_part
     try:
         tdh.save_checkpoint(manager, 2, coll)
         result["error"] = None
     except RuntimeError as err:
         result["error"], result["message"] = type(err).__name__, str(err)
     result["latest"] = manager.latest
-    _format.write_rank_part = real  # the disk has room again: the next save holds everything since ckpt-1
+    _ranks.write_rank_part = real  # the disk has room again: the next save holds everything since ckpt-1
     result["next"] = tdh.save_checkpoint(manager, 3, coll)
     save_rows(model, "step3")
 with open(f"{prefix}-{rank}.json", "w") as f:

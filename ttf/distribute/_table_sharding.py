@@ -370,8 +370,17 @@ def _group_lookups(model, sharding):
         finally:
             sharding._grouped = outer  # pylint: disable=protected-access
 
-    functional.call = grouped_call  # this model's calls (Keras calls self.call) exchange once
-    return {id(layer) for layer in layers} if len(layers) > 1 else set()
+    def install():
+        functional.call = grouped_call  # this model's calls (Keras calls self.call) exchange once
+
+    if len(layers) > 1:
+        install()
+        return {id(layer) for layer in layers}
+    # One ttf call keeps its layer's own exchange and Keras' own call until a pipelined step
+    # starts (it installs the grouped call): with the call replaced, a one-table model's eager
+    # call after a Horovod serving export ran a graph traced by the export (test_horovod_misuse).
+    grouping.install = install
+    return set()
 
 
 def table_size(model, collectives):

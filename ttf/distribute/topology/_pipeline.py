@@ -43,6 +43,8 @@ def pipelined_step(train_step, model, topology):
                          f"a functional model whose ttf layers are called on its inputs' ids; {model.name} has "
                          f"{'no ttf table' if not layers else 'its ttf layers inside a subclassed or nested model'}: "
                          "build it functionally, or drop pipeline (--pipeline)")
+    if getattr(grouping, "install", None) is not None:  # a one-table model: its call now takes the routing
+        grouping.install()
     return PipelinedStep(train_step, sharding, grouping)
 
 
