@@ -36,24 +36,27 @@ _VALUE_MODES = ("auto", "int", "string")
 _TRANSFORMS = ("none", "log1p")
 
 
-def _check_name(kind, name):
-    if not isinstance(name, str) or not name or any(c in name for c in "\t\n\r"):
-        raise ValueError(f"{kind} column name must be a non-empty string without tabs or line ends, got {name!r}")
+class _Column:
+    """What every column kind checks: its name (a dataclass's __post_init__; kinds with more
+    settings check them after calling this)."""
+
+    def __post_init__(self):
+        name = self.name
+        if not isinstance(name, str) or not name or any(c in name for c in "\t\n\r"):
+            raise ValueError(f"{type(self).__name__} column name must be a non-empty string without tabs or line "
+                             f"ends, got {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
-class Label:
+class Label(_Column):
     """The label column: 0 or 1 (any number equal to 0 or 1: `1`, `1.0`, `+1`)."""
 
     name: str
     kind = "label"
 
-    def __post_init__(self):
-        _check_name("Label", self.name)
-
 
 @dataclasses.dataclass(frozen=True)
-class Dense:
+class Dense(_Column):
     """A numeric column -> one float32 feature of "dense".
 
     Args:
@@ -68,7 +71,7 @@ class Dense:
     kind = "dense"
 
     def __post_init__(self):
-        _check_name("Dense", self.name)
+        super().__post_init__()
         if self.transform not in _TRANSFORMS:
             raise ValueError(f"Dense column {self.name!r}: transform must be one of {_TRANSFORMS}, "
                              f"got {self.transform!r}")
@@ -77,7 +80,7 @@ class Dense:
 
 
 @dataclasses.dataclass(frozen=True)
-class Categorical:
+class Categorical(_Column):
     """A categorical column -> one int64 key per row in "ids", tagged with its field.
 
     Args:
@@ -95,14 +98,14 @@ class Categorical:
     kind = "categorical"
 
     def __post_init__(self):
-        _check_name("Categorical", self.name)
+        super().__post_init__()
         if self.values not in _VALUE_MODES:
             raise ValueError(f"Categorical column {self.name!r}: values must be one of {_VALUE_MODES}, "
                              f"got {self.values!r}")
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiHot:
+class MultiHot(_Column):
     """A list of values in one column (e.g. `a|b|c`) -> a ragged int64 feature of its own
     name, [B, None] keys tagged with its own field; an empty field is an empty list. The
     models combine each row's embeddings with `combiner` ("mean" or "sum").
@@ -121,7 +124,7 @@ class MultiHot:
     kind = "multi_hot"
 
     def __post_init__(self):
-        _check_name("MultiHot", self.name)
+        super().__post_init__()
         if not isinstance(self.separator, str) or len(self.separator) != 1 or self.separator in "\n\r":
             raise ValueError(f"MultiHot column {self.name!r}: separator must be one character, got {self.separator!r}")
         if self.values not in _VALUE_MODES:
@@ -132,7 +135,7 @@ class MultiHot:
 
 
 @dataclasses.dataclass(frozen=True)
-class Hour:
+class Hour(_Column):
     """A YYMMDDHH time stamp (Avazu's `hour`: 14102100 is 2014-10-21, 00:00) -> two
     categorical fields, `<name>_hour` (0..23) and `<name>_weekday` (0 Monday .. 6 Sunday),
     whose keys hold those numbers. An empty field is missing in both."""
@@ -140,23 +143,17 @@ class Hour:
     name: str
     kind = "hour"
 
-    def __post_init__(self):
-        _check_name("Hour", self.name)
-
     @property
     def fields(self):
         return (f"{self.name}_hour", f"{self.name}_weekday")
 
 
 @dataclasses.dataclass(frozen=True)
-class Skip:
+class Skip(_Column):
     """A column that is read past and ignored (e.g. a row id)."""
 
     name: str
     kind = "skip"
-
-    def __post_init__(self):
-        _check_name("Skip", self.name)
 
 
 _KINDS = {cls.kind: cls for cls in (Label, Dense, Categorical, MultiHot, Hour, Skip)}

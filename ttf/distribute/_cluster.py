@@ -121,6 +121,17 @@ class Cluster:
                    int(resolver.task_id or 0), "a ClusterResolver", _one(tasks, "evaluator"))
 
     @classmethod
+    def from_launcher_flags(cls, args, role_flag):
+        """TF_CONFIG merged with a launcher's flags: argparse `args` with ps_hosts, worker_hosts,
+        chief_host, index, and the task type under `role_flag` ("--job", "--role"); errors name the flags."""
+        role = role_flag.lstrip("-").replace("-", "_")
+        names = {"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host",
+                 "task_type": role_flag, "task_index": "--index"}
+        return cls.from_flags(cls.from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
+                              chief_host=args.chief_host, task_type=getattr(args, role), task_index=args.index,
+                              names=names)
+
+    @classmethod
     def from_flags(cls, tf_config=None, *, ps_hosts=None, worker_hosts=None, chief_host=None, task_type=None,
                    task_index=None, task_types=TASK_TYPES, shapes=SHAPES, names=None):
         """Merges TF_CONFIG (a Cluster from `from_env()`, or None) with flags into a Cluster.

@@ -21,10 +21,6 @@ import tensorflow as tf
 from ttf._ops import ops
 from ttf.distribute._cluster import Cluster, ClusterError
 
-_FLAG_NAMES = {"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host",
-               "task_type": "--job", "task_index": "--index"}
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", choices=["ps", "worker"], help="this task's job (default: TF_CONFIG's task type)")
@@ -37,9 +33,7 @@ def main(argv=None):
                              "(e.g. tensorflow_recommenders_addons.dynamic_embedding for TFRA jobs); repeatable")
     args = parser.parse_args(argv)
     try:
-        cluster = Cluster.from_flags(Cluster.from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
-                                     chief_host=args.chief_host, task_type=args.job, task_index=args.index,
-                                     names=_FLAG_NAMES)
+        cluster = Cluster.from_launcher_flags(args, "--job")
     except ClusterError as err:
         parser.error(str(err))
     if cluster.source == "arguments" and not (cluster.task_type and cluster.ps_hosts and cluster.worker_hosts

@@ -18,9 +18,6 @@ else:  # run by path: the cluster module alone, without the ttf package
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "distribute"))
     from _cluster import Cluster, ClusterError  # pylint: disable=import-error
 
-_FLAG_NAMES = {"ps_hosts": "--ps-hosts", "worker_hosts": "--worker-hosts", "chief_host": "--chief-host",
-               "task_type": "--role", "task_index": "--index"}
-
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Prints this task's role from $TF_CONFIG as shell assignments.")
@@ -30,9 +27,7 @@ def main(argv=None):
     parser.add_argument("--index", type=int, default=None)
     args = parser.parse_args(argv)
     try:
-        role = Cluster.from_flags(Cluster.from_env(), ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
-                                  chief_host=args.chief_host, task_type=args.role, task_index=args.index,
-                                  names=_FLAG_NAMES)
+        role = Cluster.from_launcher_flags(args, "--role")
     except ClusterError as err:
         print(err, file=sys.stderr)
         return 2
