@@ -64,8 +64,9 @@ class _Encoder:
 def _open_parquet(path, remote, dictionary_columns=()):
     """pyarrow's ParquetFile of a local path, or of its local copy in `remote` (another file system)."""
     try:
-        return pq.ParquetFile(remote.get(path, path),
-                              read_dictionary=list(dictionary_columns) or None)
+        # No read-ahead on pyarrow's I/O threads: a row group is read whole by one tf.data thread.
+        return pq.ParquetFile(remote.get(path, path), read_dictionary=list(dictionary_columns) or None,
+                              pre_buffer=False)
     except (pa.ArrowException, OSError) as err:
         raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); a truncated or corrupt "
                          "file: write or copy it again") from None
@@ -114,10 +115,10 @@ def _arrow_arrays(array, source, multi_hot):
         array = array.dictionary_decode()
     valid = array.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8) if array.null_count else _EMPTY[np.uint8]
     ints, floats, offsets, data = _EMPTY[np.int64], _EMPTY[np.float64], _EMPTY[np.int64], _EMPTY[np.uint8]
-    if source == INTS:
-        ints = array.cast(pa.int64()).fill_null(0).to_numpy()
-    elif source == FLOATS:
-        floats = array.cast(pa.float64()).fill_null(0).to_numpy()
+    if source in (INTS, FLOATS):  # no fill_null copy when nothing is null
+        values = array.cast(pa.int64() if source == INTS else pa.float64())
+        values = (values.fill_null(0) if array.null_count else values).to_numpy()
+        ints, floats = (values, floats) if source == INTS else (ints, values)
     else:
         offsets, data = _binary_buffers(array)
     return valid, splits, ints, floats, offsets, data
@@ -135,7 +136,8 @@ def _binary_buffers(array):
 def _dictionary_arrays(array):
     """A dictionary-encoded string column (one value per row) as the op's arrays: indices and entries."""
     valid = array.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8) if array.null_count else _EMPTY[np.uint8]
-    indices = array.indices.cast(pa.int64()).fill_null(0).to_numpy()
+    indices = array.indices.cast(pa.int64())
+    indices = (indices.fill_null(0) if array.null_count else indices).to_numpy()
     offsets, data = _binary_buffers(array.dictionary)
     return valid, _EMPTY[np.int64], indices, _EMPTY[np.float64], offsets, data
 
