@@ -22,8 +22,11 @@ def deepfm_trainer(dim, seed=0, lr=0.001):
     """A ttf DeepFM on the criteo schema with its Adam; returns (model, step), step(features, labels) one
     training step on a batch of {"ids", "dense"} features."""
     model = ctr.build(ctr.spec_for("criteo", model="fm", embedding_dim=dim), "ttf", seed=seed)
-    optimizer = ctr.make_optimizer("ttf", "adam", lr)
+    return model, train_step(model, ctr.make_optimizer("ttf", "adam", lr))
 
+
+def train_step(model, optimizer):
+    """One traced training step of a models/ctr.py model: step(features, labels) -> the mean loss."""
     @tf.function
     def step(features, labels):
         with tf.GradientTape() as tape:
@@ -31,5 +34,6 @@ def deepfm_trainer(dim, seed=0, lr=0.001):
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
         variables = model.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
 
-    return model, step
+    return step

@@ -181,6 +181,7 @@ def deepfm(args, tiered, first_step):
     26 fields, rows of dim + 1 floats: the FM's linear term) and ttf's Adam, trained on the
     keys as [batch / 26, 26] ids with random dense columns and labels (throughput only: a
     tiered table trains bit for bit as an all-DRAM one, tests/embedding/test_table_tiers.py)."""
+    from benchmarks._ctr import train_step
     from models import ctr
 
     os.makedirs(args.ssd_dir, exist_ok=True)
@@ -193,14 +194,7 @@ def deepfm(args, tiered, first_step):
     rows, fields = args.batch // spec.num_fields, spec.num_fields
     rng = np.random.default_rng(1)
 
-    @tf.function
-    def train(features, labels):
-        with tf.GradientTape() as tape:
-            logits = model.logits(features, training=True)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-        variables = model.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
+    train = train_step(model, optimizer)
 
     def step(keys, number):
         features = {"ids": keys[:rows * fields].reshape(rows, fields),
