@@ -285,7 +285,9 @@ class CoordinatedSteps:
         if not losses:  # this round's closures all ran on finished workers, or every share ended
             return 0, None, len(self._finished) == self.workers
         self._observe(losses, skipped, first_step, low)
-        return len(losses), losses[-1], False
+        # The global step, not the losses: a lost worker's closure that is run again may have
+        # applied its step on the ps before the worker died, so the step moved once more.
+        return self.job.step() - first_step, losses[-1], False
 
     # ---- a stream ----
 
