@@ -99,8 +99,7 @@ def parse_args(argv, description=None):
                              "the optimizer's slots to match (int8: Adagrad's accumulator and Adam's second "
                              "moment one a row, docs/table_rows.md); updates round stochastically, seeded. "
                              "Not with --dram-budget (default fp32)")
-    step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep; a parameter-server job: "
-                                "ttf.precision.NonFiniteGuard)")
+    step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, on every topology)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
                       help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "
                            "NaN/Inf (each such step is skipped whole and counted); 0 never stops (default 20)")

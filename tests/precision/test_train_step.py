@@ -1,5 +1,11 @@
 """make_train_step / use_adaptive_precision: one trace per variant, bf16 math, skipped updates,
-and a toy task where the "loss" policy matches float32 AUC."""
+a toy task where the "loss" policy matches float32 AUC, and the same step on a parameter server's
+worker."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -296,3 +302,21 @@ def test_run_k_steps_per_call_equals_k_single_calls():
     assert int(step_looped.low_precision_steps) == 2
     with pytest.raises(ValueError, match="steps must be an int >= 1"):
         step_looped.run(iter(dataset), 0)
+
+
+def test_the_step_over_a_parameter_server_strategy_equals_the_one_process_step():
+    """docs/precision.md's parameter-server example on real in-process servers: the step runs
+    on the worker, its table on the ps; precision per step and the skip are decided there,
+    bit-identical to one process on the same batches; a runaway is one NonFiniteTrainingError."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ps_train_step.py")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    # (low precision, skipped) per step: the "time" window is steps 1 and 2; step 3's loss is NaN
+    assert found["results"] == [[False, False], [True, False], [True, False], [False, True], [False, False]]
+    assert found["table_device"].startswith("/job:ps/")
+    for name in ("skipped", "low", "step"):
+        assert found["ps"][name] == found["local"][name], name
+    np.testing.assert_array_equal(found["ps"]["rows"], found["local"]["rows"])  # same ops, same order
+    np.testing.assert_array_equal(found["ps"]["kernel"], found["local"]["kernel"])
+    assert found["runaway"].startswith("2 training steps in a row (up to step 7) had a NaN/Inf loss"), found["runaway"]

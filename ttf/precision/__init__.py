@@ -7,8 +7,9 @@ float32 windows). `PrecisionTrainStep` is ttf's one training step: `make_train_s
 (your own loop) and `use_adaptive_precision` (model.fit) build it. It runs a Keras
 model's float32 weights in bfloat16 per step without retracing, skips a step whose loss
 or any gradient is NaN/Inf whole (counted), and raises `NonFiniteTrainingError` after too
-many such steps in a row. `NonFiniteGuard` gives a step written around a distribution
-strategy (a parameter-server worker's) the same skip, counter and stop. See docs/precision.md.
+many such steps in a row; given a ParameterServerStrategy, it runs on the strategy's workers.
+`NonFiniteGuard` is the skip alone, for a worker step of your own written around
+`strategy.run`. See docs/precision.md.
 """
 from ttf.precision._config import PrecisionConfig, SwitchConfig
 from ttf.precision._cpu import cpu_has_native_bf16

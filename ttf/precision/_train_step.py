@@ -159,6 +159,18 @@ def _all_finite(loss, grads):
     return tf.reduce_all(tf.stack(checks))
 
 
+def _apply_gradients(optimizer, pairs, strategy=None):
+    """`optimizer.apply_gradients(pairs)`, called inside the guard's tf.cond. In a
+    strategy's cross-replica step (a parameter-server worker's) the apply runs through
+    `strategy.run`: ParameterServerStrategy refuses an `apply_gradients` inside a tf.cond
+    within `strategy.run` (its merge_call), so the cond is outside and the run inside."""
+    if strategy is None:
+        optimizer.apply_gradients(pairs)
+        return
+    variables = [v for _, v in pairs]
+    strategy.run(lambda *g: optimizer.apply_gradients(zip(g, variables)), args=tuple(g for g, _ in pairs))
+
+
 def _check_max_non_finite_steps(value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"max_non_finite_steps must be an int >= 0 (0: never stop), got {value!r}")
@@ -216,11 +228,10 @@ class NonFiniteGuard(tf.Module):
         defaults to the current one."""
         strategy = strategy or tf.distribute.get_strategy()
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
-        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        finite = _all_finite(loss, grads)
+        finite = _all_finite(loss, [g for g, _ in pairs])
 
         def apply():
-            strategy.run(lambda *g: optimizer.apply_gradients(zip(g, variables)), args=tuple(grads))
+            _apply_gradients(optimizer, pairs, strategy)
             return tf.constant(True)
 
         tf.cond(finite, apply, lambda: tf.constant(False))
@@ -255,10 +266,15 @@ class PrecisionTrainStep(tf.Module):
       non_finite_run: skipped steps in a row up to the last one.
       low_precision_steps: steps that ran in low precision.
     trace_counts: {"float32": n, "low": n}, how often each branch was traced.
+
+    With a `strategy` (a ParameterServerStrategy, the step scheduled on its workers) the
+    forward and backward run in `strategy.run` and the update in cross-replica context;
+    made under `strategy.scope()`, the counters and the policy live on a parameter server,
+    counted by every worker's steps.
     """
 
     def __init__(self, model, loss_fn, optimizer, policy=None, variables=None,
-                 low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None):
+                 low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None, strategy=None):
         super().__init__(name="precision_train_step")
         _check_max_non_finite_steps(max_non_finite_steps)
         self._model = model
@@ -269,6 +285,7 @@ class PrecisionTrainStep(tf.Module):
         self._dtype = tf.as_dtype(low_precision_dtype)
         self._max_non_finite_steps = max_non_finite_steps
         self._finite_across = finite_across
+        self._strategy = strategy
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self.non_finite_run = tf.Variable(0, dtype=tf.int64, trainable=False, name="non_finite_run")
@@ -404,18 +421,25 @@ class PrecisionTrainStep(tf.Module):
     def _branch(self, features, labels, sample_weight, low, loss_fn, variables, grad_is_none):
         label = "low" if low else "float32"
         self._trace_counts.counts[label] += 1  # runs only while tracing
-        with tf.GradientTape() as tape:
-            if not low:
-                outputs = self._forward(features, training=True)
-            elif isinstance(self._model, tf.keras.layers.Layer):
-                with low_precision(self._model, self._dtype):
+
+        def forward_backward():
+            with tf.GradientTape() as tape:
+                if not low:
                     outputs = self._forward(features, training=True)
-            else:  # a plain callable: cast the inputs, it casts its own weights
-                outputs = self._model(
-                    tf.nest.map_structure(lambda t: _cast_floating(t, self._dtype), features))
-            outputs = tf.nest.map_structure(lambda t: _cast_floating(t, tf.float32), outputs)
-            loss = tf.cast(loss_fn(labels, outputs, sample_weight), tf.float32)
-        grads = tape.gradient(loss, variables)
+                elif isinstance(self._model, tf.keras.layers.Layer):
+                    with low_precision(self._model, self._dtype):
+                        outputs = self._forward(features, training=True)
+                else:  # a plain callable: cast the inputs, it casts its own weights
+                    outputs = self._model(
+                        tf.nest.map_structure(lambda t: _cast_floating(t, self._dtype), features))
+                outputs = tf.nest.map_structure(lambda t: _cast_floating(t, tf.float32), outputs)
+                loss = tf.cast(loss_fn(labels, outputs, sample_weight), tf.float32)
+            return loss, outputs, tape.gradient(loss, variables)
+
+        if self._strategy is None:
+            loss, outputs, grads = forward_backward()
+        else:  # a parameter-server worker's step: its forward and backward in replica context
+            loss, outputs, grads = self._strategy.run(forward_backward)
         grad_is_none.update(i for i, grad in enumerate(grads) if grad is None)
         finite = _all_finite(loss, grads)
         # tf.cond needs like structures in both branches: a None gradient (variable unused)
@@ -455,7 +479,7 @@ class PrecisionTrainStep(tf.Module):
                  for i, (g, v) in enumerate(zip(flat, variables)) if i not in grad_is_none]
 
         def apply():
-            optimizer.apply_gradients(pairs)
+            _apply_gradients(optimizer, pairs, self._strategy)
             return tf.constant(True)
 
         def restore():
@@ -522,7 +546,7 @@ def _cast_floating(tensor, dtype):
 
 
 def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
-                    low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None):
+                    low_precision_dtype=tf.bfloat16, max_non_finite_steps=20, finite_across=None, strategy=None):
     """Returns a callable running one training step, in the precision `policy` picks.
 
     The one training step of ttf (ttf.distribute.Job runs it too). Both precision variants
@@ -547,6 +571,8 @@ def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
         True only when the flag is True on every replica (e.g.
         `ttf.distribute.horovod.all_ranks`), so all skip the same steps. A replica that
         skipped alone would miss the others' gradient allreduce.
+      strategy: a ParameterServerStrategy whose workers run the step (scheduled by its
+        ClusterCoordinator inside your tf.function); make the step under its scope.
 
     Returns:
       A `PrecisionTrainStep`: `step_fn(features, labels, sample_weight=None)` returns
@@ -566,7 +592,7 @@ def make_train_step(model, loss_fn, optimizer, policy=None, variables=None,
     if not isinstance(model, tf.keras.layers.Layer) and variables is None:
         raise ValueError("model is a plain callable: pass the variables to train in variables=")
     return PrecisionTrainStep(model, loss_fn, optimizer, policy, variables, low_precision_dtype,
-                              max_non_finite_steps, finite_across)
+                              max_non_finite_steps, finite_across, strategy)
 
 
 def use_adaptive_precision(model, policy, max_non_finite_steps=20):

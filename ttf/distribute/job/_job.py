@@ -225,8 +225,8 @@ class Job:
 
     @property
     def train_step(self):
-        """The training step of a job whose steps run in this process (None on a parameter-server chief)."""
-        return getattr(self.runner, "train_step", None)
+        """The job's ttf.precision.PrecisionTrainStep (a parameter-server job's is scheduled on its workers)."""
+        return self.runner.train_step
 
     def examples_trained(self):
         """(rows trained over every run restored into this one, rows trained by this run)."""

@@ -156,7 +156,6 @@ def follow(job):
             if trained.restarts and roll_back(job, *trained.restarts):
                 step = job.step()  # the round's batches are read again from the restored position
                 continue
-            trained.keep()
             before = step
             for batch in trained.batches:  # after every step of the round: in stream order
                 stream.commit(batch)

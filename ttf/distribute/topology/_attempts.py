@@ -17,7 +17,7 @@ class StepAttempts(tf.Module):
 
     Create it under the strategy's scope (the counter then lives on a parameter server, so
     every worker's step adds to one count); in the step, pass the value every update depends
-    on (e.g. the loss the NonFiniteGuard decides on) through `mark`; after the round,
+    on (e.g. the batch's labels) through `mark`; after the round,
     `read()` minus the value before it is the number of starts. Not checkpointed.
 
     Example (one process: the counter is local):

@@ -4,10 +4,9 @@
 ranks in step), the training step being ttf.precision's PrecisionTrainStep (precision and
 the NaN guard decided on the device).
 
-`CoordinatedSteps`: a parameter-server job's chief schedules the steps on its workers. The
-coordinator schedules one traced function per precision, so the precision is the host's
-call for the next round; the guard's decision stays in the graph (NonFiniteGuard), its count
-of skipped steps in a row on the host. Both host halves are in `_observe`, once.
+`CoordinatedSteps`: a parameter-server job's chief schedules the steps on its workers, the
+same PrecisionTrainStep made over the strategy: each worker's step decides its precision and
+its skip on the device, against counters and a switch that live on a parameter server.
 
 A runner gives the loops (ttf/distribute/job/_loops.py) the same few calls: `start_fit` /
 `warm_up` / `next_call` / `run` for batches, `rounds` for a stream, and the counters.
@@ -18,21 +17,38 @@ import tensorflow as tf
 
 from ttf.distribute.topology._attempts import StepAttempts
 from ttf.distribute.topology._pipeline import check_can_pipeline, pipelined_step
-from ttf.precision import NonFiniteGuard, low_precision, make_train_step
+from ttf.precision import make_train_step
 
 
 @dataclasses.dataclass
 class Round:
     """The stream batches of one round, trained; `restarts` = (step starts, batches) when
     the coordinator ran a lost worker's step again (the round may have trained a batch twice).
-    `keep()` once the loop keeps the round (not rolled back): the host's counts of its steps."""
+    """
     batches: list
     loss: object
     restarts: tuple = None
-    keep: object = lambda: None
 
 
-class LocalSteps:
+class _StepCounters:
+    """The counters a runner's PrecisionTrainStep (`self.train_step`) keeps on the device."""
+
+    train_step = None
+    _low_before = 0
+
+    def restored(self):
+        """After the restore: this run's counters start here."""
+        self._low_before = int(self.train_step.low_precision_steps.numpy())
+
+    def skipped_steps(self):
+        return int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
+
+    def low_steps(self):
+        """Steps this run ran with the dense part in bf16."""
+        return int(self.train_step.low_precision_steps.numpy()) - self._low_before if self.train_step else 0
+
+
+class LocalSteps(_StepCounters):
     """Every step in this process (see the module doc)."""
 
     input_here = True  # the batches are read (and their bad lines counted) in this process
@@ -41,7 +57,6 @@ class LocalSteps:
     def __init__(self, job):
         self.job = job
         self.train_step = self.pipeline = None  # pipeline: the pipelined step (JobConfig.pipeline)
-        self._low_before = 0
         self._iterator = self._record = self._step = None
         self._finite = True
 
@@ -57,17 +72,6 @@ class LocalSteps:
         elif job.config.pipeline:
             job.log("pipeline=True: a stream's steps are not pipelined (each batch is read when the previous one "
                     "is done)")
-
-    def restored(self):
-        """After the restore: this run's counters start here."""
-        self._low_before = int(self.train_step.low_precision_steps.numpy())
-
-    def skipped_steps(self):
-        return int(self.train_step.skipped_steps.numpy()) if self.train_step else 0
-
-    def low_steps(self):
-        """Steps this run ran with the dense part in bf16."""
-        return int(self.train_step.low_precision_steps.numpy()) - self._low_before if self.train_step else 0
 
     # ---- batches ----
 
@@ -125,7 +129,7 @@ class LocalSteps:
             yield Round([batch], self.train_step(batch.features, batch.labels)["loss"])
 
 
-class CoordinatedSteps:
+class CoordinatedSteps(_StepCounters):
     """A parameter-server job's steps, scheduled by its chief on the workers (see the module doc)."""
 
     input_here = False  # each worker reads (and parses) its own share
@@ -135,64 +139,17 @@ class CoordinatedSteps:
         self.job = job
         topology = job.topology
         self.strategy, self.coordinator, self.workers = topology.strategy, topology.coordinator, topology.num_shares
-        self.guard = None
-        self._low, self._low_steps = False, 0
         self._fns, self._finished, self._iterator = {}, set(), None
 
     def build(self, parts):
+        """Makes the training step under the strategy's scope (its counters on a ps)."""
         job = self.job
         if job.config.pipeline:
             check_can_pipeline(job.topology)  # one line: a parameter-server job has no table exchange to overlap
-        self.guard = NonFiniteGuard(job.config.max_non_finite_steps)
-        self.guard.build(job.optimizer, job.forward.trainable_variables)
-        parts["non_finite_guard"] = self.guard
-
-    def restored(self):
-        self._low = self._use_bf16(None)
-
-    def skipped_steps(self):
-        return int(self.guard.skipped_steps.numpy()) if self.guard else 0
-
-    def low_steps(self):
-        return self._low_steps
-
-    def _use_bf16(self, loss):
-        """The precision of the next round: fixed, or the switch's call on the last loss."""
-        job = self.job
-        return job.precision is not None and job.precision.enable_mixed_precision(job.step(), loss=loss)
-
-    def _observe(self, losses, skipped, first_step, low, feed_switch=True):
-        """The host's half of the guard and of the precision switch, after steps `first_step + 1...`
-        ran in precision `low`: counts skips in a row (raises on a runaway), counts bf16 steps,
-        feeds the switch every loss (a skipped step holds float32)."""
-        self.guard.observe(skipped, first_step)
-        self._low_steps += len(losses) * int(low)
-        if feed_switch:
-            for loss, skip in zip(losses, skipped):
-                self._low = self._use_bf16(float("nan") if skip else loss)
-
-    def _replica_grads(self, compute_dtype, features, labels):
-        """A worker's forward and backward: (loss, gradients)."""
-        job = self.job
-        variables, loss_fn = job.forward.trainable_variables, job.step_loss()
-        with tf.GradientTape() as tape:
-            if compute_dtype == tf.float32:
-                outputs = job.forward(features, training=True)
-            else:
-                with low_precision(job.forward, compute_dtype):
-                    outputs = job.forward(features, training=True)
-            loss = loss_fn(labels, tf.cast(outputs, tf.float32))
-        return loss, tape.gradient(loss, variables)
-
-    def _apply(self, dtype, features, labels, mark=None):
-        """Forward, backward and the guarded update of one step; (loss, skipped)."""
-        job = self.job
-        loss, grads = self.strategy.run(self._replica_grads, args=(dtype, features, labels))
-        if mark is not None:
-            loss = mark(loss)  # the guard's update depends on the loss: counted before it
-        skip = self.guard.apply_gradients(job.optimizer, loss, zip(grads, job.forward.trainable_variables),
-                                          self.strategy)
-        return loss, skip
+        self.train_step = make_train_step(job.forward, job.step_loss(), job.optimizer, job.precision,
+                                          max_non_finite_steps=job.config.max_non_finite_steps, strategy=self.strategy)
+        self.train_step.prepare()  # the optimizer's slots, before any worker traces the step
+        parts["train_step"] = self.train_step
 
     # ---- batches ----
 
@@ -215,61 +172,56 @@ class CoordinatedSteps:
             lambda: strategy.distribute_datasets_from_function(dataset_fn))
         self._iterator = iter(per_worker)
 
-    def _worker_steps(self, low, steps):
-        if (low, steps) in self._fns:
-            return self._fns[low, steps]
-        job, dtype = self.job, tf.bfloat16 if low else tf.float32
+    def _worker_steps(self, steps):
+        if steps in self._fns:
+            return self._fns[steps]
+        job = self.job
 
         @tf.function
         def worker_steps(it):  # steps_per_call steps per closure: one round trip for K steps
-            losses, skipped, ran = [], [], []
+            losses, ran = [], []
             for _ in range(steps):
                 # A worker whose share ran out (epochs) trains nothing: ran is False.
                 batch = it.get_next_as_optional()
 
                 def train():
                     features, labels, position = batch.get_value()
-                    loss, skip = self._apply(dtype, features, labels)
-                    with tf.control_dependencies([skip]):  # the batch counts as read once its step ran
+                    result = self.train_step.traced_step(features, labels)
+                    with tf.control_dependencies([result["skipped"]]):  # the batch counts as read once its step ran
                         recorded = job.position.record(position, tf.size(labels))
                     with tf.control_dependencies([recorded]):
-                        return tf.identity(loss), tf.identity(skip), tf.constant(True)
+                        return tf.identity(result["loss"]), tf.constant(True)
 
-                loss, skip, has = tf.cond(batch.has_value(), train,
-                                          lambda: (tf.constant(float("nan")), tf.constant(False), tf.constant(False)))
+                loss, has = tf.cond(batch.has_value(), train, lambda: (tf.constant(float("nan")), tf.constant(False)))
                 losses.append(loss)
-                skipped.append(skip)
                 ran.append(has)
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            return tf.stack(losses), tf.stack(skipped), tf.stack(ran), worker
+            return tf.stack(losses), tf.stack(ran), worker
 
-        self._fns[low, steps] = worker_steps
+        self._fns[steps] = worker_steps
         return worker_steps
 
     def _schedule(self, steps):
-        """Runs `steps` global steps in this round's precision; (losses, skipped) of the steps
-        that found a batch, in schedule order."""
+        """Runs `steps` global steps; the losses of the steps that found a batch, in schedule order."""
         results, per_call = [], self.job.config.steps_per_call
-        while steps > 0:
-            k = min(per_call, steps)
-            results.append(self.coordinator.schedule(self._worker_steps(self._low, k), args=(self._iterator,)))
-            steps -= k
-        self.coordinator.join()
-        fetched = [result.fetch() for result in results]  # numpy arrays
+        with self.train_step.non_finite_errors():  # a worker's runaway check: one line
+            while steps > 0:
+                k = min(per_call, steps)
+                results.append(self.coordinator.schedule(self._worker_steps(k), args=(self._iterator,)))
+                steps -= k
+            self.coordinator.join()
+            fetched = [result.fetch() for result in results]  # numpy arrays
         # epochs: workers whose share ran out. The job ends when every worker's has: a round whose
         # closures all found no batch may have run on the finished workers only.
-        self._finished.update(int(worker) for _, _, has, worker in fetched if not has.all())
-        ran = [(float(loss), bool(skip)) for losses, skips, has, _ in fetched
-               for loss, skip, h in zip(losses, skips, has) if h]
-        return [loss for loss, _ in ran], [skip for _, skip in ran]
+        self._finished.update(int(worker) for _, has, worker in fetched if not has.all())
+        return [float(loss) for losses, has, _ in fetched for loss, h in zip(losses, has) if h]
 
     def warm_up(self, target):
         """Runs 2 steps per worker untimed (tracing, every worker's first step); 0 left."""
         start = self.job.step()
         warmup = min(2 * self.workers, max(target - start, 0)) if target is not None else 2 * self.workers
         if warmup:
-            losses, skipped = self._schedule(warmup)
-            self._observe(losses, skipped, start, self._low, feed_switch=False)
+            self._schedule(warmup)
         return 0
 
     def next_call(self, step, target):
@@ -280,11 +232,10 @@ class CoordinatedSteps:
         return min(chunk, _to_next_checkpoint(job, step))
 
     def run(self, steps):
-        first_step, low = self.job.step(), self._low
-        losses, skipped = self._schedule(steps)
+        first_step = self.job.step()
+        losses = self._schedule(steps)
         if not losses:  # this round's closures all ran on finished workers, or every share ended
             return 0, None, len(self._finished) == self.workers
-        self._observe(losses, skipped, first_step, low)
         # The global step, not the losses: a lost worker's closure that is run again may have
         # applied its step on the ps before the worker died, so the step moved once more.
         return self.job.step() - first_step, losses[-1], False
@@ -300,14 +251,11 @@ class CoordinatedSteps:
         job, config = self.job, self.job.config
         with job.topology.scope():  # on a ps: counts update starts, to see a lost worker's step run again
             attempts = StepAttempts()
-        step_fns = {}
 
-        def step_fn(low):  # one function per precision; batches of any size (reduce_retracing)
-            if low not in step_fns:
-                dtype = tf.bfloat16 if low else tf.float32
-                step_fns[low] = tf.function(lambda features, labels: tuple(
-                    tf.identity(t) for t in self._apply(dtype, features, labels, attempts.mark)), reduce_retracing=True)
-            return step_fns[low]
+        @tf.function(reduce_retracing=True)  # batches of any size
+        def step_fn(features, labels):
+            labels = attempts.mark(labels)  # every update depends on the labels: counted before it
+            return tf.identity(self.train_step.traced_step(features, labels)["loss"])
 
         started_before = attempts.read()
         while not stop.requested and (config.steps is None or job.step() < config.steps):
@@ -323,15 +271,13 @@ class CoordinatedSteps:
                 if more is None:
                     break
                 batches.append(more)
-            low = self._low
-            results = [self.coordinator.schedule(step_fn(low), args=(b.features, b.labels)) for b in batches]
-            self.coordinator.join()
-            fetched = [r.fetch() for r in results]
+            with self.train_step.non_finite_errors():
+                results = [self.coordinator.schedule(step_fn, args=(b.features, b.labels)) for b in batches]
+                self.coordinator.join()
+                losses = [float(r.fetch()) for r in results]
             now_started = attempts.read()
             started, started_before = now_started - started_before, now_started
-            losses, skipped = [float(loss) for loss, _ in fetched], [bool(skip) for _, skip in fetched]
-            yield Round(batches, losses[-1], restarts=None if started == len(batches) else (started, len(batches)),
-                        keep=lambda: self._observe(losses, skipped, step, low))  # pylint: disable=cell-var-from-loop
+            yield Round(batches, losses[-1], restarts=None if started == len(batches) else (started, len(batches)))
 
 
 def _to_next_checkpoint(job, step):
