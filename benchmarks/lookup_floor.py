@@ -37,6 +37,12 @@ would need ~6 GiB, one at a time ~2.6 GiB.
   .venv/bin/python benchmarks/lookup_floor.py --keys 10000000 --isolate       # ~2.6 GiB peak
   .venv/bin/python benchmarks/lookup_floor.py --keys 100000 --repeats 2 --calls 5  # a smoke run
   .venv/bin/python benchmarks/lookup_floor.py --kinds lookup --families ttf,floor  # issue 37 item 5: vs cpp_hash
+  .venv/bin/python benchmarks/lookup_floor.py --keys 10000000 --dim 32 --families ttf --rows fp32,int8,bf16
+
+--rows FORMATS (issue 49): one ttf table per row format (TableConfig(rows=...)), paths
+lookup/ttf_int8 etc. beside lookup/ttf (fp32); each is also compared with fp32 call by call
+(the median of the paired ratios). The order of the paths reverses every call (A B, B A: ABBA
+pairs), so neither side always runs right after the other.
 
 Prints a table of ns/id and the ratios ttf / floor; --out FILE also writes the JSON.
 """
@@ -63,6 +69,7 @@ from ttf.embedding import EmbeddingTable, parse_size, tier_row_bytes  # noqa: E4
 MIX = np.uint64(0x9E3779B97F4A7C15)
 ADAM = dict(lr=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
 FAMILIES = ("ttf", "tiered", "floor")
+ROW_FORMATS = ("fp32", "bf16", "int8")
 
 
 def parse_args(argv):
@@ -89,6 +96,9 @@ def parse_args(argv):
                         "so every lookup is a DRAM hit)")
     p.add_argument("--isolate", action="store_true",
                    help="one child process per family, one at a time (for sizes whose families do not fit together)")
+    p.add_argument("--rows", default="fp32",
+                   help="comma-separated row formats of the ttf tables: fp32, bf16, int8 (default fp32; the tiered "
+                        "table is fp32 only)")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -98,6 +108,9 @@ def parse_args(argv):
     if args.zipf <= 1.0:
         p.error(f"--zipf must be > 1 (numpy's Zipf), got {args.zipf}")
     args.families = [f for f in args.families.split(",") if f]
+    args.rows = [r for r in args.rows.split(",") if r]
+    if not args.rows or any(r not in ROW_FORMATS for r in args.rows) or len(set(args.rows)) != len(args.rows):
+        p.error(f"--rows takes distinct formats among {', '.join(ROW_FORMATS)}, got {','.join(args.rows)}")
     args.kinds = [k for k in args.kinds.split(",") if k]
     if not args.kinds or any(k not in ("lookup", "train") for k in args.kinds):
         p.error(f"--kinds takes lookup, train or both, got {','.join(args.kinds)}")
@@ -157,15 +170,15 @@ def cpp_floor():
 class TtfFamily:
     """A filled ttf table (tiered or not) and its two timed paths."""
 
-    def __init__(self, args, tiered):
-        self.prefix = "ttf_tiered" if tiered else "ttf"
+    def __init__(self, args, tiered, rows="fp32"):
+        self.prefix = "ttf_tiered" if tiered else "ttf" if rows == "fp32" else f"ttf_{rows}"
         self.dim, self.step, self.group = args.dim, 1, args.group
         self.infer_of = {}
         if tiered:
             os.makedirs(args.ssd_dir, exist_ok=True)
         self.table = EmbeddingTable(args.dim, num_shards=args.num_shards, seed=1,
                                     dram_budget=args.dram_budget if tiered else 0,
-                                    ssd_dir=args.ssd_dir if tiered else "")
+                                    ssd_dir=args.ssd_dir if tiered else "", rows=rows)
         self.handle = self.table.resource_handle
         for begin in range(0, args.keys, 1 << 18):  # every row once, in rank order, as Adam rows
             ranks = np.arange(begin, min(begin + (1 << 18), args.keys))
@@ -313,7 +326,12 @@ def anon_huge_pages_mib():
 
 
 def build(args, family):
-    return FloorFamily(args) if family == "floor" else TtfFamily(args, tiered=family == "tiered")
+    """The family's objects: one ttf table per --rows format, one tiered table, or the floors."""
+    if family == "floor":
+        return [FloorFamily(args)]
+    if family == "tiered":
+        return [TtfFamily(args, tiered=True)]
+    return [TtfFamily(args, tiered=False, rows=rows) for rows in args.rows]
 
 
 def quiet_gc():
@@ -335,9 +353,10 @@ def paths_of(family, args):
 
 def run_round(families, args, times, first_call=0):
     """One round: every path of every family, interleaved call by call (staggered batches)."""
-    paths = {name: fn for fam in families for name, fn in paths_of(fam, args).items()}
+    paths = list({name: fn for fam in families for name, fn in paths_of(fam, args).items()}.items())
     for call in range(first_call, first_call + args.calls):
-        for k, (name, fn) in enumerate(paths.items()):
+        order = list(enumerate(paths))
+        for k, (name, fn) in order if call % 2 == 0 else order[::-1]:  # ABBA: each path first every other call
             t0, w0 = time.process_time_ns(), time.perf_counter_ns()
             fn(((call + PATH_STAGGER * k) * args.group) % NUM_BATCHES)
             times.setdefault(name, []).append((time.process_time_ns() - t0) / (args.batch * args.group))
@@ -346,21 +365,31 @@ def run_round(families, args, times, first_call=0):
 
 def run_child(args):
     """--child FAMILY: build it, warm up, time --calls calls per path (one round), print JSON."""
-    fam = build(args, args.child)
+    fams = build(args, args.child)
     quiet_gc()
-    for name, fn in paths_of(fam, args).items():  # warm-up: first-call tracing and page faults
-        for b in group_starts(args):
-            fn(b)
+    for fam in fams:
+        for name, fn in paths_of(fam, args).items():  # warm-up: first-call tracing and page faults
+            for b in group_starts(args):
+                fn(b)
     times = {}
-    run_round([fam], args, times)
-    print("RESULT " + json.dumps({"times": times, "extra": fam.extra()}), flush=True)
+    run_round(fams, args, times)
+    extra = {k: v for fam in fams for k, v in fam.extra().items()}
+    print("RESULT " + json.dumps({"times": times, "extra": extra}), flush=True)
+
+
+def paired_speed(times, name, fp32_name):
+    """A compressed-row path's speed against fp32's: the median over calls of fp32's time / its
+    time in the same call (the two ran back to back, ABBA); None for fp32 itself or without it."""
+    if name == fp32_name or not name.startswith(fp32_name + "_") or fp32_name not in times or "tiered" in name:
+        return None
+    return statistics.median(a / b for a, b in zip(times[fp32_name], times[name]))
 
 
 def summarize(args, times, extra):
     wall = {name[5:]: round(statistics.median(v), 1) for name, v in times.items() if name.startswith("wall:")}
     med = {name: statistics.median(v) for name, v in times.items() if not name.startswith("wall:")}
-    lines = ["| path | CPU ns/id (median) | vs np floor | vs C++ floor | vs bare hash loop |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| path | CPU ns/id (median) | vs np floor | vs C++ floor | vs bare hash loop | fp32's speed (paired) |",
+             "| --- | --- | --- | --- | --- | --- |"]
     ratios = {}
     fmt = lambda r: f"{r:.2f}x" if r is not None else "-"  # noqa: E731
     for kind, np_floor, cpp_floor_name in (("lookup", "lookup/np_take", "lookup/cpp_gather"),
@@ -370,8 +399,11 @@ def summarize(args, times, extra):
             vs_cpp = med[name] / med[cpp_floor_name] if cpp_floor_name in med else None
             # Issue 37 item 5: a lookup against the bare loop of its own layout (cpp_hash).
             vs_hash = med[name] / med["lookup/cpp_hash"] if kind == "lookup" and "lookup/cpp_hash" in med else None
-            lines.append(f"| {name} | {med[name]:.1f} | {fmt(vs_np)} | {fmt(vs_cpp)} | {fmt(vs_hash)} |")
+            speed = paired_speed(times, name, f"{kind}/ttf")
+            lines.append(f"| {name} | {med[name]:.1f} | {fmt(vs_np)} | {fmt(vs_cpp)} | {fmt(vs_hash)} | {fmt(speed)} |")
             ratios[name] = {"vs_np": vs_np and round(vs_np, 3), "vs_cpp": vs_cpp and round(vs_cpp, 3)}
+            if speed is not None:
+                ratios[name]["speed_vs_fp32_paired"] = round(speed, 3)
             if vs_hash is not None:
                 ratios[name]["vs_hash"] = round(vs_hash, 3)
     table = "\n".join(lines)
@@ -402,7 +434,7 @@ def main(argv=None):
         families = []
         for family in args.families:
             t0 = time.perf_counter()
-            families.append(build(args, family))
+            families.extend(build(args, family))
             print(f"[floor] {family}: built in {time.perf_counter() - t0:.1f}s", flush=True)
         quiet_gc()
         for fam in families:  # warm-up

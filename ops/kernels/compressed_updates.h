@@ -18,10 +18,18 @@
 namespace tensorflow {
 namespace ttf {
 
-// The mean of g[j]^2, summed in order (deterministic).
+// The mean of g[j]^2 in a fixed order (deterministic): element j into partial sum j % 8, in
+// order, then the eight sums pairwise, ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7)). The
+// partial sums are independent lanes the compiler vectorizes with baseline SSE2; one sum in
+// order was a chain of dim dependent adds, a third of the int8 Adam update's time (profiled).
 inline float MeanSquare(const float* g, int64_t dim) {
-  float sum = 0.0f;
-  for (int64_t j = 0; j < dim; ++j) sum += g[j] * g[j];
+  float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t j = 0;
+  for (; j + 8 <= dim; j += 8) {
+    for (int l = 0; l < 8; ++l) s[l] += g[j + l] * g[j + l];
+  }
+  for (int l = 0; j + l < dim; ++l) s[l] += g[j + l] * g[j + l];
+  const float sum = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
   return sum / static_cast<float>(dim);
 }
 

@@ -60,6 +60,9 @@ class RoundingDraws {
   float Uniform(int64_t j) const {
     return nearest_ ? 0.5f : static_cast<float>(Bits(j) >> 8) * (1.0f / 16777216.0f);
   }
+  // What Bits hashes (base() + j), for the vector kernels (row_kernels.cc).
+  uint64_t base() const { return base_; }
+  bool nearest() const { return nearest_; }
 
  private:
   uint64_t base_;

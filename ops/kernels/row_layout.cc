@@ -59,7 +59,7 @@ void RowLayout::Decode(const float* stored, float* work) const {
   for (int k = 0; k < num_slots(); ++k) {
     const char* part = bytes + part_offset_[k + 1];
     if (slots_[k] == SlotFormat::kBf16) {
-      DecodeBf16(reinterpret_cast<const uint16_t*>(part), dim_, out);
+      kernels_->decode_bf16(reinterpret_cast<const uint16_t*>(part), dim_, out);
     } else {
       std::memcpy(out, part, SlotWorkFloats(k) * sizeof(float));
     }
@@ -71,8 +71,8 @@ void RowLayout::EncodeValue(const float* value, const RoundingDraws* draws, floa
   const RoundingDraws rounding = draws != nullptr ? *draws : RoundingDraws::Nearest();
   char* bytes = reinterpret_cast<char*>(stored);
   switch (format_) {
-    case RowFormat::kBf16: EncodeBf16(value, dim_, rounding, reinterpret_cast<uint16_t*>(bytes)); break;
-    case RowFormat::kInt8: EncodeInt8(value, dim_, rounding, reinterpret_cast<int8_t*>(bytes)); break;
+    case RowFormat::kBf16: kernels_->encode_bf16(value, dim_, rounding, 0, reinterpret_cast<uint16_t*>(bytes)); break;
+    case RowFormat::kInt8: kernels_->encode_int8(value, dim_, rounding, reinterpret_cast<int8_t*>(bytes)); break;
     default: std::memcpy(stored, value, dim_ * sizeof(float));
   }
 }
@@ -85,9 +85,8 @@ void RowLayout::Encode(const float* work, const RoundingDraws* draws, float* sto
   for (int k = 0; k < num_slots(); ++k) {
     char* part = bytes + part_offset_[k + 1];
     if (slots_[k] == SlotFormat::kBf16) {
-      uint16_t* out = reinterpret_cast<uint16_t*>(part);
-      const int64_t first = (k + 1) * dim_;  // this slot's draws
-      for (int64_t j = 0; j < dim_; ++j) out[j] = Bf16Stochastic(in[j], rounding.Bits(first + j));
+      // This slot's draws start at (k + 1) * dim.
+      kernels_->encode_bf16(in, dim_, rounding, (k + 1) * dim_, reinterpret_cast<uint16_t*>(part));
     } else {
       std::memcpy(part, in, SlotWorkFloats(k) * sizeof(float));
     }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "row_codec.h"
+#include "row_kernels.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -51,8 +52,8 @@ class RowLayout {
   void DecodeValue(const float* stored, float* value) const {
     const char* bytes = reinterpret_cast<const char*>(stored);
     switch (format_) {
-      case RowFormat::kBf16: DecodeBf16(reinterpret_cast<const uint16_t*>(bytes), dim_, value); return;
-      case RowFormat::kInt8: DecodeInt8(reinterpret_cast<const int8_t*>(bytes), dim_, value); return;
+      case RowFormat::kBf16: kernels_->decode_bf16(reinterpret_cast<const uint16_t*>(bytes), dim_, value); return;
+      case RowFormat::kInt8: kernels_->decode_int8(reinterpret_cast<const int8_t*>(bytes), dim_, value); return;
       default: std::memcpy(value, stored, dim_ * sizeof(float));
     }
   }
@@ -70,6 +71,9 @@ class RowLayout {
   // Writes the slots' initial values (slot_init[k] in every element of slot k, rounded to
   // nearest) into a stored row whose value is set.
   void InitSlots(const std::vector<float>& slot_init, float* stored) const;
+  // The codecs it runs (row_kernels.h: the CPU's best unless a test picks the scalar ones).
+  const RowKernels& kernels() const { return *kernels_; }
+  void UseKernels(const RowKernels& kernels) { kernels_ = &kernels; }
 
  private:
   int64_t SlotWorkFloats(int k) const { return slots_[k] == SlotFormat::kFp32Row ? 1 : dim_; }
@@ -80,6 +84,7 @@ class RowLayout {
   std::vector<int64_t> part_offset_{0, 0};  // byte offset of the value, each slot, then the end
   int64_t words_ = 0, work_floats_ = 0;
   bool rowwise_ = false;
+  const RowKernels* kernels_ = &BestRowKernels();
 };
 
 // The slot formats of `optimizer`'s num_slots slots in rows of `format` (see above).

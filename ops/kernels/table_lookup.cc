@@ -25,11 +25,13 @@ struct ShardView {
 // span loop, the compiler kept their pointers on the stack (a copy of the loop built
 // outside the library ran 5-12% faster; docs/lookup_speed.md, session 10).
 // rows[q] = the row of ids begin + q (q < m) of a span, or null; index slots prefetched kAhead
-// ids ahead, each row at once.
+// ids ahead, each row at once: its first line, and the line of byte value_end too when that is
+// not 0 (a compressed row's value is not line-aligned: int8 at dim 32 spans two lines in 3 of
+// 5 rows).
 template <int64_t kAhead>
 __attribute__((noinline)) void ProbeBlock(const ShardView* views, const int64_t* keys, const uint64_t* hashes,
                                           const int32_t* shard, int64_t begin, int64_t m, int64_t span,
-                                          const float** rows) {
+                                          int64_t value_end, const float** rows) {
   for (int64_t q = 0; q < m; ++q) {
     const int64_t i = begin + q;
     if (i + kAhead < span) views[shard[i + kAhead]].index.Prefetch(hashes[i + kAhead]);
@@ -37,6 +39,7 @@ __attribute__((noinline)) void ProbeBlock(const ShardView* views, const int64_t*
     const uint32_t id = v.index.Find(keys[i], hashes[i]);
     rows[q] = id == KeyIndex::kNone ? nullptr : v.rows.row(id);
     __builtin_prefetch(rows[q]);
+    if (value_end != 0) __builtin_prefetch(reinterpret_cast<const char*>(rows[q]) + value_end);
   }
 }
 
@@ -86,6 +89,7 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
   int32_t shard[kLockedIds];
   int32_t missing[kLockedIds];  // tiered: span positions without a DRAM row
   const float* rows[kBlock];
+  const int64_t value_end = layout_.fp32() ? 0 : layout_.value_words() * 4 - 1;
   for (int64_t locked = 0; locked < n; locked += kLockedIds) {
     const int64_t span = std::min(kLockedIds, n - locked);
     const int64_t* span_keys = keys + locked;
@@ -102,7 +106,7 @@ Status EmbeddingTable::FindEach(const int64_t* keys, int64_t n, float* out) cons
         views[s] = {shards_[s]->rows.index.view(), shards_[s]->rows.store.view()};
       for (int64_t begin = 0; begin < span; begin += kBlock) {
         const int64_t m = std::min(kBlock, span - begin);
-        ProbeBlock<kAhead>(views.data(), span_keys, hashes, shard, begin, m, span, rows);
+        ProbeBlock<kAhead>(views.data(), span_keys, hashes, shard, begin, m, span, value_end, rows);
         if (layout_.fp32()) {
           CopyBlock(rows, m, dim, config_.default_value, out + (locked + begin) * dim);
         } else {
@@ -162,6 +166,7 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   // file's records) under the lock held exclusively; read before it, a changed layout made
   // a lookup read its last record past the file's end and stage records of the old size.
   const int64_t stride = sh.rows.store.stride();
+  const int64_t value_end = layout_.fp32() ? 0 : layout_.value_words() * 4 - 1;
   const int64_t staged_record_bytes = sizeof(RowMeta) + stride * sizeof(float);
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
@@ -191,7 +196,11 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   }
   int64_t next_disk = 0;  // position in disk_keys of the next key without a DRAM row
   for (int64_t i = 0; i < n; ++i) {
-    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) __builtin_prefetch(sh.rows.store.row(ids[i + 8]));
+    if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {
+      const char* ahead = reinterpret_cast<const char*>(sh.rows.store.row(ids[i + 8]));
+      __builtin_prefetch(ahead);
+      if (value_end != 0) __builtin_prefetch(ahead + value_end);  // as FindEach's
+    }
     const uint32_t id = ids[i];
     float* dst = out + i * dim;
     if (id != KeyIndex::kNone) {

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import ttf
 from ttf._ops import ops
-from tests.embedding.test_row_codec import encode_int8
+from tests.embedding.test_row_codec import encode_int8, mean_square
 
 _names = itertools.count()
 FIELDS = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
@@ -176,10 +176,7 @@ def test_an_int8_adagrad_step_is_numpys_rowwise_adagrad_within_one_code():
     grads = rng.normal(size=(n, dim)).astype(np.float32)
     ops().ttf_table_apply_adagrad(h, keys, grads, 0.1, 1e-7, 1)
     f = np.float32
-    msq = np.zeros(n, f)
-    for j in range(dim):
-        msq = (msq + grads[:, j] * grads[:, j]).astype(f)
-    accum = (f(0.1) + msq / f(dim)).astype(f)  # initial_accumulator_value 0.1
+    accum = (f(0.1) + mean_square(grads)).astype(f)  # initial_accumulator_value 0.1
     ref = (before - (f(0.1) / np.sqrt(accum + f(1e-7)))[:, None] * grads).astype(f)
     step = (ref.max(axis=1) - ref.min(axis=1)) / 255
     assert np.all(np.abs(lookup(h, keys, dim) - ref) <= step[:, None] * 1.0001)
