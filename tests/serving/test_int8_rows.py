@@ -125,3 +125,57 @@ def test_a_bad_row_dtype_is_refused_in_one_line(tmp_path, bad):
             make()
         assert "\n" not in str(error.value)
     assert not os.listdir(tmp_path)  # nothing written
+
+
+def stored_rows(layer):
+    """{key: bytes of the row as the int8 table stores it}: codes [dim], then its float32 scale and bias."""
+    rows = {}
+    for table in layer.tables:
+        exported = table.export(stored_values=True)
+        packed = table.stored_rows(exported["values"]).numpy().view(np.uint8)
+        rows.update(zip(exported["keys"].numpy().tolist(), packed))
+    return rows
+
+
+def test_int8_training_rows_are_published_and_exported_as_their_own_codes(tmp_path):
+    """int8 training rows (TableConfig(rows="int8")) into int8 serving rows: the base, each delta's
+    parts and a later export hold the table's own codes, scale and bias byte for byte (no round
+    trip through float32), and a stock-TF load predicts as the trained model does: the same
+    rows, so within float32 rounding of the dense part (1e-6), not int8's tolerance."""
+    ids = tf.keras.Input([2], dtype=tf.int64, name="ids")
+    embedded = ttf.FusedEmbedding(DIM, num_fields=2, name="sparse", rows="int8", shard_devices=["/cpu:0"] * 2)(ids)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(embedded)))
+    model(tf.constant([[1, 2]], tf.int64))
+    optimizer, layer, clock = ttf.optimizers.Adagrad(0.1), model.get_layer("sparse"), Clock()
+    rng = np.random.default_rng(2)
+    train(model, optimizer, rng.integers(0, 100, size=[32, 2]))
+    publisher = ttf.serving.Publisher(model, tmp_path / "ctr", publish_every=1, row_dtype=tf.int8, clock=clock)
+    assert publisher.publish() == (1, 0)
+    base = tf.saved_model.load(str(tmp_path / "ctr" / "1"))
+    want = stored_rows(layer)
+    for shard in base.frozen_tables[0].shards:
+        for key, packed in zip(shard.keys.numpy()[:-1].tolist(), shard.rows.numpy()[:-1].view(np.uint8)):
+            np.testing.assert_array_equal(packed, want[key])
+    train(model, optimizer, rng.integers(50, 200, size=[32, 2]))
+    clock.now += 1
+    assert publisher.publish() == (1, 1)
+    folder = ttf.serving.delta_folder(str(tmp_path / "ctr"), 1, 1)
+    want, checked = stored_rows(layer), 0
+    for part in json.load(open(os.path.join(folder, "manifest.json")))["parts"]:
+        fields = tf.io.parse_tensor(tf.io.read_file(os.path.join(folder, part["file"])), tf.string)
+        keys, codes = tf.io.parse_tensor(fields[0], tf.int64).numpy(), tf.io.parse_tensor(fields[1], tf.int8).numpy()
+        scale_bias = tf.io.parse_tensor(fields[3], tf.float32).numpy()
+        for key, row in zip(keys.tolist(), np.concatenate([codes.view(np.uint8), scale_bias.view(np.uint8)], 1)):
+            np.testing.assert_array_equal(row, want[key])
+            checked += 1
+    assert checked > 20
+    follower = ttf.serving.DeltaFollower(tmp_path / "ctr")
+    keys = np.array(sorted(want), np.int64)
+    expected = trainer_rows(layer)
+    np.testing.assert_allclose(follower.lookup("sparse", keys).numpy(), np.stack([expected[k] for k in keys]),
+                               rtol=0, atol=1e-6)
+    path = ttf.export_for_serving(model, tmp_path / "ctr", row_dtype=tf.int8)
+    assert _ttf_ops_in(path) == set()
+    probe = tf.constant(rng.integers(0, 250, size=[64, 2]), tf.int64)
+    served = tf.saved_model.load(path).signatures["serving_default"](ids=probe)["logits"].numpy()
+    np.testing.assert_allclose(served, model(probe, training=False).numpy(), rtol=0, atol=1e-6)
