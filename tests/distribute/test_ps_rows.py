@@ -25,7 +25,7 @@ def test_compressed_rows_on_parameter_servers_train_restore_and_serve(tmp_path):
         with np.load(tmp_path / f"{rows}-ps.npz") as saved:
             assert [d.split("/device")[0] for d in saved["devices"]] == ["/job:ps/replica:0/task:0",
                                                                          "/job:ps/replica:0/task:1"]
-        assert len(on_ps[0]["keys"]) > 500
+        assert len(on_ps[0]["keys"]) > 400
         # The same kernels on a PS as on the chief: the same bytes, rows and slots.
         np.testing.assert_array_equal(on_ps[0]["values"].view(np.uint32),
                                       rank_rows(tmp_path, f"{rows}", "chief")[0]["values"].view(np.uint32))

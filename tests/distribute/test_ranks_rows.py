@@ -22,11 +22,10 @@ pytestmark = pytest.mark.slow
 def rank_rows(directory, name, rank):
     """A rank's saved rows by key: the full export and the stored values' bytes (int8: codes, scale, bias)."""
     with np.load(os.path.join(directory, f"{name}-{rank}.npz")) as saved:
-        full = by_key({f: saved[f] for f in ("keys", "values", "meta")})
-        order = np.argsort(saved["stored_keys"])
-        stored = saved["stored"][order].view(np.uint8)
-    np.testing.assert_array_equal(saved["stored_keys"][order], full["keys"])
-    return full, stored
+        order, stored_order = np.argsort(saved["keys"]), np.argsort(saved["stored_keys"])
+        full = {f: saved[f][order] for f in ("keys", "values", "meta")}
+        np.testing.assert_array_equal(saved["stored_keys"][stored_order], full["keys"])
+        return full, saved["stored"][stored_order].view(np.uint8)
 
 
 def assert_same_rows(got, want, rows):
@@ -59,6 +58,7 @@ def one_process(directory, rows):
     table = layer.tables[0]
     full, stored = by_key(table.export()), table.export(stored_values=True)
     order = np.argsort(stored["keys"].numpy())
+    np.testing.assert_array_equal(stored["keys"].numpy()[order], full["keys"])
     return {f: full[f] for f in ("keys", "values", "meta")}, stored["values"].numpy()[order].view(np.uint8)
 
 
