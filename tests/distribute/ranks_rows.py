@@ -1,8 +1,9 @@
 """Compressed table rows (rows="int8" / "bf16") on the ranks of a synchronous job, run by
 test_ranks_rows.py (2 workers on TensorFlow's collectives) and test_horovod_save.py (2
 Horovod ranks): each rank trains its shard of a FusedEmbedding table, saves its part of a
-checkpoint (full, then a delta), writes its rows into an int8 serving export, and restores
-the chain into a fresh model. It saves its rows (the full export and the stored values)
+checkpoint (full, then a delta), writes its rows into an int8 serving export, publishes an
+int8 base and a delta (ttf.serving.Publisher over the ranks), and restores the chain into a
+fresh model. It saves its rows (the full export and the stored values)
 after training and after the restore.
 
     python ranks_rows.py OUT.json WORKER_HOSTS TASK_INDEX ROWS DIR          (TensorFlow's collectives)
@@ -71,9 +72,14 @@ save_rows(layer, "trained")
 served = backend.export_for_serving(model, os.path.join(directory, "serving"), coll, row_dtype=tf.int8)
 probe = np.array([[7, 8, 9], [1000 * rank, 1000 * rank + 1, 1000 * rank + 2], [123456, 8, 9]], np.int64)
 predicted = model(tf.constant(probe), training=False).numpy().ravel().tolist()
+publisher = backend.Publisher(model, os.path.join(directory, "published"), coll, row_dtype=tf.int8)
+published = [publisher.publish()]  # a base
+train(model, optimizer, 9000, 1)
+published.append(publisher.publish())  # a delta of the rows trained since
+save_rows(layer, "published")
 restored_model, restored, _, restored_manager = make_model()
 restored_step = restored_manager.restore_latest()
 save_rows(restored, "restored")
 with open(out, "w") as f:
     json.dump({"rank": rank, "paths": [os.path.basename(p) for p in paths], "served": served,
-               "restored_step": restored_step, "probe": probe.tolist(), "predicted": predicted}, f)
+               "restored_step": restored_step, "published": published, "probe": probe.tolist(), "predicted": predicted}, f)

@@ -2,8 +2,8 @@
 synchronous job on TensorFlow's collectives (ranks_rows.py; test_horovod_save.py runs the same
 script on 2 Horovod ranks and checks it here): each worker's part of a checkpoint (full +
 delta) restores into the workers and into one process with the same rows (bf16 bit for bit,
-int8 the same codes), and the int8 serving export holds the training codes, scale and bias
-byte for byte, so it predicts as the trained model does."""
+int8 the same codes), and the int8 serving export and published deltas hold the training
+codes, scale and bias byte for byte, so the export predicts as the trained model does."""
 import json
 import os
 
@@ -14,6 +14,7 @@ import tensorflow as tf
 import ttf
 from tests.checkpoint.table_order import by_key
 from tests.distribute.test_sync_collectives import finish, run_workers
+from tests.serving.test_int8_rows import delta_rows
 
 DIM = 4
 pytestmark = pytest.mark.slow
@@ -84,6 +85,14 @@ def check_ranks(directory, rows, results):
         np.testing.assert_array_equal(keys[order], trained[rank][0]["keys"])
         if rows == "int8":
             np.testing.assert_array_equal(packed[order].view(np.uint8), trained[rank][1][:, :DIM + 8])
+    # Published: a base, then a delta whose int8 rows are the ranks' own rows, byte for byte.
+    assert [r["published"] for r in results] == [[[1, 0], [1, 1]]] * 2
+    published = [rank_rows(directory, "published", rank) for rank in (0, 1)]
+    want = {k: row[:DIM + 8] for full, stored in published for k, row in zip(full["keys"].tolist(), stored)}
+    delta = delta_rows(ttf.serving.delta_folder(os.path.join(directory, "published"), 1, 1))
+    assert len(delta) >= 10 * 3
+    for key, row in delta.items():
+        np.testing.assert_array_equal(row, want[key])
     # Predictions of the export against the trained model's: int8 training rows are served as
     # they are (float32 arithmetic only: 1e-6); bf16 rows requantized to int8 (half a step of each row).
     serve = loaded.signatures["serving_default"]
