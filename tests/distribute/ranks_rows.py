@@ -37,7 +37,8 @@ rank = coll.rank
 def make_model():
     ids = tf.keras.Input([3], dtype=tf.int64, name="ids")
     layer = ttf.FusedEmbedding(4, num_fields=3, seed=1, rows=rows, name="emb")
-    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, kernel_initializer="ones")(tf.keras.layers.Flatten()(layer(ids))))
+    flat = tf.keras.layers.Flatten()(layer(ids))
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, kernel_initializer="ones")(flat))
     backend.shard_tables(model, coll)
     optimizer = backend.DistributedOptimizer(ttf.optimizers.Adam(0.05), coll)
     model(tf.zeros([1, 3], tf.int64))
@@ -82,4 +83,5 @@ restored_step = restored_manager.restore_latest()
 save_rows(restored, "restored")
 with open(out, "w") as f:
     json.dump({"rank": rank, "paths": [os.path.basename(p) for p in paths], "served": served,
-               "restored_step": restored_step, "published": published, "probe": probe.tolist(), "predicted": predicted}, f)
+               "restored_step": restored_step, "published": published, "probe": probe.tolist(),
+               "predicted": predicted}, f)
