@@ -14,7 +14,7 @@ import tensorflow as tf
 import ttf
 from tests.serving.test_publish import DIM, Clock, layer_keys, make_model, train, trainer_rows
 from ttf.serving._export import _ttf_ops_in
-from ttf.serving._frozen import dequantize_rows, quantize_rows
+from ttf.serving._frozen import dequantize_rows, pack_rows, quantize_rows
 
 
 def int8_bound(rows):
@@ -167,6 +167,12 @@ def test_int8_training_rows_are_published_and_exported_as_their_own_codes(tmp_pa
     for shard in base.frozen_tables[0].shards:
         for key, packed in zip(shard.keys.numpy()[:-1].tolist(), shard.rows.numpy()[:-1].view(np.uint8)):
             np.testing.assert_array_equal(packed, want[key])
+    # What a float32 round trip (decode, quantize_rows again) would have served differs (some rows'
+    # scale or bias moves by float32 ulps): the checks above can fail.
+    decoded = trainer_rows(layer)
+    keys = sorted(decoded)
+    again = pack_rows(*quantize_rows(np.stack([decoded[k] for k in keys]))).numpy().view(np.uint8)
+    assert (again != np.stack([want[k] for k in keys])).any()
     train(model, optimizer, rng.integers(50, 200, size=[32, 2]))
     clock.now += 1
     assert publisher.publish() == (1, 1)
