@@ -29,6 +29,8 @@ Model and path:
   --dram-budget SIZE   with --tiacc: DRAM + SSD tier, bytes of DRAM rows per process's table shard
                        (e.g. 2G, 512M); the rest live under --ssd-dir (0 = all in DRAM, the default)
   --ssd-dir DIR        with --dram-budget: a writable directory for the disk tier's (unlinked) files
+  --table-rows R       with --tiacc: fp32 | bf16 | int8 rows (and optimizer slots to match) in every
+                       process's tables, any topology (docs/table_rows.md; default fp32)
 Data:
   --schema S           criteo (default) | avazu | a JSON schema file: the data's columns
   --data D             synthetic (default): rows of a planted model of --schema, written to
@@ -150,7 +152,7 @@ while [ $# -gt 0 ]; do
     --precision) need_value "$@"; precision=$2; shift ;;
     --optimizer) need_value "$@"; optimizer=$2; shift ;;
     --lr) need_value "$@"; lr=$2; shift ;;
-    --table-capacity|--evict-policy|--ttl-steps|--dram-budget|--ssd-dir) need_value "$@"; given_args+=("$1" "$2"); shift ;;
+    --table-capacity|--evict-policy|--ttl-steps|--dram-budget|--ssd-dir|--table-rows) need_value "$@"; given_args+=("$1" "$2"); shift ;;
     --steps) need_value "$@"; steps=$2; steps_given=1; shift ;;
     --stream) need_value "$@"; stream=$2; shift ;;
     --epochs) need_value "$@"; epochs=$2; shift ;;

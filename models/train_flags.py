@@ -229,10 +229,6 @@ def table_config(p, args, schema):
         p.error("--dram-budget and --ssd-dir tier ttf tables: add --tiacc")
     if table.rows != "fp32" and not args.tiacc:
         p.error(f"--table-rows {table.rows} stores ttf tables' rows: add --tiacc")
-    untested = ("a parameter-server cluster (--ps-hosts)" if args.ps_hosts else
-                "--publish-dir" if args.publish_dir else "")
-    if table.rows != "fp32" and untested:
-        p.error(f"--table-rows {table.rows} with {untested} is not supported yet: use --table-rows fp32 there")
     return table if args.tiacc else None
 
 

@@ -281,6 +281,7 @@ REGISTER_OP("TtfTableExport")
     .Output("step: int64")
     .Attr("reset_deleted: bool = false")
     .Attr("record: int = 0")
+    .Attr("stored_values: bool = false")
     .SetShapeFn(ExportShape)
     .Doc(R"doc(
 Everything a checkpoint needs: keys [N], values [N, dim * (1 + S)] (row then S optimizer
@@ -291,7 +292,11 @@ readers go on), written straight into the outputs. reset_deleted=true also clear
 record of deleted keys in the same snapshot and starts recording (the base of a chain of
 TtfTableExportDelta). record: which reader's record of removed keys, in [0, 2): each reader
 of the change log keeps its own, reset by it only, so one reader's chain of deltas never
-disturbs another's (the caller numbers its readers).
+disturbs another's (the caller numbers its readers). stored_values=true: values holds each
+row's value as the table stores it instead, [N, W] 4-byte words, no optimizer slots (for
+rows int8 the dim int8 codes, then a float32 scale and bias, value = code * scale + bias,
+zero-padded to whole words; for bf16 the bfloat16 values; for fp32 the floats), for an
+int8 serving export that keeps the codes.
 )doc");
 
 REGISTER_OP("TtfTableExportDelta")
@@ -308,6 +313,7 @@ REGISTER_OP("TtfTableExportDelta")
     .Output("deleted_keys: int64")
     .Attr("reset_deleted: bool = true")
     .Attr("record: int = 0")
+    .Attr("stored_values: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(ScalarInput(c, 1));
       return ExportShape(c);
@@ -321,7 +327,7 @@ cleared in the same snapshot. Restore = Import of the full export, then per delt
 TtfTableRemove(deleted_keys), then TtfTableImport(merge=true).
 Lookups after a save at table step t mark rows last-seen t: pass since_step = t - 1 to
 catch every change made after that save. record: which reader's record of removed keys is
-read and reset (see TtfTableExport).
+read and reset (see TtfTableExport). stored_values: as TtfTableExport's.
 )doc");
 
 REGISTER_OP("TtfTableDeletedKeys")

@@ -374,7 +374,7 @@ REGISTER_KERNEL_BUILDER(Name("TtfTableEvict").Device(DEVICE_CPU), TableEvictOp);
 
 // Export (all rows, or since a step), writing straight into the outputs.
 void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step, bool with_deleted,
-                bool reset_deleted, int record) {
+                bool reset_deleted, int record, bool stored_values) {
   ExportLayout layout;
   auto allocate = [&](const ExportLayout& l, ExportBuffers* out) -> Status {
     layout = l;
@@ -392,7 +392,8 @@ void ExportInto(OpKernelContext* ctx, EmbeddingTable* table, int64_t since_step,
     return OkStatus();
   };
   std::vector<int64_t> deleted;
-  OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, with_deleted ? &deleted : nullptr, reset_deleted, record));
+  OP_REQUIRES_OK(ctx, table->Export(since_step, allocate, with_deleted ? &deleted : nullptr, reset_deleted, record,
+                                    stored_values));
   Tensor* opt = nullptr;
   OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &opt));
   opt->scalar<tstring>()() = layout.optimizer;
@@ -411,14 +412,15 @@ class TableExportOp : public TableOpKernel {
  public:
   explicit TableExportOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("reset_deleted", &reset_deleted_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stored_values", &stored_values_));
     OP_REQUIRES_OK(ctx, GetRecordAttr(ctx, &record_));
   }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
-    ExportInto(ctx, table, std::numeric_limits<int64_t>::min(), false, reset_deleted_, record_);
+    ExportInto(ctx, table, std::numeric_limits<int64_t>::min(), false, reset_deleted_, record_, stored_values_);
   }
 
  private:
-  bool reset_deleted_;
+  bool reset_deleted_, stored_values_;
   int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableExport").Device(DEVICE_CPU), TableExportOp);
@@ -427,6 +429,7 @@ class TableExportDeltaOp : public TableOpKernel {
  public:
   explicit TableExportDeltaOp(OpKernelConstruction* ctx) : TableOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("reset_deleted", &reset_deleted_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stored_values", &stored_values_));
     OP_REQUIRES_OK(ctx, GetRecordAttr(ctx, &record_));
   }
   void ComputeWithTable(OpKernelContext* ctx, EmbeddingTable* table) override {
@@ -435,11 +438,11 @@ class TableExportDeltaOp : public TableOpKernel {
                 errors::InvalidArgument("since_step must be a scalar, got shape ", since.shape().DebugString()));
     const int64_t since_step = since.scalar<int64_t>()();
     OP_REQUIRES(ctx, since_step >= -1, errors::InvalidArgument("since_step must be >= -1, got ", since_step));
-    ExportInto(ctx, table, since_step, true, reset_deleted_, record_);
+    ExportInto(ctx, table, since_step, true, reset_deleted_, record_, stored_values_);
   }
 
  private:
-  bool reset_deleted_;
+  bool reset_deleted_, stored_values_;
   int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableExportDelta").Device(DEVICE_CPU), TableExportDeltaOp);

@@ -159,9 +159,11 @@ class EmbeddingTable : public ResourceBase {
   // last-seen step is > since_step (INT64_MIN: all), written straight into the buffers
   // `allocate` returns. With `deleted` non-null, also the keys the change log holds for
   // `reader` (removed since that reader's last reset; sorted, distinct); reset_deleted clears
-  // the reader's record in the same snapshot and starts it if it was off.
+  // the reader's record in the same snapshot and starts it if it was off. stored_values: each
+  // row's value part as the row store holds it (layout().value_words() words: int8 codes with
+  // their scale and bias, bf16 pairs, or the floats), no slots, instead of the full layout.
   Status Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                bool reset_deleted, int reader);
+                bool reset_deleted, int reader, bool stored_values = false);
   // A streamed save (TtfTableSave): the rows and candidates last seen after since_step
   // (INT64_MIN: all) into the piece `allocate` sets up, written out each time it is full.
   // One lock shard at a time, held shared while its rows (DRAM, then its disk tier's, read

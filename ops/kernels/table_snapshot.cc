@@ -40,7 +40,7 @@ void EmbeddingTable::DeletedKeys(bool reset, std::vector<int64_t>* deleted, int 
 }
 
 Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocate, std::vector<int64_t>* deleted,
-                              bool reset_deleted, int reader) {
+                              bool reset_deleted, int reader, bool stored_values) {
   std::unique_lock<std::mutex> log_lock(change_log_.mu(), std::defer_lock);
   if (deleted != nullptr || reset_deleted) log_lock.lock();
   // Every shard locked shared for the whole export: one slot layout, exact counts, and the
@@ -48,7 +48,7 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
   std::vector<std::shared_lock<std::shared_mutex>> locks;
   for (auto& sh : shards_) locks.emplace_back(sh->mu);
   ExportLayout layout;
-  layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
+  layout.stride = stored_values ? layout_.value_words() : config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
   layout.optimizer = optimizer_;
   layout.slot_init = slot_init_;
   layout.step = step();
@@ -75,7 +75,8 @@ Status EmbeddingTable::Export(int64_t since_step, const ExportAllocator& allocat
     TF_RETURN_IF_ERROR(VisitShard(
         *sh, since_step,
         [&](int64_t key, const RowMeta& m, const float* row) {
-          out.PutRow(r++, stride, key, m, FullRow(layout_, row, &scratch));
+          // The value part leads a stored row (row_layout.h): its words are copied as they are.
+          out.PutRow(r++, stride, key, m, stored_values ? row : FullRow(layout_, row, &scratch));
         },
         [&](int64_t key, const RowMeta& m) { out.PutCandidate(c++, key, m); }));
   }

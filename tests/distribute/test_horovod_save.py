@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import ttf
 from tests.checkpoint.table_order import by_key
+from tests.distribute.test_ranks_rows import check_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "distribute", "hvd_save.py")
@@ -130,3 +131,16 @@ def test_a_save_failing_on_one_rank_raises_on_every_rank_and_keeps_the_last_chec
     _, layer, _, manager = one_process(directory)
     assert manager.restore_latest() == 3
     assert_same_rows(by_key(layer.export_table()), logical_rows(prefix, "step3"))
+
+
+def test_int8_rows_on_two_ranks_checkpoint_restore_and_serve_their_codes(tmp_path):
+    """Compressed rows on Horovod: tests/distribute/ranks_rows.py (the script test_ranks_rows.py runs on
+    TensorFlow's collectives) on 2 ranks, int8 rows, checked as there (the same codes after a restore
+    into the ranks and into one process, the int8 serving export holding them byte for byte)."""
+    pytest.importorskip("horovod.tensorflow", reason="run ./scripts/setup_horovod.sh (./test.sh --all does)")
+    proc = subprocess.run([sys.executable, HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
+                           os.path.join(ROOT, "tests", "distribute", "ranks_rows.py"), "horovod", "-", "-", "int8",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check_ranks(str(tmp_path), "int8", [json.loads((tmp_path / f"hvd.{rank}.json").read_text()) for rank in (0, 1)])

@@ -106,6 +106,36 @@ def test_lookup_of_converted_rows_is_numpys_encoding_bit_for_bit():
                                           bf16_nearest(src["values"][:, dim:2 * dim][np.argsort(src["keys"])]))
 
 
+def test_stored_values_export_the_rows_as_stored_against_numpy():
+    """export(stored_values=True) (TtfTableExport and ExportDelta): each row's value as the table
+    stores it, no slots: int8 NumPy's nearest codes, then the float32 scale and bias, padded to
+    whole words; bf16 the nearest bfloat16 pairs; fp32 the floats themselves."""
+    src = fp32_export()
+    dim, order = 8, np.argsort(src["keys"])
+    x = src["values"][order, :dim]
+    for rows in ("int8", "bf16", "fp32"):
+        table = ttf.embedding.EmbeddingTable(dim, rows=rows, name=f"stored_{rows}")
+        import_(table.resource_handle, src)
+        for exported in (table.export(stored_values=True), table.export(since_step=-1, stored_values=True)):
+            got = exported["values"].numpy()[np.argsort(exported["keys"].numpy())]
+            if rows == "int8":
+                assert got.shape == (len(x), 4)  # 8 codes + scale + bias: 16 bytes, 4 words
+                codes, scale, bias = encode_int8(x, np.float32(0.5))
+                want = np.concatenate([codes.view(np.uint8), scale[:, None].view(np.uint8),
+                                       bias[:, None].view(np.uint8)], 1)
+                np.testing.assert_array_equal(got.view(np.uint8), want)
+                packed = table.stored_rows(tf.constant(got)).numpy()  # ttf.serving's packed int8 rows
+                assert packed.dtype == np.int8 and packed.shape == (len(x), dim + 8)
+                np.testing.assert_array_equal(packed.view(np.uint8), want)
+            elif rows == "bf16":
+                want = (bf16_nearest(x).view(np.uint32) >> 16).astype(np.uint16)
+                np.testing.assert_array_equal(got.view(np.uint16), want)
+            else:
+                np.testing.assert_array_equal(got.view(np.uint32), x.view(np.uint32))
+    with pytest.raises(ValueError, match="stores fp32 rows, not int8 codes"):
+        table.stored_rows(got)
+
+
 def rowwise_adam(x, m, v, g, step, lr, b1, b2, eps):
     """Partial row-wise Adam (compressed_updates.h) in float32: m per element, v one a row."""
     f = np.float32

@@ -282,12 +282,15 @@ def test_train_cli_table_rows(capsys):
 
     assert train.parse_args(["--tiacc", "--table-rows", "int8"]).table.layer_options()["rows"] == "int8"
     assert train.parse_args(["--tiacc"]).table.layer_options()["rows"] == "fp32"
+    # a parameter-server cluster and publishing take compressed rows (tests/distribute/test_ps_rows.py,
+    # tests/serving/test_int8_rows.py)
+    for flags in (["--ps-hosts", "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2", "--chief-host", "127.0.0.1:3"],
+                  ["--publish-dir", "/tmp/x"]):
+        assert train.parse_args(["--tiacc", "--table-rows", "int8", *flags]).table.rows == "int8"
     for flags, message in [
         (["--tiacc", "--table-rows", "int8", "--dram-budget", "64M", "--ssd-dir", "/tmp"],
          "--table-rows int8 with a DRAM + SSD tier (--dram-budget) is not supported yet: use --table-rows fp32"),
         (["--table-rows", "bf16"], "--table-rows bf16 stores ttf tables' rows: add --tiacc"),
-        (["--tiacc", "--table-rows", "int8", "--publish-dir", "/tmp/x"], "--table-rows int8 with --publish-dir is "
-                                                                          "not supported yet"),
     ]:
         with pytest.raises(SystemExit) as exited:
             train.parse_args(flags)

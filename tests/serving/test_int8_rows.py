@@ -14,7 +14,7 @@ import tensorflow as tf
 import ttf
 from tests.serving.test_publish import DIM, Clock, layer_keys, make_model, train, trainer_rows
 from ttf.serving._export import _ttf_ops_in
-from ttf.serving._frozen import dequantize_rows, quantize_rows
+from ttf.serving._frozen import dequantize_rows, pack_rows, quantize_rows
 
 
 def int8_bound(rows):
@@ -125,3 +125,68 @@ def test_a_bad_row_dtype_is_refused_in_one_line(tmp_path, bad):
             make()
         assert "\n" not in str(error.value)
     assert not os.listdir(tmp_path)  # nothing written
+
+
+def stored_rows(layer):
+    """{key: bytes of the row as the int8 table stores it}: codes [dim], then its float32 scale and bias."""
+    rows = {}
+    for table in layer.tables:
+        exported = table.export(stored_values=True)
+        packed = table.stored_rows(exported["values"]).numpy().view(np.uint8)
+        rows.update(zip(exported["keys"].numpy().tolist(), packed))
+    return rows
+
+
+def delta_rows(folder):
+    """{key: bytes of its int8 row} of a published int8 delta: codes [dim], then scale and bias."""
+    rows = {}
+    for part in json.load(open(os.path.join(folder, "manifest.json")))["parts"]:
+        fields = tf.io.parse_tensor(tf.io.read_file(os.path.join(folder, part["file"])), tf.string)
+        keys, codes = tf.io.parse_tensor(fields[0], tf.int64).numpy(), tf.io.parse_tensor(fields[1], tf.int8).numpy()
+        scale_bias = tf.io.parse_tensor(fields[3], tf.float32).numpy()
+        rows.update(zip(keys.tolist(), np.concatenate([codes.view(np.uint8), scale_bias.view(np.uint8)], 1)))
+    return rows
+
+
+def test_int8_training_rows_are_published_and_exported_as_their_own_codes(tmp_path):
+    """int8 training rows (TableConfig(rows="int8")) into int8 serving rows: the base, each delta's
+    parts and a later export hold the table's own codes, scale and bias byte for byte (no round
+    trip through float32), and a stock-TF load predicts as the trained model does: the same
+    rows, so within float32 rounding of the dense part (1e-6), not int8's tolerance."""
+    ids = tf.keras.Input([2], dtype=tf.int64, name="ids")
+    embedded = ttf.FusedEmbedding(DIM, num_fields=2, name="sparse", rows="int8", shard_devices=["/cpu:0"] * 2)(ids)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, name="head")(tf.keras.layers.Flatten()(embedded)))
+    model(tf.constant([[1, 2]], tf.int64))
+    optimizer, layer, clock = ttf.optimizers.Adagrad(0.1), model.get_layer("sparse"), Clock()
+    rng = np.random.default_rng(2)
+    train(model, optimizer, rng.integers(0, 100, size=[32, 2]))
+    publisher = ttf.serving.Publisher(model, tmp_path / "ctr", publish_every=1, row_dtype=tf.int8, clock=clock)
+    assert publisher.publish() == (1, 0)
+    base = tf.saved_model.load(str(tmp_path / "ctr" / "1"))
+    want = stored_rows(layer)
+    for shard in base.frozen_tables[0].shards:
+        for key, packed in zip(shard.keys.numpy()[:-1].tolist(), shard.rows.numpy()[:-1].view(np.uint8)):
+            np.testing.assert_array_equal(packed, want[key])
+    # What a float32 round trip (decode, quantize_rows again) would have served differs (some rows'
+    # scale or bias moves by float32 ulps): the checks above can fail.
+    decoded = trainer_rows(layer)
+    keys = sorted(decoded)
+    again = pack_rows(*quantize_rows(np.stack([decoded[k] for k in keys]))).numpy().view(np.uint8)
+    assert (again != np.stack([want[k] for k in keys])).any()
+    train(model, optimizer, rng.integers(50, 200, size=[32, 2]))
+    clock.now += 1
+    assert publisher.publish() == (1, 1)
+    want, published = stored_rows(layer), delta_rows(ttf.serving.delta_folder(str(tmp_path / "ctr"), 1, 1))
+    assert len(published) > 20
+    for key, row in published.items():
+        np.testing.assert_array_equal(row, want[key])
+    follower = ttf.serving.DeltaFollower(tmp_path / "ctr")
+    keys = np.array(sorted(want), np.int64)
+    expected = trainer_rows(layer)
+    np.testing.assert_allclose(follower.lookup("sparse", keys).numpy(), np.stack([expected[k] for k in keys]),
+                               rtol=0, atol=1e-6)
+    path = ttf.export_for_serving(model, tmp_path / "ctr", row_dtype=tf.int8)
+    assert _ttf_ops_in(path) == set()
+    probe = tf.constant(rng.integers(0, 250, size=[64, 2]), tf.int64)
+    served = tf.saved_model.load(path).signatures["serving_default"](ids=probe)["logits"].numpy()
+    np.testing.assert_allclose(served, model(probe, training=False).numpy(), rtol=0, atol=1e-6)

@@ -324,11 +324,14 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         return ops().ttf_table_evict(self.resource_handle, tf.cast(min_last_seen, tf.int64),
                                      tf.cast(min_count, tf.int64))
 
-    def export(self, since_step=None, reset_deleted=False, record="checkpoint"):
+    def export(self, since_step=None, reset_deleted=False, record="checkpoint", stored_values=False):
         """The table's content as a dict: keys [N], values [N, dim * (1 + S)] (row then S
         optimizer slots), meta [N, 2] (count, last-seen step), candidate_keys [C],
         candidate_meta [C, 2], optimizer (string), slot_init [S], step. One consistent
         snapshot (TtfTableExport).
+
+        stored_values: values holds each row's value as the table stores it instead, no slots
+          (see stored_rows): what an int8 serving export keeps without converting.
 
         since_step: a delta instead (TtfTableExportDelta): only rows and candidates last
           seen after table step since_step, plus deleted_keys, the keys removed since the
@@ -339,14 +342,21 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
           "publish" (deltas published to serving, ttf.serving.Publisher). Each reader keeps
           its own, reset only by it, so publishing never disturbs a checkpoint chain.
         """
-        reader = _change_log_reader(record)
+        options = dict(reset_deleted=reset_deleted, record=_change_log_reader(record), stored_values=stored_values)
         with tf.device(self._resource_device):
             if since_step is None:
-                return dict(zip(EXPORT_FIELDS, ops().ttf_table_export(self.resource_handle,
-                                                                      reset_deleted=reset_deleted, record=reader)))
-            exported = ops().ttf_table_export_delta(self.resource_handle, tf.cast(since_step, tf.int64),
-                                                    reset_deleted=reset_deleted, record=reader)
+                return dict(zip(EXPORT_FIELDS, ops().ttf_table_export(self.resource_handle, **options)))
+            exported = ops().ttf_table_export_delta(self.resource_handle, tf.cast(since_step, tf.int64), **options)
         return dict(zip(EXPORT_FIELDS + ("deleted_keys",), exported))
+
+    def stored_rows(self, values):
+        """An export's stored_values [N, W] (float32 words) -> int8 [N, dim + 8] for an int8
+        table: each row's dim codes, then its float32 scale and bias (value = code * scale +
+        bias), byte for byte: ttf.serving's packed int8 row layout (ttf/serving/_frozen.py)."""
+        if self.rows != "int8":
+            raise ValueError(f"stored_rows: {self.name} stores {self.rows} rows, not int8 codes")
+        words = tf.shape(values)[1]
+        return tf.reshape(tf.bitcast(values, tf.int8), [-1, 4 * words])[:, :self.dim + 8]
 
     def restore(self, export, num_partitions=1, partition=0):
         """Loads the keys of `export` (a dict as export() returns, of any table or of a

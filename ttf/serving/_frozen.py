@@ -73,10 +73,29 @@ def pack_rows(quantized, scale_bias):
     return tf.concat([quantized, tf.reshape(tf.bitcast(scale_bias, tf.int8), [-1, SCALE_BIAS_BYTES])], 1)
 
 
+def split_packed(packed, dim):
+    """int8 [K, dim + 8] (pack_rows) -> (int8 codes [K, dim], float32 scale_bias [K, 2])."""
+    return packed[:, :dim], tf.bitcast(tf.reshape(packed[:, dim:], [-1, 2, 4]), tf.float32)
+
+
 def unpack_rows(packed, dim):
     """int8 [K, dim + 8] (pack_rows) -> float32 [K, dim]."""
-    scale_bias = tf.bitcast(tf.reshape(packed[:, dim:], [-1, 2, 4]), tf.float32)
-    return dequantize_rows(packed[:, :dim], scale_bias)
+    return dequantize_rows(*split_packed(packed, dim))
+
+
+def serving_rows(table, exported, dtype):
+    """The rows of `exported` (table.export(..., stored_values=dtype == tf.int8 and
+    table.rows == "int8")) as `dtype` will hold them: an int8 table's own rows packed as they
+    are (its codes, scale and bias are the serving layout: no round trip through float32);
+    otherwise the float rows [N, dim] (the value, no optimizer slots)."""
+    if stored_int8(table, dtype):
+        return table.stored_rows(exported["values"])
+    return exported["values"][:, :table.dim]
+
+
+def stored_int8(table, dtype):
+    """True when `table`'s rows go to int8 serving rows as they are stored (int8 training rows)."""
+    return dtype == tf.int8 and table.rows == "int8"
 
 
 class HashedShard(tf.Module):
@@ -123,8 +142,12 @@ class HashedShard(tf.Module):
         self._put(held, held + 1, default_row)
 
     def _put(self, start, stop, rows):
-        """Stores float rows [stop - start, dim] at [start, stop) in the shard's precision."""
-        stored = pack_rows(*quantize_rows(rows)) if self.quantized else tf.cast(rows, self.rows.dtype)
+        """Stores rows [stop - start, dim] at [start, stop) in the shard's precision: float rows
+        converted, or int8 rows already packed (an int8 table's own: serving_rows) as they are."""
+        if rows.dtype == tf.int8:
+            stored = rows
+        else:
+            stored = pack_rows(*quantize_rows(rows)) if self.quantized else tf.cast(rows, self.rows.dtype)
         self.rows[start:stop].assign(stored)
 
     @classmethod
@@ -133,9 +156,10 @@ class HashedShard(tf.Module):
         its export (rows only: the optimizer slots are dropped) on the shard's device.
         publish_record: reset the shard's "publish" record of deleted keys in that snapshot."""
         with tf.device(table._resource_device):  # pylint: disable=protected-access  (built and kept where the rows are)
-            exported = table.export(reset_deleted=publish_record, record="publish")
+            exported = table.export(reset_deleted=publish_record, record="publish",
+                                    stored_values=stored_int8(table, dtype))
             default_row = tf.fill([1, dim], tf.constant(table.default_value, tf.float32))
-            shard = cls(exported["keys"], exported["values"][:, :dim], default_row, dtype=dtype, name=name)
+            shard = cls(exported["keys"], serving_rows(table, exported, dtype), default_row, dtype=dtype, name=name)
         return shard, int(exported["step"])
 
     @property

@@ -37,7 +37,7 @@ from ttf._ops import ops
 from ttf.embedding import tables_in
 from ttf.embedding._table import CHANGE_LOG_READERS
 from ttf.serving._export import SERVING_INFO, export_for_serving, versions
-from ttf.serving._frozen import check_row_dtype, quantize_rows
+from ttf.serving._frozen import check_row_dtype, quantize_rows, serving_rows, split_packed, stored_int8
 
 DELTAS = "deltas"
 MANIFEST = "manifest.json"
@@ -314,13 +314,16 @@ class Publisher:
             for layer, shard, table in changed:
                 key = (layer.name, shard)
                 with tf.device(table._resource_device):  # pylint: disable=protected-access
-                    exported = table.export(since_step=self._since[key], reset_deleted=True, record="publish")
+                    exported = table.export(since_step=self._since[key], reset_deleted=True, record="publish",
+                                            stored_values=stored_int8(table, self.row_dtype))
                     deleted = exported["deleted_keys"]
                     if key in self._pending_deleted:  # from deltas that failed: kept until one is whole
                         deleted = tf.concat([self._pending_deleted[key], deleted], 0)
                     self._pending_deleted[key] = deleted
-                    rows, scale_bias = exported["values"][:, : layer.dim], None
-                    if self.row_dtype == tf.int8:  # quantized where the rows are (the shard's device)
+                    rows, scale_bias = serving_rows(table, exported, self.row_dtype), None
+                    if stored_int8(table, self.row_dtype):  # an int8 table's codes, scale and bias as they are
+                        rows, scale_bias = split_packed(rows, layer.dim)
+                    elif self.row_dtype == tf.int8:  # quantized where the rows are (the shard's device)
                         rows, scale_bias = quantize_rows(rows)
                     rows = tf.cast(rows, self.row_dtype)
                     steps[key] = int(exported["step"])
