@@ -2,8 +2,9 @@
 
 Parquet's row groups are decoded by pyarrow (in tf.data's threads, pyarrow releasing the GIL
 while it decodes) and one TtfEncodeColumns call turns a row group's columns into the text
-reader's outputs; TFRecord's tf.train.Example records go to TtfParseExamples, which reads the
-protobuf wire format itself. Both by the text parser's value rules (ops/kernels/parse_values.h):
+reader's outputs; a plain TFRecord file is framed by TtfReadRecords (large reads, CRC32C checks,
+the records left in one buffer) and its tf.train.Example records go to TtfParseExampleSpans,
+which reads the protobuf wire format where it lies. Both by the text parser's value rules (ops/kernels/parse_values.h):
 an integer is the value of its decimal text, a string the value of its bytes, so "05db9164" is
 the same key in TSV, Parquet and TFRecord.
 
@@ -285,8 +286,9 @@ def _sample_records(path, strict):
 
 class TFRecordSource:
     """TFRecord files of tf.train.Example, checked against a schema when made (each file's first
-    records: the label is there, every feature's list type can hold its column's values), parsed
-    by TtfParseExamples (ops/kernels/parse_examples_kernels.cc), which checks every record."""
+    records: the label is there, every feature's list type can hold its column's values), framed
+    by TtfReadRecords (plain files) or TFRecordDataset (GZIP), and parsed by TtfParseExampleSpans
+    (ops/kernels/parse_examples_kernels.cc), which checks every record."""
 
     row_word = "record"
 
