@@ -9,7 +9,7 @@ replaced (TtfParseCriteo), on the same blocks. Also measures the whole reader pi
 --formats: the same Criteo-shaped rows as TSV, Parquet (written by pyarrow, row groups of
 --row-group rows) and TFRecord of tf.train.Example (tf.io.TFRecordWriter), each read to
 batches of 4096 by ttf.data.Reader, and the TFRecord file by stock TFRecordDataset +
-tf.io.parse_example (FixedLenFeatures: no keys, no transform), interleaved.
+tf.io.parse_example (FixedLenFeatures: no keys, no transform), interleaved (ABBA).
 
     .venv/bin/python benchmarks/parse.py --repeats 7
     .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 200000
@@ -96,8 +96,11 @@ def formats(args):
             "TFRecord, ttf.data.Reader": lambda: ttf.data.Reader(record).dataset(4096, shuffle=False),
             "TFRecord, stock TFRecordDataset + parse_example": lambda: stock_tfrecord(record, 4096)}
     seconds = {name: [] for name in runs}
-    for _ in range(args.repeats):
-        for name, make in runs.items():
+    for repeat in range(args.repeats):
+        order = list(runs.items())
+        if repeat % 2:  # ABBA: every other repetition in reverse order
+            order.reverse()
+        for name, make in order:
             def run(make=make):
                 for _ in make():
                     pass
@@ -106,7 +109,7 @@ def formats(args):
     print(f"Machine: {machine(ROOT)}; TensorFlow {tf.__version__}, pyarrow {pa.__version__}. {args.threads} "
           f"intra-op thread(s); {args.file_rows:,} Criteo-shaped rows, batch 4096, Parquet row groups of "
           f"{args.row_group:,}; process CPU seconds (all threads) per epoch, medians of {args.repeats} interleaved "
-          "repetitions.\n")
+          "repetitions (ABBA: every other one in reverse order).\n")
     print("| input | median CPU s | rows per CPU s | vs text | vs stock TFRecord |")
     print("|---|---|---|---|---|")
     text_s = statistics.median(seconds["text (TSV), ttf.data.Reader"])

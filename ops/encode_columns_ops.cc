@@ -9,7 +9,7 @@
 namespace tensorflow {
 namespace ttf {
 
-REGISTER_OP("TtfEncodeColumns")
+static const InitOnStartupMarker kRegistered = ParsedRowsOp(register_op::OpDefBuilderWrapper("TtfEncodeColumns")
     .Input("location: string")
     .Input("row_numbers: int64")
     .Input("error: string")
@@ -20,26 +20,9 @@ REGISTER_OP("TtfEncodeColumns")
     .Input("offsets: N * int64")
     .Input("bytes: N * uint8")
     .Input("strings: N * string")
-    .Output("labels: float")
-    .Output("dense: float")
-    .Output("ids: int64")
-    .Output("multi_hot_values: num_multi_hot * int64")
-    .Output("multi_hot_lengths: num_multi_hot * int64")
-    .Output("bad_rows: int64")
     .Attr("N: int >= 1")
-    .Attr("kinds: list(int)")
     .Attr("sources: list(int)")
-    .Attr("slots: list(int)")
-    .Attr("value_modes: list(int)")
-    .Attr("log1p: list(bool)")
-    .Attr("defaults: list(float)")
-    .Attr("names: list(string)")
-    .Attr("num_dense: int >= 0")
-    .Attr("num_fields: int >= 0")
-    .Attr("num_multi_hot: int >= 0")
     .Attr("row_word: string = 'row'")
-    .Attr("schema_name: string = 'custom'")
-    .Attr("strict: bool = true")
     .SetShapeFn(ParsedRowsShape)
     .Doc(R"doc(
 Encodes the rows numbered row_numbers [num_rows] (only named in errors), given column by column (one entry of every list input per schema
@@ -58,7 +41,7 @@ several values, an out-of-range int value or a bad hour stamp is a bad row: stri
 naming `location, <row_word> row_numbers[r]`; otherwise it is skipped and counted.
 A non-empty `error` (the reader could not decode these rows) fails when strict, or
 counts all num_rows rows as bad.
-)doc");
+)doc"), "bad_rows");
 
 }  // namespace ttf
 }  // namespace tensorflow

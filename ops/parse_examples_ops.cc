@@ -12,27 +12,10 @@ namespace ttf {
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-REGISTER_OP("TtfParseExamples")
+static const InitOnStartupMarker kParseExamples = ParsedRowsOp(register_op::OpDefBuilderWrapper("TtfParseExamples")
     .Input("records: string")
     .Input("location: string")
     .Input("record_numbers: int64")
-    .Output("labels: float")
-    .Output("dense: float")
-    .Output("ids: int64")
-    .Output("multi_hot_values: num_multi_hot * int64")
-    .Output("multi_hot_lengths: num_multi_hot * int64")
-    .Output("bad_records: int64")
-    .Attr("kinds: list(int)")
-    .Attr("slots: list(int)")
-    .Attr("value_modes: list(int)")
-    .Attr("log1p: list(bool)")
-    .Attr("defaults: list(float)")
-    .Attr("names: list(string)")
-    .Attr("num_dense: int >= 0")
-    .Attr("num_fields: int >= 0")
-    .Attr("num_multi_hot: int >= 0")
-    .Attr("schema_name: string = 'custom'")
-    .Attr("strict: bool = true")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle records, location, numbers;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &records));
@@ -55,7 +38,31 @@ non-0/1 label, several values in a one-value column, a list of a type the column
 a non-finite dense value, a bad int or hour value, bytes that are not a tf.train.Example)
 fails naming `location, record record_numbers[i]` and the feature when strict; otherwise it
 is skipped and counted in bad_records.
-)doc");
+)doc"), "bad_records");
+
+static const InitOnStartupMarker kParseExampleSpans = ParsedRowsOp(
+    register_op::OpDefBuilderWrapper("TtfParseExampleSpans")
+        .Input("data: string")
+        .Input("starts: int64")
+        .Input("ends: int64")
+        .Input("location: string")
+        .Input("record_numbers: int64")
+        .SetShapeFn([](InferenceContext* c) {
+          ShapeHandle data, starts, ends, location, numbers;
+          TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &data));
+          TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &starts));
+          TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &ends));
+          TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &location));
+          TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &numbers));
+          TF_RETURN_IF_ERROR(c->Merge(starts, ends, &starts));
+          TF_RETURN_IF_ERROR(c->Merge(starts, numbers, &starts));
+          return ParsedRowsShape(c);
+        })
+        .Doc(R"doc(
+TtfParseExamples on records that lie in one string: record i is data[starts[i]:ends[i]] (a block
+of TtfReadRecords, parsed where it was read). A span outside data fails the op.
+)doc"),
+    "bad_records");
 
 }  // namespace ttf
 }  // namespace tensorflow

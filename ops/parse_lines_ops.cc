@@ -12,29 +12,12 @@ namespace ttf {
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-REGISTER_OP("TtfParseLines")
+static const InitOnStartupMarker kRegistered = ParsedRowsOp(register_op::OpDefBuilderWrapper("TtfParseLines")
     .Input("lines: string")
     .Input("filenames: string")
     .Input("line_numbers: int64")
-    .Output("labels: float")
-    .Output("dense: float")
-    .Output("ids: int64")
-    .Output("multi_hot_values: num_multi_hot * int64")
-    .Output("multi_hot_lengths: num_multi_hot * int64")
-    .Output("bad_lines: int64")
-    .Attr("kinds: list(int)")
-    .Attr("slots: list(int)")
-    .Attr("value_modes: list(int)")
-    .Attr("log1p: list(bool)")
-    .Attr("defaults: list(float)")
     .Attr("separators: string")
-    .Attr("names: list(string)")
     .Attr("delimiter: string")
-    .Attr("num_dense: int >= 0")
-    .Attr("num_fields: int >= 0")
-    .Attr("num_multi_hot: int >= 0")
-    .Attr("schema_name: string = 'custom'")
-    .Attr("strict: bool = true")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle lines, filenames, line_numbers;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &lines));
@@ -62,7 +45,7 @@ multi_hot_values[m] (the keys of every kept row, concatenated) and multi_hot_len
 [N] (keys per row). A bad line (wrong column count, bad label, non-numeric dense value,
 non-integer int value, bad hour stamp) fails the op naming filenames[i] and
 line_numbers[i] when strict; otherwise it is skipped and counted in bad_lines.
-)doc");
+)doc"), "bad_lines");
 
 }  // namespace ttf
 }  // namespace tensorflow

@@ -72,47 +72,25 @@ inline double ItemNumber(const ColumnData& c, int64_t i) {
 class EncodeColumnsOp : public OpKernel {
  public:
   explicit EncodeColumnsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("kinds", &kinds_));
+    SchemaAttrs a;
+    OP_REQUIRES_OK(ctx, a.Read(ctx, /*skip_allowed=*/false));
+    kinds_ = a.kinds, slots_ = a.slots, value_modes_ = a.value_modes, log1p_ = a.log1p, defaults_ = a.defaults;
+    names_ = a.names, num_dense_ = a.num_dense, num_fields_ = a.num_fields, num_multi_hot_ = a.num_multi_hot;
+    schema_name_ = a.schema_name, strict_ = a.strict;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sources", &sources_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("slots", &slots_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_modes", &value_modes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("log1p", &log1p_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("defaults", &defaults_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_dense", &num_dense_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_fields", &num_fields_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_multi_hot", &num_multi_hot_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("row_word", &row_word_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("schema_name", &schema_name_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("strict", &strict_));
     int n;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n));
-    OP_REQUIRES(ctx,
-                static_cast<int>(kinds_.size()) == n && static_cast<int>(sources_.size()) == n &&
-                    static_cast<int>(slots_.size()) == n && static_cast<int>(value_modes_.size()) == n &&
-                    static_cast<int>(log1p_.size()) == n && static_cast<int>(defaults_.size()) == n &&
-                    static_cast<int>(names_.size()) == n,
-                errors::InvalidArgument("kinds, sources, slots, value_modes, log1p, defaults and names must have "
-                                        "one entry per column (", n, ")"));
-    int labels = 0;
+    OP_REQUIRES(ctx, static_cast<int>(kinds_.size()) == n && static_cast<int>(sources_.size()) == n,
+                errors::InvalidArgument("kinds and sources must have one entry per column (", n, "), got ",
+                                        kinds_.size(), " and ", sources_.size()));
     for (int c = 0; c < n; ++c) {
-      const int kind = kinds_[c], slot = slots_[c];
-      OP_REQUIRES(ctx, kind >= kLabel && kind <= kHour && sources_[c] >= kInts && sources_[c] <= kDictionary,
-                  errors::InvalidArgument("column '", names_[c], "': kind ", kind, " or source ", sources_[c],
-                                          " out of range"));
-      const int limit = kind == kDense         ? num_dense_
-                        : kind == kCategorical ? num_fields_
-                        : kind == kHour        ? num_fields_ - 1
-                        : kind == kMultiHot    ? num_multi_hot_
-                                               : 1;
-      OP_REQUIRES(ctx, kind == kLabel || (slot >= 0 && slot < limit),
-                  errors::InvalidArgument("slots[", c, "] = ", slot, " is out of range for column '", names_[c], "'"));
-      const bool numeric = kind == kLabel || kind == kDense;
+      OP_REQUIRES(ctx, sources_[c] >= kInts && sources_[c] <= kDictionary,
+                  errors::InvalidArgument("column '", names_[c], "': source ", sources_[c], " out of range"));
+      const bool numeric = kinds_[c] == kLabel || kinds_[c] == kDense;
       OP_REQUIRES(ctx, numeric ? sources_[c] <= kFloats : sources_[c] != kFloats,
                   errors::InvalidArgument("column '", names_[c], "': source ", sources_[c], " cannot hold its values"));
-      labels += kind == kLabel;
     }
-    OP_REQUIRES(ctx, labels == 1, errors::InvalidArgument("exactly one label column, got ", labels));
   }
 
   void Compute(OpKernelContext* ctx) override;
@@ -305,20 +283,17 @@ void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
               errors::InvalidArgument(location, ": ", error, " (read with strict=False to skip and count bad rows)"));
   std::vector<ColumnData> columns;
   std::vector<std::string> problems;
-  Tensor labels, dense, ids, lengths;
   if (error.empty()) {
     OP_REQUIRES_OK(ctx, Gather(ctx, n, &columns));
     problems.resize(n);
   }
   const int64_t rows = error.empty() ? n : 0;  // an undecodable unit: all its rows are bad
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({rows}), &labels));
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({rows, D}), &dense));
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({rows, F}), &ids));
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({rows, M}), &lengths));
-  float* labels_data = labels.flat<float>().data();
-  float* dense_data = dense.flat<float>().data();
-  int64_t* ids_data = ids.flat<int64_t>().data();
-  int64_t* lengths_data = lengths.flat<int64_t>().data();
+  ParsedRowTensors parsed;
+  OP_REQUIRES_OK(ctx, parsed.Allocate(ctx, rows, D, F, M));
+  float* labels_data = parsed.label_data();
+  float* dense_data = parsed.dense_data();
+  int64_t* ids_data = parsed.id_data();
+  int64_t* lengths_data = parsed.length_data();
   // Multi-hot keys per shard of rows (contiguous ranges), joined in row order below without the bad rows'.
   std::mutex pieces_mu;
   MultiHotPieces pieces;
@@ -349,7 +324,7 @@ void EncodeColumnsOp::Compute(OpKernelContext* ctx) {
   OP_REQUIRES_OK(ctx, ctx->allocate_output("bad_rows", TensorShape({}), &bad_out));
   bad_out->scalar<int64_t>()() = bad;
   const int64_t dropped = bad - (n - rows);  // bad rows among the decoded ones
-  OP_REQUIRES_OK(ctx, OutputParsedRows(ctx, labels, dense, ids, lengths, &pieces, problems, rows, dropped, D, F, M));
+  OP_REQUIRES_OK(ctx, OutputParsedRows(ctx, parsed, &pieces, problems, rows, dropped, D, F, M));
 }
 
 REGISTER_KERNEL_BUILDER(Name("TtfEncodeColumns").Device(DEVICE_CPU), EncodeColumnsOp);

@@ -1,5 +1,5 @@
-// Kernel of TtfParseExamples (ops/parse_examples_ops.cc): serialized tf.train.Example records
-// -> labels, dense, ids, multi-hot keys, by the value rules of parse_values.h (the text
+// Kernels of TtfParseExamples and TtfParseExampleSpans (ops/parse_examples_ops.cc): serialized
+// tf.train.Example records (strings, or spans of one block read by TtfReadRecords) -> labels, dense, ids, multi-hot keys, by the value rules of parse_values.h (the text
 // parser's). The protobuf wire format is read in place, every read bounds-checked, and each
 // categorical value hashed where it lies: no string tensor, no protobuf object, no copy.
 //
@@ -194,61 +194,35 @@ struct Row {
   int* next_column;  // [columns + 1]: the column that followed column c - 1 last time (writers keep an order)
 };
 
+// The parser of both ops; Records: the i-th record's bytes as an absl::string_view.
 class ParseExamplesOp : public OpKernel {
  public:
   explicit ParseExamplesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<int> kinds, slots, value_modes;
-    std::vector<bool> log1p;
-    std::vector<float> defaults;
-    std::vector<std::string> names;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("kinds", &kinds));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("slots", &slots));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_modes", &value_modes));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("log1p", &log1p));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("defaults", &defaults));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_dense", &num_dense_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_fields", &num_fields_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_multi_hot", &num_multi_hot_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("schema_name", &schema_name_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("strict", &strict_));
-    const size_t n = kinds.size();
-    OP_REQUIRES(ctx,
-                slots.size() == n && value_modes.size() == n && log1p.size() == n && defaults.size() == n &&
-                    names.size() == n,
-                errors::InvalidArgument("kinds, slots, value_modes, log1p, defaults and names must have one entry "
-                                        "per column (", n, ")"));
-    int labels = 0;
-    columns_.reserve(n);
-    for (size_t c = 0; c < n; ++c) {
-      const int kind = kinds[c], slot = slots[c];
-      OP_REQUIRES(ctx, kind >= kLabel && kind <= kHour,
-                  errors::InvalidArgument("kinds[", c, "] must be in [1, 5], got ", kind));
-      OP_REQUIRES(ctx, value_modes[c] >= kAuto && value_modes[c] <= kString,
-                  errors::InvalidArgument("value_modes[", c, "] must be in [0, 2], got ", value_modes[c]));
-      const int limit = kind == kDense         ? num_dense_
-                        : kind == kCategorical ? num_fields_
-                        : kind == kHour        ? num_fields_ - 1
-                        : kind == kMultiHot    ? num_multi_hot_
-                                               : 1;
-      OP_REQUIRES(ctx, kind == kLabel || (slot >= 0 && slot < limit),
-                  errors::InvalidArgument("slots[", c, "] = ", slot, " is out of range for column '", names[c], "'"));
-      labels += kind == kLabel;
-      const double d = defaults[c];
-      columns_.push_back({static_cast<int8_t>(kind), static_cast<int8_t>(value_modes[c]), static_cast<bool>(log1p[c]),
-                          slot, static_cast<float>(log1p[c] ? std::log1p(std::max(d, 0.0)) : d), names[c]});
+    SchemaAttrs a;
+    OP_REQUIRES_OK(ctx, a.Read(ctx, /*skip_allowed=*/false));
+    num_dense_ = a.num_dense, num_fields_ = a.num_fields, num_multi_hot_ = a.num_multi_hot;
+    schema_name_ = a.schema_name, strict_ = a.strict;
+    columns_.reserve(a.kinds.size());
+    for (size_t c = 0; c < a.kinds.size(); ++c) {
+      const double d = a.defaults[c];
+      columns_.push_back({static_cast<int8_t>(a.kinds[c]), static_cast<int8_t>(a.value_modes[c]),
+                          static_cast<bool>(a.log1p[c]), a.slots[c],
+                          static_cast<float>(a.log1p[c] ? std::log1p(std::max(d, 0.0)) : d), a.names[c]});
     }
-    OP_REQUIRES(ctx, labels == 1, errors::InvalidArgument("exactly one label column, got ", labels));
-    for (size_t c = 0; c < n; ++c) {
+    for (size_t c = 0; c < columns_.size(); ++c) {
       OP_REQUIRES(ctx, by_name_.emplace(columns_[c].name, static_cast<int>(c)).second,
                   errors::InvalidArgument("column '", columns_[c].name, "' is named twice"));
     }
   }
 
-  void Compute(OpKernelContext* ctx) override;
+ protected:
+  // Parses n records (records(i): the bytes of record i), numbered `numbers` in `location`.
+  template <typename Records>
+  void Parse(OpKernelContext* ctx, int64_t n, const Records& records, const Tensor& location,
+             const Tensor& numbers) const;
 
  private:
-  bool ParseRecord(const tstring& record, const Row& row, std::string* problem) const;
+  bool ParseRecord(absl::string_view record, const Row& row, std::string* problem) const;
   bool ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row, std::string* problem) const;
   bool TakeFeature(const Column& column, int kind, const uint8_t* b, const uint8_t* e, const Row& row,
                    std::string* problem) const;
@@ -261,7 +235,7 @@ class ParseExamplesOp : public OpKernel {
 };
 
 // One record into its row; false (and why in *problem) if it is bad.
-bool ParseExamplesOp::ParseRecord(const tstring& record, const Row& row, std::string* problem) const {
+bool ParseExamplesOp::ParseRecord(absl::string_view record, const Row& row, std::string* problem) const {
   const Column* label = nullptr;
   for (const Column& c : columns_) {  // every column missing until its feature is found
     switch (c.kind) {
@@ -446,29 +420,16 @@ bool ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_t* b, c
   return true;
 }
 
-void ParseExamplesOp::Compute(OpKernelContext* ctx) {
-  const Tensor& records = ctx->input(0);
-  const Tensor& location = ctx->input(1);
-  const Tensor& numbers = ctx->input(2);
-  OP_REQUIRES(ctx, records.dims() == 1,
-              errors::InvalidArgument("records must be rank 1, got shape ", records.shape().DebugString()));
-  OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(location.shape()),
-              errors::InvalidArgument("location must be a scalar, got shape ", location.shape().DebugString()));
-  OP_REQUIRES(ctx, numbers.shape() == records.shape(),
-              errors::InvalidArgument("record_numbers must have the shape of records ",
-                                      records.shape().DebugString(), ", got ", numbers.shape().DebugString()));
-  const int64_t n = records.NumElements();
+template <typename Records>
+void ParseExamplesOp::Parse(OpKernelContext* ctx, int64_t n, const Records& records, const Tensor& location,
+                            const Tensor& numbers) const {
   const int D = num_dense_, F = num_fields_, M = num_multi_hot_;
-  const auto text = records.flat<tstring>();
-  Tensor labels, dense, ids, lengths;
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n}), &labels));
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n, D}), &dense));
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, F}), &ids));
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, M}), &lengths));
-  float* labels_data = labels.flat<float>().data();
-  float* dense_data = dense.flat<float>().data();
-  int64_t* ids_data = ids.flat<int64_t>().data();
-  int64_t* lengths_data = lengths.flat<int64_t>().data();
+  ParsedRowTensors parsed;
+  OP_REQUIRES_OK(ctx, parsed.Allocate(ctx, n, D, F, M));
+  float* labels_data = parsed.label_data();
+  float* dense_data = parsed.dense_data();
+  int64_t* ids_data = parsed.id_data();
+  int64_t* lengths_data = parsed.length_data();
   std::vector<std::string> problems(n);
   std::mutex pieces_mu;
   MultiHotPieces pieces;
@@ -482,7 +443,7 @@ void ParseExamplesOp::Compute(OpKernelContext* ctx) {
       for (int m = 0; m < M; ++m) before[m] = values[m].size();
       const Row row{&labels_data[i], &dense_data[i * D], &ids_data[i * F], &lengths_data[i * M], &values,
                     before.data(), next_column.data()};
-      if (!ParseRecord(text(i), row, &problems[i])) {  // its keys stay in the shard's list; its lengths say how many
+      if (!ParseRecord(records(i), row, &problems[i])) {  // its keys stay in the shard's list; its lengths say how many
         for (int m = 0; m < M; ++m) lengths_data[i * M + m] = static_cast<int64_t>(values[m].size() - before[m]);
       }
     }
@@ -503,10 +464,64 @@ void ParseExamplesOp::Compute(OpKernelContext* ctx) {
   Tensor* bad_out = nullptr;
   OP_REQUIRES_OK(ctx, ctx->allocate_output("bad_records", TensorShape({}), &bad_out));
   bad_out->scalar<int64_t>()() = bad;
-  OP_REQUIRES_OK(ctx, OutputParsedRows(ctx, labels, dense, ids, lengths, &pieces, problems, n, bad, D, F, M));
+  OP_REQUIRES_OK(ctx, OutputParsedRows(ctx, parsed, &pieces, problems, n, bad, D, F, M));
 }
 
-REGISTER_KERNEL_BUILDER(Name("TtfParseExamples").Device(DEVICE_CPU), ParseExamplesOp);
+// TtfParseExamples: records [N], a string each.
+class ParseExampleStringsOp : public ParseExamplesOp {
+ public:
+  using ParseExamplesOp::ParseExamplesOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& records = ctx->input(0);
+    const Tensor& location = ctx->input(1);
+    const Tensor& numbers = ctx->input(2);
+    OP_REQUIRES(ctx, records.dims() == 1,
+                errors::InvalidArgument("records must be rank 1, got shape ", records.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(location.shape()),
+                errors::InvalidArgument("location must be a scalar, got shape ", location.shape().DebugString()));
+    OP_REQUIRES(ctx, numbers.shape() == records.shape(),
+                errors::InvalidArgument("record_numbers must have the shape of records ",
+                                        records.shape().DebugString(), ", got ", numbers.shape().DebugString()));
+    const auto text = records.flat<tstring>();
+    Parse(ctx, records.NumElements(), [&text](int64_t i) { return absl::string_view(text(i)); }, location,
+          numbers);
+  }
+};
+
+// TtfParseExampleSpans: record i is data[starts[i]:ends[i]] (TtfReadRecords' block, read in place).
+class ParseExampleSpansOp : public ParseExamplesOp {
+ public:
+  using ParseExamplesOp::ParseExamplesOp;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& data = ctx->input(0);
+    const Tensor& starts = ctx->input(1);
+    const Tensor& ends = ctx->input(2);
+    const Tensor& location = ctx->input(3);
+    const Tensor& numbers = ctx->input(4);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(data.shape()),
+                errors::InvalidArgument("data must be a scalar, got shape ", data.shape().DebugString()));
+    OP_REQUIRES(ctx, starts.dims() == 1 && ends.shape() == starts.shape() && numbers.shape() == starts.shape(),
+                errors::InvalidArgument("starts, ends and record_numbers must be vectors of one shape, got ",
+                                        starts.shape().DebugString(), ", ", ends.shape().DebugString(), ", ",
+                                        numbers.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(location.shape()),
+                errors::InvalidArgument("location must be a scalar, got shape ", location.shape().DebugString()));
+    const absl::string_view bytes(data.scalar<tstring>()());
+    const auto b = starts.flat<int64_t>(), e = ends.flat<int64_t>();
+    const int64_t n = starts.NumElements(), size = static_cast<int64_t>(bytes.size());
+    for (int64_t i = 0; i < n; ++i) {
+      OP_REQUIRES(ctx, 0 <= b(i) && b(i) <= e(i) && e(i) <= size,
+                  errors::InvalidArgument("record span ", i, " [", b(i), ", ", e(i), ") is not inside data (",
+                                          size, " bytes)"));
+    }
+    Parse(ctx, n, [&](int64_t i) { return bytes.substr(b(i), e(i) - b(i)); }, location, numbers);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TtfParseExamples").Device(DEVICE_CPU), ParseExampleStringsOp);
+REGISTER_KERNEL_BUILDER(Name("TtfParseExampleSpans").Device(DEVICE_CPU), ParseExampleSpansOp);
 
 }  // namespace
 }  // namespace ttf

@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/work_sharder.h"
 #include "parse_values.h"
+#include "parsed_rows.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -43,57 +44,26 @@ struct Column {
 class ParseLinesOp : public OpKernel {
  public:
   explicit ParseLinesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::vector<int> kinds, slots, value_modes;
-    std::vector<bool> log1p;
-    std::vector<float> defaults;
-    std::vector<std::string> names;
+    SchemaAttrs a;
+    OP_REQUIRES_OK(ctx, a.Read(ctx, /*skip_allowed=*/true));
     std::string separators;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("kinds", &kinds));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("slots", &slots));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("value_modes", &value_modes));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("log1p", &log1p));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("defaults", &defaults));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("separators", &separators));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("names", &names));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("delimiter", &delimiter_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_dense", &num_dense_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_fields", &num_fields_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_multi_hot", &num_multi_hot_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("schema_name", &schema_name_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("strict", &strict_));
-    const size_t n = kinds.size();
-    OP_REQUIRES(ctx, n > 0, errors::InvalidArgument("kinds must name at least one column"));
-    OP_REQUIRES(ctx,
-                slots.size() == n && value_modes.size() == n && log1p.size() == n && defaults.size() == n &&
-                    separators.size() == n && names.size() == n,
-                errors::InvalidArgument("kinds, slots, value_modes, log1p, defaults, separators and names must "
-                                        "have one entry per column (", n, "), got ", slots.size(), ", ",
-                                        value_modes.size(), ", ", log1p.size(), ", ", defaults.size(), ", ",
-                                        separators.size(), ", ", names.size()));
+    num_dense_ = a.num_dense, num_fields_ = a.num_fields, num_multi_hot_ = a.num_multi_hot;
+    schema_name_ = a.schema_name, strict_ = a.strict;
+    const size_t n = a.kinds.size();
+    OP_REQUIRES(ctx, separators.size() == n,
+                errors::InvalidArgument("separators must have one entry per column (", n, "), got ",
+                                        separators.size()));
     OP_REQUIRES(ctx, delimiter_.size() <= 1,
                 errors::InvalidArgument("delimiter must be empty (auto) or one character, got '", delimiter_, "'"));
     OP_REQUIRES(ctx, num_fields_ + num_multi_hot_ <= 128,
                 errors::InvalidArgument("at most 128 categorical fields, got ", num_fields_ + num_multi_hot_));
-    int labels = 0;
     for (size_t c = 0; c < n; ++c) {
-      const int kind = kinds[c], slot = slots[c];
-      OP_REQUIRES(ctx, kind >= kSkip && kind <= kHour,
-                  errors::InvalidArgument("kinds[", c, "] must be in [0, 5], got ", kind));
-      OP_REQUIRES(ctx, value_modes[c] >= kAuto && value_modes[c] <= kString,
-                  errors::InvalidArgument("value_modes[", c, "] must be in [0, 2], got ", value_modes[c]));
-      const int limit = kind == kDense         ? num_dense_
-                        : kind == kCategorical ? num_fields_
-                        : kind == kHour        ? num_fields_ - 1
-                        : kind == kMultiHot    ? num_multi_hot_
-                                               : 1;
-      OP_REQUIRES(ctx, kind == kSkip || kind == kLabel || (slot >= 0 && slot < limit),
-                  errors::InvalidArgument("slots[", c, "] = ", slot, " is out of range for column '", names[c], "'"));
-      labels += kind == kLabel;
-      columns_.push_back({static_cast<int8_t>(kind), static_cast<int8_t>(value_modes[c]), static_cast<bool>(log1p[c]),
-                          separators[c], slot, defaults[c]});
-      names_.push_back(names[c]);
+      columns_.push_back({static_cast<int8_t>(a.kinds[c]), static_cast<int8_t>(a.value_modes[c]),
+                          static_cast<bool>(a.log1p[c]), separators[c], a.slots[c], a.defaults[c]});
+      names_.push_back(a.names[c]);
     }
-    OP_REQUIRES(ctx, labels == 1, errors::InvalidArgument("exactly one label column, got ", labels));
     for (int c = 0; c < static_cast<int>(n); ++c) {
       if (runs_.empty() || runs_.back().kind != columns_[c].kind) runs_.push_back({columns_[c].kind, c, c});
       runs_.back().end = c + 1;
@@ -118,19 +88,16 @@ class ParseLinesOp : public OpKernel {
     const auto text = lines.flat<tstring>();
 
     // Parse straight into full-size tensors; they become the outputs unless lines were skipped.
-    Tensor labels, dense, ids, lengths;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n}), &labels));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({n, D}), &dense));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, F}), &ids));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n, M}), &lengths));
-    float* labels_data = labels.flat<float>().data();
-    float* dense_data = dense.flat<float>().data();
-    int64_t* ids_data = ids.flat<int64_t>().data();
-    int64_t* lengths_data = lengths.flat<int64_t>().data();
+    ParsedRowTensors parsed;
+    OP_REQUIRES_OK(ctx, parsed.Allocate(ctx, n, D, F, M));
+    float* labels_data = parsed.label_data();
+    float* dense_data = parsed.dense_data();
+    int64_t* ids_data = parsed.id_data();
+    int64_t* lengths_data = parsed.length_data();
     std::vector<std::string> problems(n);  // empty (no allocation) for a good line
     // Multi-hot keys per shard of lines (shards are contiguous ranges), joined in line order below.
     std::mutex pieces_mu;
-    std::vector<std::pair<int64_t, std::vector<std::vector<int64_t>>>> pieces;
+    MultiHotPieces pieces;
     const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t cost_per_line = 125 * static_cast<int64_t>(columns_.size());  // ~1 us for Criteo's 40 columns
     Shard(workers->num_threads, workers->workers, n, cost_per_line, [&](int64_t begin, int64_t end) {
@@ -153,51 +120,14 @@ class ParseLinesOp : public OpKernel {
                   errors::InvalidArgument(filename, ":", line_numbers.flat<int64_t>()(i), ": bad ", schema_name_,
                                           " line: ", problems[i],
                                           " (read with strict=False to skip and count bad lines)"));
+      for (int m = 0; m < M; ++m) lengths_data[i * M + m] = 0;  // ParseLine rolled its keys back
       ++bad;
     }
     Tensor* bad_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output("bad_lines", TensorShape({}), &bad_out));
     bad_out->scalar<int64_t>()() = bad;
 
-    if (M > 0) {  // bad lines added no keys (ParseLine rolls them back); only their lengths go
-      std::sort(pieces.begin(), pieces.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
-      OpOutputList values_out, lengths_out;
-      OP_REQUIRES_OK(ctx, ctx->output_list("multi_hot_values", &values_out));
-      OP_REQUIRES_OK(ctx, ctx->output_list("multi_hot_lengths", &lengths_out));
-      for (int m = 0; m < M; ++m) {
-        int64_t total = 0;
-        for (const auto& piece : pieces) total += piece.second[m].size();
-        Tensor* v = nullptr;
-        OP_REQUIRES_OK(ctx, values_out.allocate(m, TensorShape({total}), &v));
-        int64_t* out = v->flat<int64_t>().data();
-        for (const auto& piece : pieces) out = std::copy(piece.second[m].begin(), piece.second[m].end(), out);
-        Tensor* l = nullptr;
-        OP_REQUIRES_OK(ctx, lengths_out.allocate(m, TensorShape({n - bad}), &l));
-        int64_t row = 0;
-        for (int64_t i = 0; i < n; ++i)
-          if (problems[i].empty()) l->flat<int64_t>()(row++) = lengths_data[i * M + m];
-      }
-    }
-    if (bad == 0) {
-      ctx->set_output(0, labels);
-      ctx->set_output(1, dense);
-      ctx->set_output(2, ids);
-      return;
-    }
-    const int64_t good = n - bad;
-    Tensor *labels_out, *dense_out, *ids_out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({good}), &labels_out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({good, D}), &dense_out));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({good, F}), &ids_out));
-    int64_t row = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!problems[i].empty()) continue;
-      labels_out->flat<float>()(row) = labels_data[i];
-      std::copy(&dense_data[i * D], &dense_data[(i + 1) * D], dense_out->flat<float>().data() + row * D);
-      std::copy(&ids_data[i * F], &ids_data[(i + 1) * F], ids_out->flat<int64_t>().data() + row * F);
-      ++row;
-    }
+    OP_REQUIRES_OK(ctx, OutputParsedRows(ctx, parsed, &pieces, problems, n, bad, D, F, M));
   }
 
  private:

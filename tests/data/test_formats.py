@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import ttf
+from ttf.data import _columnar
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "data", "criteo_sample.txt")
 
@@ -287,3 +288,28 @@ def test_every_format_reads_through_tensorflows_file_systems(tmp_path, text):
     assert_same(read_all([columns]), text)
     reader = ttf.data.Reader(f"{columns}/part-*")
     assert reader.format == "parquet" and sum(len(l) for _, l, _ in reader.share_dataset(64, 1, 2)) > 0
+
+
+def test_parquet_on_another_file_system_is_read_in_place_a_row_group_at_a_time(tmp_path, monkeypatch):
+    """A Parquet file on ram:// (as on gs://) is read through tf.io.gfile.GFile, not copied: reading
+    one row group reads its column chunks, not the file, and gives what the local file gives."""
+    local, remote = str(tmp_path / "p.parquet"), "ram://ttf_parquet_in_place/p.parquet"
+    pq.write_table(pacsv.read_csv(SAMPLE), local, row_group_size=25)
+    tf.io.gfile.makedirs("ram://ttf_parquet_in_place")
+    tf.io.gfile.copy(local, remote, overwrite=True)
+    read_bytes = []
+    plain_read = _columnar._GFileHandle.read
+
+    def counted(self, n=-1):
+        data = plain_read(self, n)
+        read_bytes.append(len(data))
+        return data
+
+    monkeypatch.setattr(_columnar._GFileHandle, "read", counted)
+    reader = ttf.data.Reader(remote)
+    source = reader._source  # the row groups; one decoded alone below
+    assert len(source.units) == 8
+    read_bytes.clear()
+    source._read(3, 0, 5)
+    assert 0 < sum(read_bytes) < os.path.getsize(local) / 4, (sum(read_bytes), os.path.getsize(local))
+    assert_same(read_all([remote]), read_all([local]))

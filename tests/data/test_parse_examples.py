@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import ttf
 from ttf._ops import ops
+from ttf.data._one_line import one_line
 from ttf.data._reader import _op_attrs
 
 SCHEMA = ttf.data.Schema([ttf.data.Label("click"), ttf.data.Dense("price", transform="none", default=-1.0),
@@ -215,3 +216,136 @@ def test_a_type_changing_after_the_sampled_records_is_one_line_through_the_reade
     skipping = ttf.data.Reader(path, schema, strict=False)
     assert sum(int(l.shape[0]) for _, l in skipping.dataset(512, shuffle=False)) == 1499
     assert skipping.bad_lines == 1
+
+
+# ---- TtfReadRecords: the TFRecord framing read in the op, then TtfParseExampleSpans on the block
+
+def write_records(path, records, compression=""):
+    with tf.io.TFRecordWriter(path, compression) as writer:
+        for r in records:
+            writer.write(r)
+
+
+def read_blocks(path, max_records, max_bytes=1 << 26, strict=True, offset=0, record=0):
+    """Every block of one file, chained by (next_offset, next_record): [(block outputs), ...]."""
+    blocks = []
+    while True:
+        out = ops().ttf_read_records(path, offset, record, max_records, max_bytes=max_bytes, strict=strict)
+        blocks.append(out)
+        offset, record = int(out[4]), int(out[5])
+        if bool(out[7]):
+            return blocks
+
+
+def block_records(block):
+    data = block[0].numpy()
+    return [data[b:e] for b, e in zip(block[1].numpy().tolist(), block[2].numpy().tolist())]
+
+
+def test_framing_in_the_op_reads_what_tfrecorddataset_reads_and_parses_like_parse_example(tmp_path):
+    path = str(tmp_path / "x.tfrecord")
+    records = [example(**row) for row in rows(300, seed=3)] + [b""]  # an empty record too
+    write_records(path, records)
+    for max_records, max_bytes in ((1000, 1 << 26), (7, 1 << 26), (1000, 500), (1, 1)):
+        blocks = read_blocks(path, max_records, max_bytes)
+        got = [r for b in blocks for r in block_records(b)]
+        assert got == [r.numpy() for r in tf.data.TFRecordDataset(path)] == records
+        numbers = np.concatenate([b[3].numpy() for b in blocks])
+        assert numbers.tolist() == list(range(len(records))) and all(int(b[6]) == 0 for b in blocks)
+        assert max(len(block_records(b)) for b in blocks) <= max_records
+    # a block from a position in the middle (a resume): the next block's offset and record number
+    first = read_blocks(path, 120)[0]
+    rest = read_blocks(path, 1000, offset=int(first[4]), record=int(first[5]))
+    assert [r for b in rest for r in block_records(b)] == records[120:]
+    block = ops().ttf_read_records(path, 0, 0, 1000)
+    good = records[:-1]
+    out = ops().ttf_parse_example_spans(block[0], block[1][:-1], block[2][:-1], path, block[3][:-1],
+                                        **{k: v for k, v in _op_attrs(SCHEMA).items()
+                                           if k not in ("separators", "delimiter")})
+    assert_outputs(out, reference(good))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"record span 0 \[5, 3\) is not inside data"):
+        ops().ttf_parse_example_spans(block[0], [5], [3], path, [0], **{k: v for k, v in _op_attrs(SCHEMA).items()
+                                                                        if k not in ("separators", "delimiter")})
+
+
+def damaged(tmp_path, how):
+    """A file of 20 records written by TensorFlow, damaged: a data byte flipped (record 5), a length
+    byte flipped (record 5), or cut inside record 5's header or data. (path, bytes before record 5)."""
+    path = str(tmp_path / f"{how}.tfrecord")
+    records = [example(click=[i % 2], item=[b"x%d" % i]) for i in range(20)]
+    write_records(path, records)
+    before = sum(16 + len(r) for r in records[:5])
+    data = bytearray(open(path, "rb").read())
+    if how == "data":
+        data[before + 12 + 3] ^= 0x40
+    elif how == "length":
+        data[before] ^= 0x01
+    elif how == "header":
+        data = data[:before + 7]
+    else:
+        data = data[:before + 12 + 4]
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    return path, before
+
+
+@pytest.mark.parametrize("how, message, kept", [
+    ("data", "the record's data does not match its CRC32C: a corrupt file", 19),
+    ("length", "the record's length does not match its CRC32C: a corrupt file", 5),
+    ("header", "the file ends inside the record's header (7 bytes left): a truncated file", 5),
+    ("cut", "the file ends inside the record (", 5)])
+def test_corrupt_and_truncated_files_are_one_line_naming_file_and_record_or_skipped_and_counted(
+        tmp_path, how, message, kept):
+    path, before = damaged(tmp_path, how)
+    with pytest.raises(tf.errors.DataLossError) as err:
+        read_blocks(path, 8)
+    line = one_line(err.value.message)  # the op's message without TensorFlow's frame around it
+    assert line.startswith(f"{path}, record 5 (byte {before}): {message}") and "\n" not in line, line
+    assert "read with strict=False to skip and count bad records" in line
+    blocks = read_blocks(path, 8, strict=False)
+    numbers = [n for b in blocks for n in b[3].numpy().tolist()]
+    assert numbers == [n for n in range(20) if n != 5][:kept] and sum(int(b[6]) for b in blocks) == 1
+    # through the reader: the same line (a ValueError when the file is opened), or the record skipped and counted
+    schema = ttf.data.Schema([ttf.data.Label("click"), ttf.data.Categorical("item")], name="dmg")
+    with pytest.raises(ValueError, match=rf"^{path}: not a readable TFRecord file: record 5 \(byte {before}\): "):
+        ttf.data.Reader(path, schema)
+    reader = ttf.data.Reader(path, schema, strict=False)
+    assert sum(int(l.shape[0]) for _, l in reader.dataset(8, shuffle=False)) == kept
+    assert reader.bad_lines == 1
+
+
+def test_a_corrupt_record_past_the_sampled_ones_is_one_line_through_the_reader(tmp_path):
+    path = str(tmp_path / "late.tfrecord")
+    records = [example(click=[i % 2], item=[b"abc"]) for i in range(1500)]
+    write_records(path, records)
+    data = bytearray(open(path, "rb").read())
+    at = sum(16 + len(r) for r in records[:1200])
+    data[at + 12 + 2] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    schema = ttf.data.Schema([ttf.data.Label("click"), ttf.data.Categorical("item")], name="late")
+    with pytest.raises(tf.errors.DataLossError) as err:
+        list(ttf.data.Reader(path, schema).dataset(512, shuffle=False))
+    assert err.value.message.startswith(f"{path}, record 1200 (byte {at}): the record's data does not match"), \
+        err.value.message
+    assert "\n" not in err.value.message and "function_node" not in err.value.message
+    skipping = ttf.data.Reader(path, schema, strict=False)
+    assert sum(int(l.shape[0]) for _, l in skipping.dataset(512, shuffle=False)) == 1499
+    assert skipping.bad_lines == 1
+
+
+def test_records_are_read_through_tensorflows_file_systems():
+    """ram:// stands for gs://, s3://: the op opens files through TensorFlow's Env, plain and GZIP."""
+    records = [example(click=[i % 2], price=[i / 4], item=[b"v%d" % i], tags=[b"a", b"z"][:1 + i % 2])
+               for i in range(50)]  # one list type per feature: the Reader reads files of one layout
+    tf.io.gfile.makedirs("ram://ttf_read_records")
+    plain, gz = "ram://ttf_read_records/a.tfrecord", "ram://ttf_read_records/b.tfrecord.gz"
+    write_records(plain, records)
+    write_records(gz, records, "GZIP")
+    assert [r for b in read_blocks(plain, 16) for r in block_records(b)] == records
+    reader = ttf.data.Reader([plain, gz], SCHEMA)
+    batches = list(reader.dataset(100, shuffle=False))
+    want = reference(records)
+    np.testing.assert_array_equal(batches[0][1].numpy(), np.concatenate([want[0]] * 2))
+    np.testing.assert_array_equal(batches[0][0]["ids"].numpy()[:, :2], np.concatenate([want[2][:, :2]] * 2))
+    with pytest.raises(tf.errors.NotFoundError, match="ram://ttf_read_records/none.tfrecord: no such TFRecord file"):
+        ops().ttf_read_records("ram://ttf_read_records/none.tfrecord", 0, 0, 10)

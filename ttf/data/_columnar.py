@@ -2,19 +2,16 @@
 
 Parquet's row groups are decoded by pyarrow (in tf.data's threads, pyarrow releasing the GIL
 while it decodes) and one TtfEncodeColumns call turns a row group's columns into the text
-reader's outputs; TFRecord's tf.train.Example records go to TtfParseExamples, which reads the
-protobuf wire format itself. Both by the text parser's value rules (ops/kernels/parse_values.h):
+reader's outputs; a plain TFRecord file is framed by TtfReadRecords (large reads, CRC32C checks,
+the records left in one buffer) and its tf.train.Example records go to TtfParseExampleSpans,
+which reads the protobuf wire format where it lies. Both by the text parser's value rules (ops/kernels/parse_values.h):
 an integer is the value of its decimal text, a string the value of its bytes, so "05db9164" is
 the same key in TSV, Parquet and TFRecord.
 
 A unit is a Parquet row group (the unit of parallel decoding, of shares and of positions)
 or a TFRecord file (read in windows of records).
 """
-import os
-import shutil
-import tempfile
-import threading
-import weakref
+import contextlib
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +20,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from ttf._ops import ops
+from ttf.data._one_line import one_line
 
 INTS, FLOATS, ARROW_STRINGS, STRINGS, DICTIONARY = 0, 1, 2, 3, 4
 _NUMERIC_KINDS = ("label", "dense")
@@ -61,15 +59,47 @@ class _Encoder:
 
 # ---------------------------------------------------------------------------------------- Parquet
 
-def _open_parquet(path, remote, dictionary_columns=()):
-    """pyarrow's ParquetFile of a local path, or of its local copy in `remote` (another file system)."""
+class _GFileHandle:
+    """A tf.io.gfile.GFile with what pyarrow.PythonFile asks of a file object (GFile has no `closed`)."""
+
+    def __init__(self, path):
+        self._file, self.closed = tf.io.gfile.GFile(path, "rb"), False
+
+    def read(self, n=-1):
+        return self._file.read(n)
+
+    def seek(self, offset, whence=0):
+        return self._file.seek(offset, whence)
+
+    def tell(self):
+        return self._file.tell()
+
+    def close(self):
+        self._file.close()
+        self.closed = True
+
+
+@contextlib.contextmanager
+def _parquet_file(path, dictionary_columns=(), metadata=None):
+    """pyarrow's ParquetFile of a local path, or of a file on another of TensorFlow's file systems
+    (gs://, s3://, hdfs://, ram://) through tf.io.gfile: pyarrow reads the footer (unless its
+    `metadata` is given) and each column chunk it decodes with seek and read, so memory stays a row
+    group's, not the file's. Closed on leaving: a file object must not outlive the call, since a
+    tf.data thread's Python state (and what it holds) is torn down after each numpy_function."""
+    source = pa.PythonFile(_GFileHandle(path), mode="r") if "://" in path else path
     try:
-        # No read-ahead on pyarrow's I/O threads: a row group is read whole by one tf.data thread.
-        return pq.ParquetFile(remote.get(path, path), read_dictionary=list(dictionary_columns) or None,
-                              pre_buffer=False)
-    except (pa.ArrowException, OSError) as err:
-        raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); a truncated or corrupt "
-                         "file: write or copy it again") from None
+        try:
+            # No read-ahead on pyarrow's I/O threads: a row group is read whole by one tf.data thread.
+            f = pq.ParquetFile(source, metadata=metadata, read_dictionary=list(dictionary_columns) or None,
+                               pre_buffer=False)
+        except (pa.ArrowException, OSError) as err:
+            raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]}); a truncated or "
+                             "corrupt file: write or copy it again") from None
+        with contextlib.closing(f):
+            yield f
+    finally:
+        if not isinstance(source, str):
+            source.close()
 
 
 def _parquet_source(path, column, arrow_schema, schema_name):
@@ -151,20 +181,12 @@ class ParquetSource:
         self.schema, self.paths = schema, paths
         self.read_columns = [c for c, _ in _columns(schema)]
         self.units = []  # (path, row group, first row of the group in its file, rows)
-        # Files on another file system (gs://, s3://, hdfs://, ram://) are copied to a local temporary folder
-        # through tf.io.gfile first: pyarrow reading a Python file object or an in-memory buffer inside tf.data's
-        # threads hung or crashed (TF 2.21, pyarrow 26), a local file does not.
-        self._remote = {}
-        if any("://" in p for p in paths):
-            folder = tempfile.mkdtemp(prefix="ttf_parquet_")
-            weakref.finalize(self, shutil.rmtree, folder, True)
-            for i, path in enumerate(p for p in paths if "://" in p):
-                self._remote[path] = os.path.join(folder, f"{i}.parquet")
-                tf.io.gfile.copy(path, self._remote[path])
+        self._metadata = {}  # path: its footer, read once
         sources, first = None, None
         for path in paths:
-            f = _open_parquet(path, self._remote)
-            found = [_parquet_source(path, c, f.schema_arrow, schema.name) for c in self.read_columns]
+            with _parquet_file(path) as f:
+                metadata = self._metadata[path] = f.metadata
+                found = [_parquet_source(path, c, f.schema_arrow, schema.name) for c in self.read_columns]
             if sources is None:
                 sources, first = found, path
             elif found != sources:
@@ -172,8 +194,8 @@ class ParquetSource:
                 raise ValueError(f"{path}: column {c.name!r} has another type than in {first}; give files of one "
                                  "layout")
             row = 0
-            for group in range(f.metadata.num_row_groups):
-                rows = f.metadata.row_group(group).num_rows
+            for group in range(metadata.num_row_groups):
+                rows = metadata.row_group(group).num_rows
                 if rows:
                     self.units.append((path, group, row, rows))
                 row += rows
@@ -184,19 +206,12 @@ class ParquetSource:
                    for c, s in zip(self.read_columns, sources)]
         self.dictionary_columns = [c.name for c, s in zip(self.read_columns, sources) if s == DICTIONARY]
         self.encode = _Encoder(schema, attrs, sources, self.row_word, strict)
-        self._local = threading.local()
 
     def weight(self, unit):
         return self.units[unit][3]
 
     def layout(self):
         return [(path, group, rows) for path, group, _, rows in self.units]
-
-    def _file(self, path):
-        files = self._local.__dict__.setdefault("files", {})
-        if path not in files:
-            files[path] = _open_parquet(path, self._remote, self.dictionary_columns)
-        return files[path]
 
     def _read(self, unit, keep_mode, holdout_every):
         """numpy: row numbers (in the group), error, and the columns of the kept rows of one unit."""
@@ -207,8 +222,8 @@ class ParquetSource:
             keep = ((first_row + numbers + 1) % holdout_every == 0) == (keep_mode == 2)
             numbers = numbers[keep]
         try:
-            table = self._file(path).read_row_group(group, columns=[c.name for c in self.read_columns],
-                                                    use_threads=False)
+            with _parquet_file(path, self.dictionary_columns, self._metadata[path]) as f:
+                table = f.read_row_group(group, columns=[c.name for c in self.read_columns], use_threads=False)
             if keep is not None:
                 table = table.filter(pa.array(keep))
             if any(table.column(n).num_chunks > 1 for n in self.dictionary_columns):
@@ -217,7 +232,7 @@ class ParquetSource:
             for column, source in zip(self.read_columns, self.encode.sources):
                 out += _arrow_arrays(table.column(column.name).combine_chunks(), source, column.kind == "multi_hot")
             return out
-        except (pa.ArrowException, OSError) as err:
+        except (pa.ArrowException, OSError, ValueError) as err:
             empties = [_EMPTY[np.uint8], _EMPTY[np.int64], _EMPTY[np.int64], _EMPTY[np.float64], _EMPTY[np.int64],
                        _EMPTY[np.uint8]]
             reason = f"cannot decode the row group ({str(err).splitlines()[0]}): a corrupt file"
@@ -243,27 +258,37 @@ class ParquetSource:
 
 _FEATURE_SOURCES = {"int64_list": INTS, "float_list": FLOATS, "bytes_list": STRINGS}
 _SAMPLE_RECORDS = 1000
-_RECORD_BLOCK = 4096  # records per TtfParseExamples call at least: a tf.data step and an op call per block
+_RECORD_BLOCK = 4096  # records per TtfParseExampleSpans call at least: a tf.data step and an op call per block
+_WINDOW_BYTES = 64 << 20  # a window of records ends once it holds this many bytes (one record at least)
 
 
 def compression_of(path):
     return "GZIP" if path.endswith(".gz") else ""
 
 
-def _sample_records(path):
-    """Up to _SAMPLE_RECORDS records of one file (numpy bytes); ValueError on a corrupt file."""
+def _sample_records(path, strict):
+    """Up to _SAMPLE_RECORDS records of one file (bytes); ValueError on a corrupt file (a plain file's
+    corrupt records are skipped when not strict, as reading does)."""
     try:
-        sample = tf.data.TFRecordDataset(path, compression_of(path)).take(_SAMPLE_RECORDS).batch(_SAMPLE_RECORDS)
+        if not compression_of(path):
+            data, starts, ends = ops().ttf_read_records(path, 0, 0, _SAMPLE_RECORDS, strict=strict)[:3]
+            data = data.numpy()
+            return [data[b:e] for b, e in zip(starts.numpy().tolist(), ends.numpy().tolist())]
+        sample = tf.data.TFRecordDataset(path, "GZIP").take(_SAMPLE_RECORDS).batch(_SAMPLE_RECORDS)
         return [r for batch in sample for r in batch.numpy().tolist()]  # one tf.data step, not one per record
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
+    except tf.errors.DataLossError as err:  # the op's line: "<path>, record N (byte B): why (fix)"
+        line = one_line(err.message)
+        raise ValueError(f"{path}: not a readable TFRecord file: {line[len(path) + 2:]}") from None
+    except tf.errors.InvalidArgumentError as err:
         raise ValueError(f"{path}: not a readable TFRecord file ({err.message.splitlines()[0]}); a truncated or "
                          "corrupt file, or a GZIP file without the .gz suffix") from None
 
 
 class TFRecordSource:
     """TFRecord files of tf.train.Example, checked against a schema when made (each file's first
-    records: the label is there, every feature's list type can hold its column's values), parsed
-    by TtfParseExamples (ops/kernels/parse_examples_kernels.cc), which checks every record."""
+    records: the label is there, every feature's list type can hold its column's values), framed
+    by TtfReadRecords (plain files) or TFRecordDataset (GZIP), and parsed by TtfParseExampleSpans
+    (ops/kernels/parse_examples_kernels.cc), which checks every record."""
 
     row_word = "record"
 
@@ -272,7 +297,7 @@ class TFRecordSource:
         self.read_columns = [c for c, _ in _columns(schema)]
         seen = {}
         for path in paths:
-            records = _sample_records(path)
+            records = _sample_records(path, strict)
             if not records:
                 raise ValueError(f"{path}: empty TFRecord file, no records")
             for raw in records:
@@ -296,6 +321,7 @@ class TFRecordSource:
                 raise ValueError(f"{path}: feature {column.name!r} is a {'float' if source == FLOATS else 'bytes'}"
                                  f"_list; a {type(column).__name__} column takes {_wanted(column)}")
         self.units = [(path, 0, 0, tf.io.gfile.stat(path).length) for path in paths]
+        self.strict = strict
         read = _columns(schema)
         self.attrs = {key: [attrs[key][i] for _, i in read]
                       for key in ("kinds", "slots", "value_modes", "log1p", "defaults", "names")}
@@ -306,19 +332,72 @@ class TFRecordSource:
         return self.units[unit][3]
 
     def layout(self):
-        return [(path, size) for path, _, _, size in self.units]
+        # A plain file's positions are byte offsets, a GZIP file's record indices.
+        return [(path, size, "records" if compression_of(path) else "bytes") for path, _, _, size in self.units]
 
-    def records(self, unit, start=0):
-        """(index of the window, records) of one file from record `start`, as a tf.data.Dataset."""
+    def windows(self, unit, size, offset=0, record=0):
+        """Windows of up to `size` records of one file (a tensor index) from record number `record`
+        at byte `offset`, as a dataset of (begin, begin record, end, end record, numbers, data,
+        starts, ends, bad): record i of a window is data[starts[i]:ends[i]], its number numbers[i];
+        bad counts records skipped as corrupt (strict=False). Plain files are framed by
+        TtfReadRecords (begin, end: byte offsets), GZIP files by TFRecordDataset (begin, end:
+        record indices, and `offset` is one)."""
+        gzip = [bool(compression_of(p)) for p in self.paths]
         path = tf.gather(tf.constant(self.paths), unit)
-        compression = tf.gather(tf.constant([compression_of(p) for p in self.paths]), unit)
-        return tf.data.TFRecordDataset(path, compression, buffer_size=1 << 20).skip(start)
+        if not any(gzip):
+            return self._plain_windows(path, size, offset, record)
+        if all(gzip):
+            return self._gzip_windows(path, size, record)
+        # Both kinds in one source: the other kind's dataset takes no element (and opens no file).
+        is_gzip = tf.gather(tf.constant(gzip), unit)
+        none, every = tf.constant(0, tf.int64), tf.constant(-1, tf.int64)
+        return (self._plain_windows(path, size, offset, record).take(tf.where(is_gzip, none, every))
+                .concatenate(self._gzip_windows(path, size, record).take(tf.where(is_gzip, every, none))))
 
-    def decode_records(self, unit, numbers, records):
-        """(labels, dense, ids, values, lengths, bad) of records numbered `numbers` (0-based) of one file:
-        TtfParseExamples reads the tf.train.Example wire format and hashes values in place."""
+    def _plain_windows(self, path, size, offset, record):
+        strict = self.strict
+
+        def read(state, _):
+            begin, number, finished = state
+            data, starts, ends, numbers, end, next_number, bad, done = ops().ttf_read_records(
+                path, tf.where(finished, tf.constant(-1, tf.int64), begin), number, size, max_bytes=_WINDOW_BYTES,
+                strict=strict)
+            return (end, next_number, done), (finished, (begin, number, end, next_number, numbers, data, starts, ends,
+                                                         bad))
+
+        start = (tf.cast(offset, tf.int64), tf.cast(record, tf.int64), tf.constant(False))
+        return (tf.data.Dataset.from_tensors(0).repeat().scan(start, read)
+                .take_while(lambda finished, _: tf.logical_not(finished)).map(lambda _, window: window)
+                .filter(lambda *w: tf.logical_or(tf.size(w[4]) > 0, w[8] > 0)))
+
+    def _gzip_windows(self, path, size, record):
+        def window(index, records):
+            begin = record + index * size
+            lengths = tf.cast(tf.strings.length(records), tf.int64)
+            ends = tf.cumsum(lengths)
+            end = begin + tf.size(records, out_type=tf.int64)
+            return (begin, begin, end, end, tf.range(begin, end), tf.strings.reduce_join(records), ends - lengths,
+                    ends, tf.constant(0, tf.int64))
+
+        records = tf.data.TFRecordDataset(path, "GZIP", buffer_size=1 << 20).skip(record)
+        return records.batch(size).enumerate().map(window)
+
+    def decode_window(self, unit, numbers, data, starts, ends, bad):
+        """(labels, dense, ids, values, lengths, bad) of the records numbered `numbers` (0-based) of one
+        file, at data[starts[i]:ends[i]]: TtfParseExampleSpans reads the tf.train.Example wire format
+        where it lies and hashes values in place."""
         location = tf.gather(tf.constant(self.paths), unit)
-        return ops().ttf_parse_examples(records, location, numbers, **self.attrs)
+        out = ops().ttf_parse_example_spans(data, starts, ends, location, numbers, **self.attrs)
+        return tuple(out[:-1]) + (out[-1] + bad,)
+
+
+def kept_window(window, split, holdout_every):
+    """(numbers, data, starts, ends, bad) of a window's records in the split."""
+    numbers, data, starts, ends, bad = window[4:]
+    if split != "all":
+        keep = _keep(numbers, split, holdout_every)
+        numbers, starts, ends = (tf.boolean_mask(t, keep) for t in (numbers, starts, ends))
+    return numbers, data, starts, ends, bad
 
 
 # ------------------------------------------------------------------------------ datasets and shares
@@ -337,16 +416,10 @@ def unit_rows(source, units, finish, split="all", holdout_every=5, block_records
     block_records = max(block_records, _RECORD_BLOCK)
 
     def blocks(unit):
-        def number(index, records):
-            numbers = index * block_records + tf.range(tf.size(records, out_type=tf.int64))
-            if split != "all":
-                keep = _keep(numbers, split, holdout_every)
-                numbers, records = tf.boolean_mask(numbers, keep), tf.boolean_mask(records, keep)
-            return unit, numbers, records
-        return source.records(unit).batch(block_records).enumerate().map(number)
+        return source.windows(unit, block_records).map(lambda *w: (unit,) + kept_window(w, split, holdout_every))
 
     return (units.interleave(blocks, cycle_length=min(len(source.units), 8), **parallel)
-            .map(lambda u, n, r: finish(*source.decode_records(u, n, r)), **parallel))
+            .map(lambda u, *window: finish(*source.decode_window(u, *window)), **parallel))
 
 
 def plan_units(source, num_shares):
@@ -363,16 +436,17 @@ def share_rows(source, unit_ids, share_index, finish, batch_size, *, seed, num_e
                split, holdout_every, shuffle):
     """Batches of one share of units with their position (the layout of _shares.POSITION_FIELDS).
 
-    A window is a whole row group (Parquet) or window_lines records (TFRecord); its start and
-    end (row or record index in the unit) stand in both the byte and the line fields.
+    A window is a whole row group (Parquet) or window_lines records (TFRecord). Its start and end
+    stand in the byte and line fields: a row index in both (Parquet), the byte offset and the
+    record index (plain TFRecord), a record index in both (GZIP TFRecord).
     """
-    epoch0, piece0, byte0, _, skip0 = (0, 0, -1, -1, 0) if start is None else [int(v) for v in start]
+    epoch0, piece0, byte0, line0, skip0 = (0, 0, -1, -1, 0) if start is None else [int(v) for v in start]
     if not unit_ids or (num_epochs is not None and epoch0 >= num_epochs):
         return None
     units = tf.constant(unit_ids, tf.int64)
     parquet = isinstance(source, ParquetSource)
 
-    def batches(epoch, piece, begin, end, skip, element):
+    def batches(epoch, piece, begin, begin_line, end, end_line, skip, element):
         features, labels = element
         if shuffle:
             order = tf.random.experimental.stateless_shuffle(
@@ -383,8 +457,8 @@ def share_rows(source, unit_ids, share_index, finish, batch_size, *, seed, num_e
         last = (tf.cast(tf.size(labels), tf.int64) + batch_size - 1) // batch_size - 1
 
         def with_position(index, element):
-            position = tf.stack([tf.cast(share_index, tf.int64), epoch, piece, begin, begin, index,
-                                 tf.cast(index == last, tf.int64), end, end])
+            position = tf.stack([tf.cast(share_index, tf.int64), epoch, piece, begin, begin_line, index,
+                                 tf.cast(index == last, tf.int64), end, end_line])
             return element[0], element[1], position
 
         return (tf.data.Dataset.from_tensors((features, labels)).rebatch(batch_size).enumerate()
@@ -399,30 +473,24 @@ def share_rows(source, unit_ids, share_index, finish, batch_size, *, seed, num_e
             decoded = pieces.map(lambda p: (p, finish(*source.decode(units[p], split, holdout_every))),
                                  num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             skip_first, zero = tf.constant(skip0 if restored else 0, tf.int64), tf.constant(0, tf.int64)
-            return decoded.flat_map(lambda p, e: batches(epoch, p, zero, tf.gather(rows, p),
+            return decoded.flat_map(lambda p, e: batches(epoch, p, zero, zero, tf.gather(rows, p), tf.gather(rows, p),
                                                          tf.where(tf.equal(p, first), skip_first, zero), e))
 
         def piece_windows(piece):
             at_restored = tf.logical_and(tf.equal(piece, piece0), restored)
             zero = tf.constant(0, tf.int64)
             begin = tf.where(at_restored, tf.constant(max(byte0, 0), tf.int64), zero)
+            begin_line = tf.where(at_restored, tf.constant(max(line0, 0), tf.int64), zero)
             skip = tf.where(at_restored, tf.constant(skip0, tf.int64), zero)
             unit = tf.gather(units, piece)
 
-            def window(index, records):
-                w_begin = begin + index * window_lines
-                numbers = w_begin + tf.range(tf.size(records, out_type=tf.int64))
-                kept_numbers, kept = numbers, records
-                if split != "all":
-                    keep = _keep(numbers, split, holdout_every)
-                    kept_numbers, kept = tf.boolean_mask(numbers, keep), tf.boolean_mask(records, keep)
-                end = w_begin + tf.cast(tf.size(records), tf.int64)
-                return w_begin, end, tf.where(index == 0, skip, tf.zeros_like(skip)), finish(*source.decode_records(unit, kept_numbers,
-                                                                                                  kept))
+            def window(index, w):
+                element = finish(*source.decode_window(unit, *kept_window(w, split, holdout_every)))
+                return w[0], w[1], w[2], w[3], tf.where(index == 0, skip, zero), element
 
-            windows = source.records(unit, begin).batch(window_lines).enumerate().map(
+            windows = source.windows(unit, window_lines, begin, begin_line).enumerate().map(
                 window, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-            return windows.flat_map(lambda b, e, s, element: batches(epoch, piece, b, e, s, element))
+            return windows.flat_map(lambda b, bl, e, el, s, element: batches(epoch, piece, b, bl, e, el, s, element))
 
         return tf.data.Dataset.range(first, len(unit_ids)).flat_map(piece_windows)
 
