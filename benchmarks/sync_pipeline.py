@@ -33,7 +33,8 @@ def worker(args):
 
     import ttf  # noqa: PLC0415
 
-    topology = ttf.distribute.SyncWorkers(args.hosts, args.task_index)
+    topology = ttf.distribute.SyncWorkers(ttf.distribute.Cluster(worker_hosts=args.hosts, task_type="worker",
+                                                                 task_index=args.task_index))
     tf.keras.utils.set_random_seed(1)
     with topology.scope():
         ids, dense = tf.keras.Input([26], dtype=tf.int64, name="ids"), tf.keras.Input([13], name="dense")
