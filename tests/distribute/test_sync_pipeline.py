@@ -52,6 +52,7 @@ def test_pipelined_steps_train_what_unpipelined_ones_do_across_an_epoch_end_and_
     assert rest["auc"] == plain["auc"]
 
 
+@pytest.mark.slow  # three 2-worker jobs (about 90 s on a quiet host)
 def test_a_subclassed_model_pipelines_to_the_bit_and_one_whose_call_changes_state_is_one_line(rows):  # noqa: F811
     """A subclassed model of two tables, whose ids are found by a pass of
     its call that records them: 8 pipelined steps train what 8 plain ones do, to the bit. With
