@@ -23,20 +23,27 @@ if [ "${1:-}" = "--all" ]; then
   ./scripts/setup_horovod.sh || hvd_status=$?
   [ "$hvd_status" = 0 ] || [ "$hvd_status" = 3 ] || exit "$hvd_status"
 fi
+# Test paths among the arguments (a file, a folder, or file::test); the rest are pytest options.
+paths=0
+for arg in "$@"; do
+  case $arg in -*) ;; *) [ -e "${arg%%::*}" ] && paths=1 ;; esac
+done
 # Two pytest runs, one per Keras (a process's tf.keras is one or the other): the tf_keras set,
-# then tests/keras3 with TF_USE_LEGACY_KERAS unset. Extra arguments go to the first run only
-# (TTF_TEST_KERAS=3 ./test.sh tests/keras3/... runs just the Keras 3 one).
+# then tests/keras3 with TF_USE_LEGACY_KERAS unset. Extra arguments go to the first run only; given
+# test paths, only the first run (TTF_TEST_KERAS=3 ./test.sh tests/keras3/... runs just the Keras 3 one).
 if [ "${TTF_TEST_KERAS:-}" = 3 ]; then
-  exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "${@:-tests/keras3}"
+  [ "$paths" = 1 ] || set -- "$@" tests/keras3
+  exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "$@"
 fi
 # No tf_keras (TensorFlow 2.22 has none): one Keras 3 run, tests/keras3 and the files that do not
 # depend on the Keras (tests/conftest.py's ANY_KERAS); its header says why the rest is skipped.
 if ! "$venv/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("tf_keras") is None)'; then
-  exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "${@:-tests}"
+  [ "$paths" = 1 ] || set -- "$@" tests
+  exec env -u TF_USE_LEGACY_KERAS "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "$@"
 fi
 status=0
 "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" "$@" || status=$?
-if [ $# -eq 0 ]; then
+if [ "$paths" = 0 ]; then
   echo "[test] Keras 3 tests (tests/keras3, TF_USE_LEGACY_KERAS unset)"
   env -u TF_USE_LEGACY_KERAS TTF_TEST_KERAS=3 "$venv/bin/python" -m pytest -q "${parallel[@]}" "${marker[@]}" tests/keras3 || status=$?
 fi

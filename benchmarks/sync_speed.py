@@ -21,12 +21,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNTIMES = {"horovod": "--hvd", "sync": "--sync"}
 
 
-def run(name, args, out):
-    cmd = [os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", RUNTIMES[name], "--workers", "2",
+def run(name, args, out, flags=None, env=None, train_args=()):
+    """One `start_all.sh --tiacc --fm --workers 2` job, fp32 (flags: RUNTIMES[name] unless given; env: TTF_TF=2.16
+    unless given; train_args: models/train.py's own flags); returns its metrics with wall_seconds."""
+    cmd = [os.path.join(ROOT, "start_all.sh"), "--tiacc", "--fm", *(flags or [RUNTIMES[name]]), "--workers", "2",
            "--precision", "fp32", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-           "--synthetic-rows", str(args.rows), "--metrics-out", out]
+           "--synthetic-rows", str(args.rows), "--metrics-out", out] + (["--", *train_args] if train_args else [])
     started = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TTF_TF="2.16"))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env or dict(os.environ, TTF_TF="2.16"))
     if proc.returncode != 0:
         raise SystemExit(f"[sync-speed] {name} failed:\n" + (proc.stdout + proc.stderr)[-3000:])
     with open(out) as f:

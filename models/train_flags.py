@@ -126,8 +126,7 @@ def parse_args(argv, description=None):
                            "gradients) in 16 bits: fp16 or bf16 (default none: float32); the native path takes fp16 only")
     sync.add_argument("--pipeline", action="store_true",
                       help="with --sync or --horovod (and --tiacc): route the next batch's ids to their owners while "
-                           "this batch trains (the same updates in the same order; docs/sync.md). Needs a functional "
-                           "model: the CTR models here are subclassed and refuse it (your own script: "
+                           "this batch trains (the same updates in the same order; docs/sync.md; your own script: "
                            "JobConfig(pipeline=True))")
     args = p.parse_args(argv)
     # TF_CONFIG (set by cluster launchers) fills the cluster flags not given; --horovod and --prepare-data ignore it

@@ -11,8 +11,12 @@ KERAS3 = not tf.keras.Model.__module__.startswith("tf_keras.")  # which Keras tf
 
 
 class FunctionalGraph:
-    """The functional-model internals ttf.accelerate walks, in tf_keras' spelling (the same
-    methods as ttf/_keras3.py's Keras 3 FunctionalGraph)."""
+    """The functional-model internals ttf walks (ttf.accelerate, the synchronous table
+    sharding), in tf_keras' spelling; Keras 3's (ttf/_keras3.py) is a subclass that spells
+    what differs: how a node names its layer and holds its call's arguments, the model's
+    input and output structures, a new Input, compile's arguments."""
+    NODE_LAYER = "layer"  # the attribute of a Node and of a KerasTensor's history naming its layer
+
     @staticmethod
     def functional(model):
         """`model` when it is a functional or Sequential model with known inputs, else None."""
@@ -22,9 +26,9 @@ class FunctionalGraph:
     def nodes_by_depth(model):
         return model._nodes_by_depth  # pylint: disable=protected-access
 
-    @staticmethod
-    def layer(node):
-        return node.layer
+    @classmethod
+    def layer(cls, node):
+        return getattr(node, cls.NODE_LAYER)
 
     @staticmethod
     def inputs(node):
@@ -35,25 +39,36 @@ class FunctionalGraph:
         return tf.nest.flatten(node.outputs)
 
     @staticmethod
-    def call(node, layer, tensors):
+    def arguments(node):
+        """(positional, keyword) arguments of `node`'s call, KerasTensors among them."""
+        return node.call_args, node.call_kwargs
+
+    @staticmethod
+    def filled(node, tensors):
+        """(args, kwargs) of `node`'s call with its KerasTensors mapped by id through `tensors`."""
+        return node.map_arguments(_Always(tensors))
+
+    @classmethod
+    def call(cls, node, layer, tensors):
         """Calls `layer` as `node` called its layer, with KerasTensors mapped by id through `tensors`."""
-        args, kwargs = node.map_arguments(_Always(tensors))
+        args, kwargs = cls.filled(node, tensors)
         return layer(*args, **kwargs)
 
-    @staticmethod
-    def first_argument(node, name):
+    @classmethod
+    def first_argument(cls, node, name):
         """The KerasTensor `node`'s layer was called with first (or as `name`), or None."""
-        return node.call_args[0] if node.call_args else node.call_kwargs.get(name)
+        args, kwargs = cls.arguments(node)
+        return args[0] if args else kwargs.get(name)
 
-    @staticmethod
-    def producer(tensor):
+    @classmethod
+    def producer(cls, tensor):
         """(layer, node index) that made the KerasTensor."""
         history = tensor._keras_history  # pylint: disable=protected-access
-        return history.layer, history.node_index
+        return getattr(history, cls.NODE_LAYER), history.node_index
 
-    @staticmethod
-    def new_input(tensor):
-        return tf.keras.Input(type_spec=tensor.type_spec, name=tensor._keras_history.layer.name)  # pylint: disable=protected-access
+    @classmethod
+    def new_input(cls, tensor):
+        return tf.keras.Input(type_spec=tensor.type_spec, name=cls.producer(tensor)[0].name)
 
     @staticmethod
     def is_dense(tensor):

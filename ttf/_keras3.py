@@ -14,6 +14,8 @@ import importlib
 import keras
 import tensorflow as tf
 
+from ttf import _keras  # its FunctionalGraph is defined before it imports this module
+
 # keras.src's classes are read where they are used (keras imports them all): a Keras release
 # that moves one fails the ttf function that needs it, not `import ttf`.
 
@@ -87,10 +89,11 @@ def install_export_tables(tables_in):
     setattr(archive, EXPORT_HOOK, track_layer)
 
 
-class FunctionalGraph:
-    """The functional-model internals ttf.accelerate walks, in Keras 3's spelling (the same
-    methods as ttf/_keras.py's tf_keras FunctionalGraph): nodes by depth, a node's operation,
-    inputs and outputs, a KerasTensor's producer, and the model's input/output structures."""
+class FunctionalGraph(_keras.FunctionalGraph):
+    """The functional-model internals ttf walks, in Keras 3's spelling where it differs from
+    tf_keras' (ttf/_keras.py): a node's operation and its call's arguments, a built Sequential's
+    Functional, and the model's input/output structures."""
+    NODE_LAYER = "operation"
 
     @staticmethod
     def functional(model):
@@ -102,42 +105,21 @@ class FunctionalGraph:
         return inner if isinstance(inner, functional) else None
 
     @staticmethod
-    def nodes_by_depth(model):
-        return model._nodes_by_depth  # pylint: disable=protected-access
-
-    @staticmethod
-    def layer(node):
-        return node.operation
-
-    @staticmethod
     def inputs(node):
         return list(node.arguments.keras_tensors)
 
     @staticmethod
-    def outputs(node):
-        return node.outputs
+    def arguments(node):
+        return node.arguments.args, node.arguments.kwargs
 
     @staticmethod
-    def call(node, layer, tensors):
-        """Calls `layer` as `node` called its layer, with KerasTensors mapped by id through `tensors`."""
-        args, kwargs = node.arguments.fill_in(tensors)
-        return layer(*args, **kwargs)
+    def filled(node, tensors):
+        return node.arguments.fill_in(tensors)
 
-    @staticmethod
-    def first_argument(node, name):
-        """The KerasTensor `node`'s layer was called with first (or as `name`), or None."""
-        return node.arguments.args[0] if node.arguments.args else node.arguments.kwargs.get(name)
-
-    @staticmethod
-    def producer(tensor):
-        """(layer, node index) that made the KerasTensor."""
-        history = tensor._keras_history  # pylint: disable=protected-access
-        return history.operation, history.node_index
-
-    @staticmethod
-    def new_input(tensor):
+    @classmethod
+    def new_input(cls, tensor):
         return keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype, sparse=tensor.sparse, ragged=tensor.ragged,
-                           name=FunctionalGraph.producer(tensor)[0].name)
+                           name=cls.producer(tensor)[0].name)
 
     @staticmethod
     def is_dense(tensor):
@@ -145,12 +127,10 @@ class FunctionalGraph:
 
     @staticmethod
     def structures(model):
-        """(nested inputs, nested outputs) of the functional model."""
         return model._inputs_struct, model._outputs_struct  # pylint: disable=protected-access
 
     @staticmethod
     def compile_config(model):
-        """compile()'s arguments when the model is compiled, else None."""
         if not getattr(model, "compiled", False) or not hasattr(model, "_compile_config"):
             return None
         return dict(model._compile_config.config)  # pylint: disable=protected-access

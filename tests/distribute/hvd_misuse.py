@@ -77,6 +77,29 @@ elif mode == "misc":
         served = tf.saved_model.load(version).signatures["serving_default"](ids=probe)["logits"].numpy()
         result["served_max_diff"] = float(np.abs(served - trained).max())
         result["served_spread"] = float(trained.std())
+    # A two-table model (its Keras call replaced by the grouped one): its eager call after the
+    # export traced it still exchanges, and the served model predicts what it predicts.
+    ids2, user = tf.keras.Input([3], dtype=tf.int64, name="ids"), tf.keras.Input([1], dtype=tf.int64, name="user")
+    joined = tf.keras.layers.Concatenate()([
+        tf.keras.layers.Flatten()(ttf.FusedEmbedding(4, num_fields=3, seed=1, name="fields2")(ids2)),
+        tf.keras.layers.Flatten()(ttf.DynamicEmbedding(2, seed=2, name="users2")(user))])
+    two = tf.keras.Model({"ids": ids2, "user": user}, tf.keras.layers.Dense(1)(joined))
+    tdh.shard_tables(two, coll)
+    batch = {"ids": tf.constant(np.arange(30).reshape(10, 3) + 100 * rank, tf.int64),
+             "user": tf.constant(np.arange(10).reshape(10, 1) + 50 * rank, tf.int64)}
+    two(batch)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(two(batch, training=True))
+    ttf.optimizers.SGD(0.1).apply_gradients(zip(tape.gradient(loss, two.trainable_variables), two.trainable_variables))
+    tdh.broadcast_variables(two.variables, coll)
+    two_probe = {"ids": probe, "user": tf.constant(np.arange(probe.shape[0]).reshape(-1, 1) % 60, tf.int64)}
+    before_export = two(two_probe, training=False).numpy()
+    two_version = tdh.export_for_serving(two, f"{prefix}-serving-two", coll)
+    after_export = two(two_probe, training=False).numpy()  # eager, after the export traced the model
+    result["two_tables_eager_diff"] = float(np.abs(after_export - before_export).max())
+    if rank == 0:
+        served = tf.saved_model.load(two_version).signatures["serving_default"](**two_probe)
+        result["two_tables_served_diff"] = float(np.abs(list(served.values())[0].numpy() - before_export).max())
     with open(f"{prefix}-{rank}.json", "w") as f:
         json.dump(result, f)
     # Last (Horovod may be shut down after it): the idiom "restore on rank 0 only, then broadcast".

@@ -3,8 +3,10 @@ the environment selects (run by test_sync_collectives.py):
 
     python tests/distribute/sync_grouped.py OUT.json HOST:PORT 0
 
-Writes how many exchanges one training call makes (ttf groups every table's lookups into one)
-and the predictions before and after sharding (equal: one worker owns every id)."""
+Writes how many exchanges one training call makes (ttf groups every table's lookups into one),
+the predictions before and after sharding (equal: one worker owns every id), and the eager
+predictions before and after a serving export, with the served ones (the export traces the
+model's call with its frozen tables: the grouped call must not keep that trace)."""
 import json
 import sys
 
@@ -37,8 +39,17 @@ def counted(self, requests, training):
 
 _table_sharding.TableSharding.exchange = counted
 with topology.scope():
-    ttf.distribute.Job(model, ttf.optimizers.Adam(1e-3), topology=topology, log=lambda m: None)
+    job = ttf.distribute.Job(model, ttf.optimizers.Adam(1e-3), topology=topology, log=lambda m: None)
 after = model(features, training=False).numpy()
 exchanges.clear()
 model(features, training=True)
-json.dump({"exchanges": exchanges, "before": before.tolist(), "after": after.tolist()}, open(out, "w"))
+grouped = list(exchanges)
+with tf.GradientTape() as tape:  # one update: rows that differ from the initial ones
+    loss = tf.reduce_sum(model(features, training=True))
+job.optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+trained = model(features, training=False).numpy()
+version = job.export_for_serving(out + "-serving")
+exported_then = model(features, training=False).numpy()  # eager, after the export traced the model
+served = list(tf.saved_model.load(version).signatures["serving_default"](**features).values())[0].numpy()
+json.dump({"exchanges": grouped, "before": before.tolist(), "after": after.tolist(), "trained": trained.tolist(),
+           "after_export": exported_then.tolist(), "served": served.tolist()}, open(out, "w"))

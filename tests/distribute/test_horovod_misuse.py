@@ -61,6 +61,9 @@ def test_restore_then_broadcast_saved_model_and_serving_export(tmp_path):
     assert os.listdir(f"{prefix}-serving") == ["1"]
     assert rank0["export_gathers"] == rank1["export_gathers"] == []
     assert rank0["served_max_diff"] <= 1e-6 < rank0["served_spread"]
+    # A two-table model called eagerly after its export: the same predictions, served the same.
+    assert rank0["two_tables_eager_diff"] == rank1["two_tables_eager_diff"] == 0.0
+    assert rank0["two_tables_served_diff"] <= 1e-6
     assert not os.path.exists(f"{prefix}-saved-0") or not os.path.exists(os.path.join(f"{prefix}-saved-0", "saved_model.pb"))
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ttf.distribute import Cluster, TFCollectives, free_ports
@@ -83,3 +84,7 @@ def test_a_functional_model_exchanges_all_its_tables_at_once(keras, tmp_path):
     result = json.loads((tmp_path / "out.0.json").read_text())
     assert result["exchanges"] == [["fields", "users"]], result["exchanges"]
     assert result["after"] == result["before"]
+    # An eager call after a serving export: the grouped call still exchanges (the trained rows,
+    # not the export's trace of the model), and the served model predicts the same.
+    assert result["after_export"] == result["trained"] != result["after"]
+    np.testing.assert_allclose(np.reshape(result["served"], -1), np.reshape(result["trained"], -1), rtol=1e-6, atol=1e-6)

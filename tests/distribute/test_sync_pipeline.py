@@ -12,15 +12,20 @@ import ttf
 from tests.distribute.test_job import OWN_JOB, ROOT, make_job, rows  # noqa: F401 (rows: a fixture)
 
 
-def sync_job(*args):
-    """own_job.py on 2 SyncWorkers, the same initial weights every run; returns worker 0's result
-    (the workers agree: checked)."""
+def sync_workers(*args):
+    """own_job.py on 2 SyncWorkers, the same initial weights every run: (exit codes, outputs)."""
     hosts = ",".join(f"127.0.0.1:{port}" for port in ttf.distribute.free_ports(2))
     workers = [subprocess.Popen([sys.executable, OWN_JOB, *args, "--seed", "1", "--sync-hosts", hosts, "--task-index", str(i)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                for i in range(2)]
     outs = [w.communicate(timeout=600)[0] for w in workers]
-    assert [w.returncode for w in workers] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    return [w.returncode for w in workers], outs
+
+
+def sync_job(*args):
+    """own_job.py on 2 SyncWorkers; returns worker 0's result (the workers agree: checked)."""
+    codes, outs = sync_workers(*args)
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     first, second = (json.loads(out.split("RESULT ")[-1]) for out in outs)
     assert first["dense_digest"] == second["dense_digest"] and first["table_summary"] == second["table_summary"]
     return first
@@ -45,6 +50,23 @@ def test_pipelined_steps_train_what_unpipelined_ones_do_across_an_epoch_end_and_
     assert rest["table_summary"][2] == pytest.approx(plain["table_summary"][2], rel=1e-12)
     assert rest["dense_digest"] == plain["dense_digest"]
     assert rest["auc"] == plain["auc"]
+
+
+@pytest.mark.slow  # three 2-worker jobs (about 90 s on a quiet host)
+def test_a_subclassed_model_pipelines_to_the_bit_and_one_whose_call_changes_state_is_one_line(rows):  # noqa: F811
+    """A subclassed model of two tables, whose ids are found by a pass of
+    its call that records them: 8 pipelined steps train what 8 plain ones do, to the bit. With
+    a Dropout in its call, that pass would draw random numbers: refused in one line."""
+    plain = sync_job("fit", rows, "--steps", "8", "--model", "subclassed")
+    piped = sync_job("fit", rows, "--steps", "8", "--model", "subclassed", "--pipeline")
+    assert piped["steps"] == plain["steps"] == 8
+    assert piped["dense_digest"] == plain["dense_digest"]
+    assert piped["table_summary"] == plain["table_summary"]
+    assert piped["auc"] == plain["auc"]
+    codes, outs = sync_workers("fit", rows, "--steps", "2", "--model", "dropout", "--pipeline")
+    assert codes[0] != 0
+    assert ("ValueError: own_subclassed: its call changes state (" in outs[0] and "build it functionally (its ids "
+            "then come from a sub-model), or drop pipeline" in outs[0]), outs[0][-3000:]
 
 
 def test_pipeline_on_one_process_or_with_several_steps_per_call_is_one_line(rows):  # noqa: F811

@@ -57,7 +57,8 @@ class TableSharding:
         self.rank, self.size = collectives.rank, collectives.size
         self._restores = {}  # layer name -> restores on this worker
         self._grouped = {}  # id(layer) -> [(training, keys shape, embeddings)] while a grouped model runs
-        self.grouping = None  # the sharded functional model's Grouping (_group_lookups)
+        self.grouping = None  # the sharded model's Grouping (_group_lookups; a pipelined step's)
+        self.recording = None  # [(layer, keys, row_splits, trains)] while a Grouping records a call's lookups
         self.prefetched = None  # {trains: routing} of the ids of the call being traced (a pipelined step)
 
     def lookup(self, layer, keys, row_splits, training):
@@ -66,6 +67,9 @@ class TableSharding:
         (the owners' fused update inserts the rows).
         Inside a model grouped by shard_tables, the model's one exchange has already
         brought this call's rows."""
+        if self.recording is not None:  # a Grouping's recording pass: note the ids, exchange nothing
+            self.recording.append((layer, keys, row_splits, training))
+            return layer._combine(tf.zeros([tf.size(keys), layer.dim]), keys, row_splits)  # pylint: disable=protected-access
         queue = self._grouped.get(id(layer))
         if queue and queue[0][0] == training:
             _, shape, embeddings = queue.pop(0)
@@ -297,26 +301,94 @@ def _checked_against(requests, layers, routed):
 
 
 class Grouping:
-    """A functional model's ttf lookups made as one exchange: its ttf layer calls in the order
-    the graph runs them, and a sub-model from the model's inputs to those calls' ids."""
+    """A model's ttf lookups made as one exchange: the ttf layer calls one call of `model`
+    makes, and the call that exchanges all their ids at once (install).
 
-    def __init__(self, layers, ids_model, ids_structure):
-        self.layers, self.ids_model, self.ids_structure = layers, ids_model, ids_structure
+    The calls' ids are known before the model runs in one of two ways: a functional model's
+    sub-model from its inputs to those ids (`ids_model`, `ids_structure`: the layers' calls in
+    the order the graph runs them), or, for any other model (subclassed, or a wrapper such as a
+    job's `forward`), a recording pass of its own call in which each ttf lookup notes its ids
+    and returns zeros: only the ids are used, so TensorFlow prunes the rest of that pass."""
+
+    def __init__(self, model, sharding, layers, ids_model=None, ids_structure=None):
+        self.model, self.sharding, self.layers = model, sharding, layers
+        self.ids_model, self.ids_structure = ids_model, ids_structure
+        self.every_call = False  # True once installed for every call, not for pipelined calls only
+        self._call = None  # the model's own call, once install replaced it
 
     def requests(self, inputs, training):
         """{trains: [(layer, keys, row_splits)]} of one call on `inputs`: a frozen table takes
         part in a find-only exchange."""
-        flat_ids = self.ids_model(inputs, training=training)
-        ids = tf.nest.pack_sequence_as(self.ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
+        if self.ids_model is None:
+            noted = self._recorded(inputs, training)
+        else:
+            flat_ids = self.ids_model(inputs, training=training)
+            ids = tf.nest.pack_sequence_as(self.ids_structure, flat_ids if isinstance(flat_ids, list) else [flat_ids])
+            noted = [(layer, *layer.keys_of(x), layer.trains(training)) for layer, x in zip(self.layers, ids)]
         groups = {}
-        for layer, x in zip(self.layers, ids):
-            groups.setdefault(layer.trains(training), []).append((layer, *layer.keys_of(x)))
+        for layer, keys, row_splits, flag in noted:
+            groups.setdefault(flag, []).append((layer, keys, row_splits))
         return {flag: groups[flag] for flag in sorted(groups)}
 
-    def route_ids(self, sharding, inputs, training):
+    def route_ids(self, inputs, training):
         """Stage 1 of the exchange of a call on `inputs` (ids to their owners): {trains: routing}."""
-        return {flag: sharding.route_ids(chosen, _distinct(chosen), flag)
+        return {flag: self.sharding.route_ids(chosen, _distinct(chosen), flag)
                 for flag, chosen in self.requests(inputs, training).items()}
+
+    def install(self, every_call=False):
+        """Replaces the model's call by the grouped call (once). every_call: every call then
+        exchanges once; else only calls with a pipelined step's routing (sharding.prefetched),
+        the others run the model's own call."""
+        self.every_call = self.every_call or every_call
+        if self._call is None:
+            self._call = self.model.call
+            self.model.call = self._grouped_call  # Keras calls self.call
+
+    def _grouped_call(self, inputs, *args, **kwargs):
+        routed = self.sharding.prefetched  # a pipelined step's routing of these inputs' ids, or None
+        if (any(layer._serving_table is not None for layer in self.layers)  # pylint: disable=protected-access
+                or (routed is None and not self.every_call) or self.sharding.recording is not None):
+            # export_for_serving is tracing (no exchange), or an outer Grouping records the lookups
+            return self._call(inputs, *args, **kwargs)
+        queues = {}
+        for flag, chosen in self.requests(inputs, kwargs.get("training", args[0] if args else None)).items():
+            ahead = {} if routed is None else {"routed": routed[flag]}  # (a wrapped exchange may take 2 arguments)
+            for (layer, keys, _), embeddings in zip(chosen, self.sharding.exchange(chosen, flag, **ahead)):
+                queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
+        outer, self.sharding._grouped = self.sharding._grouped, queues  # pylint: disable=protected-access
+        try:
+            return self._call(inputs, *args, **kwargs)
+        finally:
+            self.sharding._grouped = outer  # pylint: disable=protected-access
+
+    def _recorded(self, inputs, training):
+        """[(layer, keys, row_splits, trains)] of the model's ttf lookups in one call on
+        `inputs`, from a pass of its own call (traced: the pass must change no state, since it
+        runs beside the real call)."""
+        call = self._call or self.model.call
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        before = len(graph.get_operations()) if graph is not None else 0
+        outer, self.sharding.recording = self.sharding.recording, []
+        try:
+            call(inputs, training=training)
+            noted = self.sharding.recording
+        finally:
+            self.sharding.recording = outer
+        changing = sorted({op.type for op in (graph.get_operations()[before:] if graph is not None else [])
+                           if op._is_stateful and op.type not in _READS})  # pylint: disable=protected-access
+        if changing:
+            raise ValueError(f"{self.model.name}: its call changes state ({', '.join(changing)}: dropout, a batch "
+                             "norm's statistics, ...), so its ttf lookups' ids cannot be computed ahead by running "
+                             "it twice; build it functionally (its ids then come from a sub-model), or drop pipeline")
+        return noted
+
+    @classmethod
+    def recorded(cls, model, sharding):
+        """The Grouping of any model's lookups, found by a recording pass of its call."""
+        return cls(model, sharding, tables_in(model))
+
+
+_READS = {"ReadVariableOp", "VarHandleOp", "Assert", "PrintV2", "NoOp"}  # stateful ops that change nothing
 
 
 def _distinct(requests):
@@ -351,36 +423,15 @@ def _group_lookups(model, sharding):
             warnings.warn(f"ttf: cannot group the ttf lookups of {model.name} into one exchange ({err}); "
                           "each table makes its own", stacklevel=3)
         return set()
-    grouping = sharding.grouping = Grouping(layers, ids_model, ids_structure)
-    call = functional.call
-
-    def grouped_call(inputs, training=None, mask=None, **kwargs):
-        routed = sharding.prefetched  # a pipelined step's routing of these inputs' ids, or None
-        if (any(layer._serving_table is not None for layer in layers)  # pylint: disable=protected-access
-                or (len(layers) == 1 and routed is None)):
-            return call(inputs, training=training, mask=mask, **kwargs)  # export_for_serving is tracing: no exchange
-        queues = {}
-        for flag, chosen in grouping.requests(inputs, training).items():
-            ahead = {} if routed is None else {"routed": routed[flag]}  # (a wrapped exchange may take 2 arguments)
-            for (layer, keys, _), embeddings in zip(chosen, sharding.exchange(chosen, flag, **ahead)):
-                queues.setdefault(id(layer), []).append((flag, keys.shape, embeddings))
-        outer, sharding._grouped = sharding._grouped, queues  # pylint: disable=protected-access
-        try:
-            return call(inputs, training=training, mask=mask, **kwargs)
-        finally:
-            sharding._grouped = outer  # pylint: disable=protected-access
-
-    def install():
-        functional.call = grouped_call  # this model's calls (Keras calls self.call) exchange once
-
-    if len(layers) > 1:
-        install()
-        return {id(layer) for layer in layers}
-    # One ttf call keeps its layer's own exchange and Keras' own call until a pipelined step
-    # starts (it installs the grouped call): with the call replaced, a one-table model's eager
-    # call after a Horovod serving export ran a graph traced by the export (test_horovod_misuse).
-    grouping.install = install
-    return set()
+    sharding.grouping = Grouping(functional, sharding, layers, ids_model, ids_structure)
+    if len(layers) == 1:
+        # One ttf call keeps its layer's own exchange and Keras' own call until a pipelined
+        # step installs the grouped call (its calls then take the routing): with the call
+        # replaced, a one-table model's eager call after a Horovod serving export ran a graph
+        # traced by the export (test_horovod_misuse).
+        return set()
+    sharding.grouping.install(every_call=True)  # this model's calls exchange once
+    return {id(layer) for layer in layers}
 
 
 def table_size(model, collectives):

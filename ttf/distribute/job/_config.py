@@ -89,8 +89,9 @@ class JobConfig:
         this many seconds before the newest one (ttf.embedding.EventTimeTTL).
       journal: append one line per stream step (the step, then its example ids) here.
       pipeline: synchronous ranks (SyncWorkers, HorovodRanks) route the next batch's ids to
-        their owners while this batch trains (fit only; a functional model). The same
-        updates in the same order as without it; docs/sync.md, "Pipelined steps".
+        their owners while this batch trains (fit only; a model whose call changes no state,
+        unless functional). The same updates in the same order as without it; docs/sync.md,
+        "Pipelined steps".
       max_bad_fraction: stop with BadInputError when more than this fraction of the lines read
         so far (after the first 1,000) were skipped as bad (a lenient Reader or stream,
         strict=False): input that went bad stops the job rather than training on what is left.

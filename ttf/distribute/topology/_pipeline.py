@@ -21,6 +21,7 @@ trained twice, nothing skipped).
 """
 import tensorflow as tf
 
+from ttf.distribute._table_sharding import Grouping
 from ttf.embedding import tables_in
 
 
@@ -31,21 +32,21 @@ def check_can_pipeline(topology):
                          f"HorovodRanks); a {topology.name} job has none: drop pipeline (--pipeline)")
 
 
-def pipelined_step(train_step, model, topology):
-    """The PipelinedStep of a Job's `train_step` (a ttf.precision PrecisionTrainStep) for
-    `model` on `topology`. Raises ValueError, in one line, when there is nothing to pipeline."""
+def pipelined_step(train_step, model, forward, topology):
+    """The PipelinedStep of a Job's `train_step` (a ttf.precision PrecisionTrainStep) of
+    `model`, run through `forward` (the model or a wrapper), on `topology`. A functional
+    model's ids come from its Grouping's sub-model; any other model's from a recording pass of
+    `forward`'s call. Raises ValueError, in one line, when there is nothing to pipeline."""
     check_can_pipeline(topology)
     layers = tables_in(model)
-    sharding = layers[0].sharding if layers else None
-    grouping = getattr(sharding, "grouping", None)
-    if grouping is None:
-        raise ValueError(f"JobConfig(pipeline=True) routes the next batch's ids before the model runs, which needs "
-                         f"a functional model whose ttf layers are called on its inputs' ids; {model.name} has "
-                         f"{'no ttf table' if not layers else 'its ttf layers inside a subclassed or nested model'}: "
-                         "build it functionally, or drop pipeline (--pipeline)")
-    if getattr(grouping, "install", None) is not None:  # a one-table model: its call now takes the routing
-        grouping.install()
-    return PipelinedStep(train_step, sharding, grouping)
+    if not layers:
+        raise ValueError(f"JobConfig(pipeline=True) overlaps the exchange of ttf tables; {model.name} has none: "
+                         "drop pipeline (--pipeline)")
+    sharding = layers[0].sharding
+    if sharding.grouping is None:  # not functional: its calls' ids are recorded from forward's own call
+        sharding.grouping = Grouping.recorded(forward, sharding)
+    sharding.grouping.install()  # calls given a routing now exchange once, with it
+    return PipelinedStep(train_step, sharding, sharding.grouping)
 
 
 class PipelinedStep:
@@ -111,7 +112,7 @@ class PipelinedStep:
         return result
 
     def _route_ids(self, features):
-        return self._grouping.route_ids(self._sharding, features, training=True)
+        return self._grouping.route_ids(features, training=True)
 
     def _pipelined(self, features, labels, routed, ahead):
         # Traced first: TFCollectives orders its collectives' start and finish counters as

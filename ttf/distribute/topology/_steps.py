@@ -68,7 +68,7 @@ class LocalSteps(_StepCounters):
                                           finite_across=job.topology.finite_across())
         parts["train_step"] = self.train_step
         if job.config.pipeline and job.stream is None:
-            self.pipeline = pipelined_step(self.train_step, job.model, job.topology)
+            self.pipeline = pipelined_step(self.train_step, job.model, job.forward, job.topology)
         elif job.config.pipeline:
             job.log("pipeline=True: a stream's steps are not pipelined (each batch is read when the previous one "
                     "is done)")
