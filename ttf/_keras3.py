@@ -14,7 +14,7 @@ import importlib
 import keras
 import tensorflow as tf
 
-from ttf import _keras  # its FunctionalGraph is defined before it imports this module
+from ttf._functional_graph import FunctionalGraph as _TfKerasGraph
 
 # keras.src's classes are read where they are used (keras imports them all): a Keras release
 # that moves one fails the ttf function that needs it, not `import ttf`.
@@ -89,9 +89,9 @@ def install_export_tables(tables_in):
     setattr(archive, EXPORT_HOOK, track_layer)
 
 
-class FunctionalGraph(_keras.FunctionalGraph):
+class FunctionalGraph(_TfKerasGraph):
     """The functional-model internals ttf walks, in Keras 3's spelling where it differs from
-    tf_keras' (ttf/_keras.py): a node's operation and its call's arguments, a built Sequential's
+    tf_keras' (ttf/_functional_graph.py): a node's operation and its call's arguments, a built Sequential's
     Functional, and the model's input/output structures."""
     NODE_LAYER = "operation"
 

@@ -21,11 +21,7 @@ import warnings
 
 import tensorflow as tf
 
-from ttf._keras import KERAS3
-if KERAS3:
-    from ttf._keras3 import FunctionalGraph as _graph
-else:
-    from ttf._keras import FunctionalGraph as _graph
+from ttf._keras import KERAS3, graph as _graph
 from ttf._ops import ops
 from ttf.distribute.collectives._tf import CollectiveMisuseError
 from ttf.distribute.collectives._wire import from_wire, itemsize, to_wire, wire_dtype
