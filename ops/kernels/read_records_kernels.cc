@@ -54,7 +54,7 @@ class FileBytes {
       char* scratch = &buffer_[have];
       StringPiece got;
       const Status s = file_->Read(base_ + have, want, &got, scratch);
-      if (!s.ok() && !errors::IsOutOfRange(s)) return s;
+      if (!s.ok() && !absl::IsOutOfRange(s)) return s;
       if (got.data() != scratch && !got.empty()) std::memmove(scratch, got.data(), got.size());
       buffer_.resize_uninitialized(have + got.size());
       at_end_ = got.size() < want;
@@ -100,7 +100,7 @@ class ReadRecordsOp : public OpKernel {
     std::unique_ptr<RandomAccessFile> file;
     if (!finished) {
       const Status s = ctx->env()->NewRandomAccessFile(path, &file);
-      OP_REQUIRES(ctx, s.ok(), errors::IsNotFound(s)
+      OP_REQUIRES(ctx, s.ok(), absl::IsNotFound(s)
                                    ? errors::NotFound(path, ": no such TFRecord file (", s.message(), ")")
                                    : errors::Unavailable(path, ": cannot open the TFRecord file (", s.message(), ")"));
     }
