@@ -307,7 +307,14 @@ def test_run_k_steps_per_call_equals_k_single_calls():
 def test_the_step_over_a_parameter_server_strategy_equals_the_one_process_step():
     """docs/precision.md's parameter-server example on real in-process servers: the step runs
     on the worker, its table on the ps; precision per step and the skip are decided there,
-    bit-identical to one process on the same batches; a runaway is one NonFiniteTrainingError."""
+    bit-identical to one process on the same batches; a runaway is one NonFiniteTrainingError.
+    On Keras 3, which has no ParameterServerStrategy training, the step refuses in one line."""
+    if not tf.keras.Model.__module__.startswith("tf_keras."):  # run from tests/keras3/test_precision.py
+        model = mlp()
+        with pytest.raises(ValueError, match="needs tf_keras: Keras 3 does not train under ParameterServerStrategy"):
+            make_train_step(model, tf.keras.losses.MeanSquaredError(), tf.keras.optimizers.SGD(0.1),
+                            strategy=tf.distribute.get_strategy())
+        return
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ps_train_step.py")
     proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -285,6 +285,10 @@ class PrecisionTrainStep(tf.Module):
         self._dtype = tf.as_dtype(low_precision_dtype)
         self._max_non_finite_steps = max_non_finite_steps
         self._finite_across = finite_across
+        if strategy is not None and KERAS3:  # its optimizers update a Keras Variable, which has no ps device
+            raise ValueError("a step over a parameter-server strategy needs tf_keras: Keras 3 does not train under "
+                             "ParameterServerStrategy; install tf_keras and set TF_USE_LEGACY_KERAS=1, or train on "
+                             "synchronous workers (ttf.distribute.SyncWorkers, HorovodRanks)")
         self._strategy = strategy
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
