@@ -14,7 +14,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/env.h"
-#include "xla/tsl/lib/hash/crc32c.h"
+#include "tensorflow/core/lib/hash/crc32c.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -36,7 +36,7 @@ inline uint32_t Fixed32(const char* p) {
 }
 
 inline bool CrcMatches(const char* data, size_t n, const char* masked) {
-  return tsl::crc32c::Unmask(Fixed32(masked)) == tsl::crc32c::Value(data, n);
+  return crc32c::Unmask(Fixed32(masked)) == crc32c::Value(data, n);
 }
 
 // The bytes of a file from byte `base` on, read as the framing asks for them.
