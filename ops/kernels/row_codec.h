@@ -113,6 +113,22 @@ inline void DecodeInt8(const int8_t* row, int64_t dim, float* out) {
   for (int64_t j = 0; j < dim; ++j) out[j] = static_cast<float>(row[j]) * scale + bias;
 }
 
+// One element's code: its steps above `lo` plus the draw `u`, clamped in float before the
+// conversion (a NaN becomes 0: no undefined conversion). The vector encoders' tails use it too.
+inline int8_t Int8Code(float x, float lo, float inverse, float u) {
+  float steps = (x - lo) * inverse + u;
+  steps = steps >= 0.0f ? steps : 0.0f;
+  steps = steps <= 255.0f ? steps : 255.0f;
+  return static_cast<int8_t>(static_cast<int32_t>(steps) - 128);
+}
+
+// The row's float32 scale and bias after its `dim` codes (value = code * scale + bias).
+inline void WriteInt8ScaleBias(float lo, float scale, int8_t* tail) {
+  const float bias = lo + 128.0f * scale;
+  std::memcpy(tail, &scale, sizeof(float));
+  std::memcpy(tail + 4, &bias, sizeof(float));
+}
+
 // x (dim finite floats) into the int8 row layout above, each code rounded stochastically.
 // A constant row is exact (scale 0). A row holding a NaN or an infinity (or spanning more
 // than the float range) is written with scale NaN: it reads back as NaN, never as a finite
@@ -127,16 +143,8 @@ inline void EncodeInt8(const float* x, int64_t dim, const RoundingDraws& draws, 
   }
   const float scale = (non_finite >> 31) != 0 ? BitsFloat(0x7fc00000u) : (hi - lo) / 255.0f;
   const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-  for (int64_t j = 0; j < dim; ++j) {
-    float steps = (x[j] - lo) * inverse + draws.Uniform(j);
-    // Clamped in float before the conversion (a NaN becomes 0: no undefined conversion).
-    steps = steps >= 0.0f ? steps : 0.0f;
-    steps = steps <= 255.0f ? steps : 255.0f;
-    out[j] = static_cast<int8_t>(static_cast<int32_t>(steps) - 128);
-  }
-  const float bias = lo + 128.0f * scale;
-  std::memcpy(out + dim, &scale, sizeof(float));
-  std::memcpy(out + dim + 4, &bias, sizeof(float));
+  for (int64_t j = 0; j < dim; ++j) out[j] = Int8Code(x[j], lo, inverse, draws.Uniform(j));
+  WriteInt8ScaleBias(lo, scale, out + dim);
 }
 
 }  // namespace ttf

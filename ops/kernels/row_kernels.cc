@@ -110,15 +110,8 @@ TTF_AVX2 void EncodeInt8Avx2(const float* x, int64_t dim, const RoundingDraws& d
     const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(code, pick), gather);
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), _mm256_castsi256_si128(bytes));
   }
-  for (; j < dim; ++j) {
-    float steps = (x[j] - lo) * inverse + draws.Uniform(j);
-    steps = steps >= 0.0f ? steps : 0.0f;
-    steps = steps <= 255.0f ? steps : 255.0f;
-    out[j] = static_cast<int8_t>(static_cast<int32_t>(steps) - 128);
-  }
-  const float bias = lo + 128.0f * scale;
-  std::memcpy(out + dim, &scale, sizeof(float));
-  std::memcpy(out + dim + 4, &bias, sizeof(float));
+  for (; j < dim; ++j) out[j] = Int8Code(x[j], lo, inverse, draws.Uniform(j));
+  WriteInt8ScaleBias(lo, scale, out + dim);
 }
 
 TTF_AVX2 void DecodeBf16Avx2(const uint16_t* h, int64_t dim, float* out) {
