@@ -508,8 +508,12 @@ watch_job 1 || exit 1
 rc=0
 wait "$chief" || rc=$?
 if [ "$rc" != 0 ]; then
-  echo "[start_all] the chief failed (exit code $rc); its errors:" >&2
-  grep -v -E "^(WARNING|I0000|W0000)" "$logdir/chief.err" | tail -n 15 | sed 's/^/    /' >&2
+  if grep -q "^\[train\] error:" "$logdir/chief.log" 2>/dev/null; then  # train.py said why in one line (above)
+    echo "[start_all] the chief failed (exit code $rc); TensorFlow's log of it: $logdir/chief.err" >&2
+  else
+    echo "[start_all] the chief failed (exit code $rc); its errors:" >&2
+    grep -v -E "^(WARNING|I0000|W0000)" "$logdir/chief.err" | tail -n 15 | sed 's/^/    /' >&2
+  fi
   exit "$rc"
 fi
 echo "[start_all] done; logs in $logdir"
