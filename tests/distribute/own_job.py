@@ -32,10 +32,11 @@ class OwnSubclassed(tf.keras.Model):
     """The same model subclassed, with a second table for 4 fields' ids folded into 97 values
     and, with dropout, a Dropout layer (its call then changes state)."""
 
-    def __init__(self, dropout=False):
+    def __init__(self, dropout=False, ragged=False):
         super().__init__(name="own_subclassed")
         self.fields = ttf.FusedEmbedding(8, num_fields=26, name="fields")
-        self.folded = ttf.DynamicEmbedding(4, name="folded")
+        self.folded = ttf.DynamicEmbedding(4, name="folded", combiner="mean" if ragged else None)
+        self.ragged = ragged
         self.flatten = tf.keras.layers.Flatten()
         self.hidden = tf.keras.layers.Dense(32, activation="relu", name="hidden")
         self.logit = tf.keras.layers.Dense(1, name="logit")
@@ -44,11 +45,16 @@ class OwnSubclassed(tf.keras.Model):
     def call(self, features, training=False):
         ids = features["ids"]
         x = tf.concat([self.flatten(self.fields(ids, training=training)),
-                       self.flatten(self.folded(ids[:, :4] % 97, training=training)), features["dense"]], axis=1)
+                       self.flatten(self.folded(self.folded_ids(ids), training=training)), features["dense"]], axis=1)
         x = self.hidden(x)
         if self.dropout is not None:
             x = self.dropout(x, training=training)
         return self.logit(x)
+
+    def folded_ids(self, ids):
+        """4 fields' ids folded into 97 values; ragged: a bag of those that are not 0 (a mean)."""
+        folded = ids[:, :4] % 97
+        return tf.RaggedTensor.from_tensor(folded, padding=0) if self.ragged else folded
 
 
 def add_topology_flags(parser):
@@ -87,8 +93,8 @@ def main(argv):
     p.add_argument("--journal")
     p.add_argument("--publish")
     p.add_argument("--pipeline", action="store_true")
-    p.add_argument("--model", choices=["functional", "subclassed", "dropout"], default="functional",
-                   help="own_model(), or OwnSubclassed (dropout: with a Dropout layer)")
+    p.add_argument("--model", choices=["functional", "subclassed", "dropout", "ragged"], default="functional",
+                   help="own_model(), or OwnSubclassed (dropout: with a Dropout layer; ragged: a bag of ids)")
     p.add_argument("--seed", type=int, help="the dense layers' initial weights (default: random)")
     add_topology_flags(p)
     args = p.parse_args(argv)
@@ -96,7 +102,8 @@ def main(argv):
     if args.seed is not None:
         tf.keras.utils.set_random_seed(args.seed)
     with topology.scope():
-        model = own_model() if args.model == "functional" else OwnSubclassed(dropout=args.model == "dropout")
+        model = own_model() if args.model == "functional" else OwnSubclassed(dropout=args.model == "dropout",
+                                                                                  ragged=args.model == "ragged")
         optimizer = ttf.optimizers.Adam(args.learning_rate)
     config = ttf.distribute.JobConfig(
         batch_size=args.batch_size, steps=args.steps, epochs=args.epochs, log_every=10,

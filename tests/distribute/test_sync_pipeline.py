@@ -54,11 +54,12 @@ def test_pipelined_steps_train_what_unpipelined_ones_do_across_an_epoch_end_and_
 
 @pytest.mark.slow  # three 2-worker jobs (about 90 s on a quiet host)
 def test_a_subclassed_model_pipelines_to_the_bit_and_one_whose_call_changes_state_is_one_line(rows):  # noqa: F811
-    """A subclassed model of two tables, whose ids are found by a pass of
+    """A subclassed model of two tables (one of fields' ids, one of ragged bags of ids, whose
+    rows come back through a routing traced with unknown sizes), whose ids are found by a pass of
     its call that records them: 8 pipelined steps train what 8 plain ones do, to the bit. With
     a Dropout in its call, that pass would draw random numbers: refused in one line."""
-    plain = sync_job("fit", rows, "--steps", "8", "--model", "subclassed")
-    piped = sync_job("fit", rows, "--steps", "8", "--model", "subclassed", "--pipeline")
+    plain = sync_job("fit", rows, "--steps", "8", "--model", "ragged")
+    piped = sync_job("fit", rows, "--steps", "8", "--model", "ragged", "--pipeline")
     assert piped["steps"] == plain["steps"] == 8
     assert piped["dense_digest"] == plain["dense_digest"]
     assert piped["table_summary"] == plain["table_summary"]

@@ -520,7 +520,9 @@ def DistributedOptimizer(optimizer, collectives, compression="none"):  # noqa: N
             if isinstance(grads_and_vars[i][0], tf.IndexedSlices):
                 raise TypeError(f"{grads_and_vars[i][1].name} has a sparse gradient: in a synchronous job, use ttf "
                                 "embedding layers for sparse features")
-        reduced = allreduce_dense([grads_and_vars[i][0] for i in dense], collectives, compression)
+        # A gradient has its variable's shape; stated, so that the fused buffer's size is static.
+        reduced = allreduce_dense([tf.ensure_shape(grads_and_vars[i][0], grads_and_vars[i][1].shape) for i in dense],
+                                  collectives, compression)
         for i, g in zip(dense, reduced):
             grads_and_vars[i] = (g, grads_and_vars[i][1])
         return base.apply_gradients(self, grads_and_vars, *args, **kwargs)

@@ -225,7 +225,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         row_ids = tf.ragged.row_splits_to_segment_ids(row_splits)
         bags = tf.shape(row_splits)[0] - 1
         combine = tf.math.unsorted_segment_sum if self.combiner == "sum" else tf.math.unsorted_segment_mean
-        return combine(per_key, row_ids, bags)
+        # [N, dim] stated: rows fetched through a routing traced with unknown sizes (a pipelined
+        # step) would give bags of unknown width, and every layer after them unknown shapes.
+        return combine(tf.reshape(per_key, [-1, self.dim]), row_ids, bags)
 
     def _partition(self, keys):
         """Splits keys by shard (shard_of) -> (keys per shard, their positions)."""
