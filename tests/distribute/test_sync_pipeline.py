@@ -79,3 +79,19 @@ def test_pipeline_on_one_process_or_with_several_steps_per_call_is_one_line(rows
         ttf.distribute.JobConfig(pipeline=True, steps_per_call=4)
     with pytest.raises(ValueError, match="JobConfig.pipeline must be True or False"):
         ttf.distribute.JobConfig(pipeline="yes")
+
+
+@pytest.mark.slow  # two 2-worker CLI jobs (about 50 s each on a quiet host)
+def test_the_cli_deepfm_pipelined_on_sync_workers_trains_what_the_plain_job_does(tmp_path):
+    """The CLI's DeepFM, 40 steps on 2 SyncWorkers, plain and --pipeline: the same AUC, logloss
+    and table to the bit. (The plain job once traced its step for the static batch size, and
+    TensorFlow's graph passes then rounded it apart from the pipelined trace for any size.)"""
+    metrics = {}
+    for name, extra in (("plain", []), ("piped", ["--pipeline"])):
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([f"{ROOT}/start_all.sh", "--sync", "--tiacc", "--fm", "--steps", "40", "--",
+                               "--metrics-out", str(out), *extra], cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        metrics[name] = json.loads(out.read_text())
+    keys = ("steps", "examples_trained", "auc", "logloss", "table_size", "table_checksum", "table_value_sum")
+    assert {k: metrics["piped"][k] for k in keys} == {k: metrics["plain"][k] for k in keys}

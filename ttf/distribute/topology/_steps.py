@@ -59,6 +59,7 @@ class LocalSteps(_StepCounters):
         self.train_step = self.pipeline = None  # pipeline: the pipelined step (JobConfig.pipeline)
         self._iterator = self._record = self._step = None
         self._finite = True
+        self._trace_any_size = False
 
     def build(self, parts):
         """Makes the training step and adds what it checkpoints to `parts`."""
@@ -86,6 +87,10 @@ class LocalSteps(_StepCounters):
             self._iterator = self._step = self.pipeline.start(self._iterator, job.topology if ranks_agree else None)
         self._record = tf.function(job.position.record)
         self._finite = finite
+        # Ranks trace the step once for batches of any size, as a pipelined step does: TensorFlow
+        # optimises a trace for one static batch size apart from one for any size, and the CLI's
+        # DeepFM then trained apart from its pipelined run in the last bits within 40 steps.
+        self._trace_any_size = self.pipeline is None and job.topology.num_ranks > 1
 
     def warm_up(self, target):
         """Steps to run before the timing starts (they run in the loop)."""
@@ -112,6 +117,9 @@ class LocalSteps(_StepCounters):
         if batch is None:
             return 0, None, True
         labels = batch[1]
+        if self._trace_any_size:
+            self.train_step.trace_for_any_batch_size(batch[0], labels)
+            self._trace_any_size = False
         result = self._step(batch[0], labels)
         if len(batch) > 2:  # a Reader's batch: where its share continues
             self._record(batch[2], tf.size(labels))
