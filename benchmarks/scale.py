@@ -16,6 +16,7 @@ copies.
 
     .venv/bin/python benchmarks/scale.py --keys 5000000            # what benchmarks/results/scale.md shows here
     .venv/bin/python benchmarks/scale.py --keys 100000000 --dim 8   # the issue's target size
+    .venv/bin/python benchmarks/scale.py --keys 100000000 --dim 8 --rows int8   # int8 rows (docs/table_rows.md)
     .venv/bin/python benchmarks/scale.py --keys 200000 --json        # a quick run, one JSON line
     .venv-tf2.16/bin/python benchmarks/scale.py --horovod 2 --keys 2000000   # the Horovod case
 
@@ -121,7 +122,7 @@ def chief_main(args, cluster, procs):
     pids = {"chief": os.getpid(), **{f"ps{i}": p.pid for i, p in enumerate(procs)}}
 
     def layer_on(devices):
-        layer = ttf.DynamicEmbedding(args.dim, seed=1, shard_devices=devices, name="emb")
+        layer = ttf.DynamicEmbedding(args.dim, seed=1, shard_devices=devices, name="emb", rows=args.rows)
         layer(tf.constant([[0]], tf.int64))
         return layer
 
@@ -148,6 +149,10 @@ def chief_main(args, cluster, procs):
         fill(tf.constant(start, tf.int64), tf.constant(min(start + BATCH, args.keys), tf.int64))
     shard_mib = [int(t.stats()[1]) / (1 << 20) for t in source.tables]
     want = ttf.embedding.table_summary(source)
+    # What each process holds with the filled table (its rows, slots, keys and index, and
+    # TensorFlow's own memory), and its peak so far.
+    rss_filled = {name: status_kib(pid, "VmRSS") / 1024 for name, pid in pids.items()}
+    hwm_filled = {name: status_kib(pid, "VmHWM") / 1024 for name, pid in pids.items()}
 
     prefix = os.path.join(args.dir, "ckpt")
     progress(f"saving {sum(shard_mib):,.0f} MiB of table", started)
@@ -171,7 +176,8 @@ def chief_main(args, cluster, procs):
     progress(f"restored into 3 PS: peak extra MiB {restore3.extra_mib}, summary {got3}", started)
     save_mib_s = ckpt_bytes / (1 << 20) / save.seconds
     return {
-        "keys": args.keys, "dim": args.dim, "optimizer": "adagrad", "table_mib_per_ps": shard_mib,
+        "keys": args.keys, "dim": args.dim, "rows": args.rows, "optimizer": "adagrad", "table_mib_per_ps": shard_mib,
+        "rss_after_fill_mib": rss_filled, "peak_rss_after_fill_mib": hwm_filled,
         "checkpoint_mib": ckpt_bytes / (1 << 20), "save_seconds": save.seconds, "save_mib_per_sec": save_mib_s,
         "dd_fdatasync_mib_per_sec": disk, "save_vs_disk": save_mib_s / disk,
         "save_peak_extra_mib": save.extra_mib, "restore_3ps_seconds": restore3.seconds,
@@ -190,7 +196,7 @@ def one_main(args):
     import tensorflow as tf
 
     import ttf
-    layer = ttf.DynamicEmbedding(args.dim, seed=1, name="emb")
+    layer = ttf.DynamicEmbedding(args.dim, seed=1, name="emb", rows=args.rows)
     layer(tf.constant([[0]], tf.int64))
     checkpoint = tf.train.Checkpoint(layer=layer, dense=tf.Variable(tf.zeros([4])))
     with PeakWatch({"one": os.getpid()}) as restore:
@@ -283,6 +289,8 @@ def main(argv=None):
     parser.add_argument("--keys", type=int, default=5_000_000, help="keys in the table (default 5,000,000)")
     parser.add_argument("--dim", type=int, default=8, help="row width (default 8)")
     parser.add_argument("--ps", type=int, default=3, help="parameter servers started (>= 3; default 3)")
+    parser.add_argument("--rows", choices=["fp32", "bf16", "int8"], default="fp32",
+                        help="how the table stores rows (TableConfig rows; the parameter-server case; default fp32)")
     parser.add_argument("--horovod", type=int, default=0,
                         help="N > 0: the Horovod case on N ranks of this host instead of the PS one (default 0)")
     parser.add_argument("--dir", default=None, help="checkpoint folder (default: a temporary one here, removed)")
@@ -327,7 +335,7 @@ def main(argv=None):
             proc.wait()
         print("[scale] restoring into one fresh process", file=sys.stderr, flush=True)
         one = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", "one", "--dir", args.dir,
-                              "--dim", str(args.dim)], capture_output=True, text=True, check=True)
+                              "--dim", str(args.dim), "--rows", args.rows], capture_output=True, text=True, check=True)
         result.update(json.loads(one.stdout.strip().splitlines()[-1]))
         result["checksums_equal"] = (list(result["summary_source"][:2]) == list(result["summary_3ps"][:2])
                                      == list(result["summary_1"][:2]))
