@@ -13,6 +13,7 @@ tf.io.parse_example (FixedLenFeatures: no keys, no transform), interleaved (ABBA
 
     .venv/bin/python benchmarks/parse.py --repeats 7
     .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 200000
+    .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 300000 --data-dir /tmp/formats
 """
 import argparse
 import os
@@ -88,9 +89,16 @@ def stock_tfrecord(path, batch_size):
 
 
 def formats(args):
-    directory = tempfile.mkdtemp(prefix="ttf_formats_bench_")
-    text = synthetic_lines("criteo", args.file_rows, directory)
-    parquet, record = format_files(text, directory, args.row_group)
+    directory = args.data_dir or tempfile.mkdtemp(prefix="ttf_formats_bench_")
+    os.makedirs(directory, exist_ok=True)
+    made = os.path.join(directory, f"made-{args.file_rows}-{args.row_group}")
+    if os.path.exists(made):  # the files of an earlier run with these sizes (see --data-dir)
+        text = os.path.join(directory, "criteo.txt")
+        parquet, record = os.path.join(directory, "criteo.parquet"), os.path.join(directory, "criteo.tfrecord")
+    else:
+        text = synthetic_lines("criteo", args.file_rows, directory)
+        parquet, record = format_files(text, directory, args.row_group)
+        open(made, "w").close()
     runs = {"text (TSV), ttf.data.Reader": lambda: ttf.data.Reader(text).dataset(4096, shuffle=False),
             "Parquet, ttf.data.Reader": lambda: ttf.data.Reader(parquet).dataset(4096, shuffle=False),
             "TFRecord, ttf.data.Reader": lambda: ttf.data.Reader(record).dataset(4096, shuffle=False),
@@ -130,6 +138,9 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow's intra-op threads (default 1)")
     parser.add_argument("--formats", action="store_true", help="text vs Parquet vs TFRecord pipelines (see above)")
     parser.add_argument("--row-group", type=int, default=65_536, help="--formats: Parquet rows per row group")
+    parser.add_argument("--data-dir", help="--formats: write the files here once and reuse them in later runs (runs "
+                        "of two builds compared as processes in turn read the same files; default: a new temporary "
+                        "folder each run)")
     args = parser.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
