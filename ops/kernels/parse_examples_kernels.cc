@@ -230,7 +230,9 @@ class NameTable {
     }
     return word;
   }
-  size_t Hash(uint64_t head, size_t n) const { return ((head ^ (uint64_t{n} << 56)) * 0x9e3779b97f4a7c15ULL) >> shift_; }
+  size_t Hash(uint64_t head, size_t n) const {
+    return ((head ^ (uint64_t{n} << 56)) * 0x9e3779b97f4a7c15ULL) >> shift_;
+  }
 
   std::vector<Slot> slots_;
   int shift_ = 60;
