@@ -10,9 +10,12 @@ replaced (TtfParseCriteo), on the same blocks. Also measures the whole reader pi
 --row-group rows) and TFRecord of tf.train.Example (tf.io.TFRecordWriter), each read to
 batches of 4096 by ttf.data.Reader, and the TFRecord file by stock TFRecordDataset +
 tf.io.parse_example (FixedLenFeatures: no keys, no transform), interleaved (ABBA).
+--tfrecord-ops: TtfReadRecords and TtfParseExampleSpans alone on that TFRecord file.
 
     .venv/bin/python benchmarks/parse.py --repeats 7
     .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 200000
+    .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 300000 --data-dir /tmp/formats
+    .venv/bin/python benchmarks/parse.py --tfrecord-ops --repeats 5 --file-rows 300000 --data-dir /tmp/formats
 """
 import argparse
 import os
@@ -35,6 +38,7 @@ import tensorflow as tf  # noqa: E402
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # measured on tf_keras (ttf runs on Keras 3 too)
 import ttf  # noqa: E402
 from ttf._ops import ops  # noqa: E402
+from ttf.data._columnar import TFRecordSource  # noqa: E402
 from ttf.data._reader import _op_attrs  # noqa: E402
 
 
@@ -87,10 +91,61 @@ def stock_tfrecord(path, batch_size):
             .map(lambda r: tf.io.parse_example(r, spec), num_parallel_calls=tf.data.AUTOTUNE).prefetch(2))
 
 
-def formats(args):
-    directory = tempfile.mkdtemp(prefix="ttf_formats_bench_")
+def formats_files(args):
+    """(text, parquet, record): the --formats files, made once per --data-dir and sizes."""
+    directory = args.data_dir or tempfile.mkdtemp(prefix="ttf_formats_bench_")
+    os.makedirs(directory, exist_ok=True)
+    made = os.path.join(directory, f"made-{args.file_rows}-{args.row_group}")
+    if os.path.exists(made):  # the files of an earlier run with these sizes (see --data-dir)
+        return (os.path.join(directory, "criteo.txt"), os.path.join(directory, "criteo.parquet"),
+                os.path.join(directory, "criteo.tfrecord"))
     text = synthetic_lines("criteo", args.file_rows, directory)
     parquet, record = format_files(text, directory, args.row_group)
+    open(made, "w").close()
+    return text, parquet, record
+
+
+def tfrecord_ops(args):
+    """The two ops of the TFRecord path alone on the --formats file: TtfReadRecords framing the whole
+    file in blocks of 4,096 records (reads and CRC32C), and TtfParseExampleSpans on those blocks,
+    read once beforehand."""
+    record = formats_files(args)[2]
+    schema = ttf.data.load_schema("criteo")
+    attrs = TFRecordSource([record], schema, _op_attrs(schema), True).attrs
+
+    def frame():
+        blocks, offset, number = [], 0, 0
+        while True:
+            data, starts, ends, numbers, offset, number, _, done = ops().ttf_read_records(record, offset, number, 4096)
+            blocks.append((data, starts, ends, numbers))
+            if bool(done):
+                return blocks
+
+    blocks = frame()
+    parse_block = tf.function(lambda d, s, e, n: ops().ttf_parse_example_spans(d, s, e, record, n, **attrs))
+
+    def parse():
+        for block in blocks:
+            parse_block(*block)
+
+    seconds = {"TtfReadRecords (framing, CRC32C)": [], "TtfParseExampleSpans": []}
+    for _ in range(args.repeats):
+        for name, fn in zip(seconds, (frame, parse)):
+            seconds[name].append(time_call(fn, repeats_inner=1))
+    from _results import machine
+    print(f"Machine: {machine(ROOT)}; TensorFlow {tf.__version__}. {args.threads} intra-op thread(s); "
+          f"{args.file_rows:,} Criteo-shaped records; process CPU seconds per pass over the file, medians of "
+          f"{args.repeats} interleaved repetitions.\n")
+    print("| op | median CPU s | us per record |")
+    print("|---|---|---|")
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median:.3f} | {median / args.file_rows * 1e6:.2f} |")
+    print("\nall runs (s):", {k: [round(v, 3) for v in vs] for k, vs in seconds.items()})
+
+
+def formats(args):
+    text, parquet, record = formats_files(args)
     runs = {"text (TSV), ttf.data.Reader": lambda: ttf.data.Reader(text).dataset(4096, shuffle=False),
             "Parquet, ttf.data.Reader": lambda: ttf.data.Reader(parquet).dataset(4096, shuffle=False),
             "TFRecord, ttf.data.Reader": lambda: ttf.data.Reader(record).dataset(4096, shuffle=False),
@@ -130,9 +185,16 @@ def main():
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow's intra-op threads (default 1)")
     parser.add_argument("--formats", action="store_true", help="text vs Parquet vs TFRecord pipelines (see above)")
     parser.add_argument("--row-group", type=int, default=65_536, help="--formats: Parquet rows per row group")
+    parser.add_argument("--tfrecord-ops", action="store_true",
+                        help="the TFRecord path's two ops alone (framing, parsing) on the --formats file")
+    parser.add_argument("--data-dir", help="--formats: write the files here once and reuse them in later runs (runs "
+                        "of two builds compared as processes in turn read the same files; default: a new temporary "
+                        "folder each run)")
     args = parser.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    if args.tfrecord_ops:
+        return tfrecord_ops(args)
     if args.formats:
         return formats(args)
 

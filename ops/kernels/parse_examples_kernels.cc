@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -35,6 +34,10 @@ const char* const kListNames[] = {"no list", "bytes_list", "float_list", "int64_
 // ---- the wire format: every read checks the end of its span
 
 inline bool ReadVarint(const uint8_t** p, const uint8_t* end, uint64_t* v) {
+  if (*p < end && **p < 0x80) {  // one byte: nearly every tag and length of a record
+    *v = *(*p)++;
+    return true;
+  }
   uint64_t result = 0;
   for (int shift = 0; shift < 64 && *p < end; shift += 7) {
     const uint8_t b = *(*p)++;
@@ -175,6 +178,96 @@ inline bool Fail(std::string* problem, std::string why) {
   return false;
 }
 
+// The schema's columns by feature name: open addressing on the name's first 8 bytes (one word,
+// little-endian as x86 and ARM hosts are) and its length, so a lookup is a multiply and a compare
+// (a memcmp only for names past 8 bytes). Writers order a record's features as they like (Python's
+// protobuf: a map's hash order, different in each record), so no guess from the last record.
+class NameTable {
+ public:
+  // Adds `names`; the index of the first name given twice, or -1.
+  int Build(const std::vector<std::string>& names) {
+    size_t size = 16;
+    while (size < 4 * names.size()) size *= 2;
+    slots_.assign(size, Slot{0, 0, -1});
+    shift_ = 64 - __builtin_ctzll(size);
+    names_ = &names;
+    for (size_t c = 0; c < names.size(); ++c) {
+      const std::string& name = names[c];
+      if (Find(name.data(), name.size(), name.size()) >= 0) return static_cast<int>(c);
+      const uint64_t head = Head(name.data(), name.size(), name.size());
+      size_t i = Hash(head, name.size());
+      while (slots_[i].column >= 0) i = (i + 1) & (size - 1);
+      slots_[i] = Slot{head, name.size(), static_cast<int>(c)};
+    }
+    return -1;
+  }
+
+  // The column named s[0:n), or -1; s[0:readable) may be read (readable >= n).
+  int Find(const char* s, size_t n, size_t readable) const {
+    const uint64_t head = Head(s, n, readable);
+    for (size_t i = Hash(head, n);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& slot = slots_[i];
+      if (slot.column < 0) return -1;
+      if (slot.head == head && slot.size == n &&
+          (n <= 8 || std::memcmp((*names_)[slot.column].data() + 8, s + 8, n - 8) == 0))
+        return slot.column;
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t head, size;
+    int column;  // -1: empty
+  };
+
+  static uint64_t Head(const char* s, size_t n, size_t readable) {
+    uint64_t word = 0;
+    if (readable >= 8) {  // one load, the bytes past the name masked off
+      std::memcpy(&word, s, 8);
+      if (n < 8) word &= (uint64_t{1} << (8 * n)) - 1;
+    } else {
+      std::memcpy(&word, s, n);
+    }
+    return word;
+  }
+  size_t Hash(uint64_t head, size_t n) const {
+    return ((head ^ (uint64_t{n} << 56)) * 0x9e3779b97f4a7c15ULL) >> shift_;
+  }
+
+  std::vector<Slot> slots_;
+  int shift_ = 60;
+  const std::vector<std::string>* names_ = nullptr;
+};
+
+// CategoricalValue's key of 8 hex digits in auto mode (Criteo's form), in one word of 8 bytes
+// (s[0] its low byte, little-endian): no branch a byte, no table. False if the 8 bytes are not
+// all hex digits (CategoricalValue decides then).
+inline bool Hex8(const char* s, uint64_t* v) {
+  constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+  uint64_t w;
+  std::memcpy(&w, s, 8);
+  if (w & kHigh) return false;
+  // Each byte x < 0x80: bit 7 of x + (0x80 - lo) says x >= lo, of x + (0x7f - hi) says x > hi.
+  const uint64_t digit = (w + kOnes * (0x80 - '0')) & ~(w + kOnes * (0x7f - '9'));
+  const uint64_t folded = w | kOnes * 0x20;  // 'A'-'F' onto 'a'-'f'
+  const uint64_t letter = (folded + kOnes * (0x80 - 'a')) & ~(folded + kOnes * (0x7f - 'f'));
+  if (((digit | letter) & kHigh) != kHigh) return false;
+  // A digit's value is its low nibble; a letter's (bit 6 set) its low nibble + 9.
+  uint64_t n = (w & kOnes * 0x0f) + ((w >> 6) & kOnes) * 9;
+  // s[0] is the most significant digit: join pairs of bytes, then of 16-bit lanes, then the halves.
+  n = ((n & 0x000f000f000f000fULL) << 4) | ((n >> 8) & 0x000f000f000f000fULL);
+  n = ((n & 0x000000ff000000ffULL) << 8) | ((n >> 16) & 0x000000ff000000ffULL);
+  *v = ((n & 0xffff) << 16) | ((n >> 32) & 0xffff);
+  return true;
+}
+
+inline bool CategoricalKey(int mode, const char* s, size_t n, uint64_t* v) {
+  return (mode == kAuto && n == 8 && Hex8(s, v)) || CategoricalValue(mode, s, n, v);
+}
+
+// log1p of the small integers that counts mostly are, computed once (DenseValue).
+constexpr int kLog1pTable = 1024;
+
 struct Column {
   int8_t kind, value_mode;
   bool log1p;
@@ -191,7 +284,6 @@ struct Row {
   int64_t* lengths;
   std::vector<std::vector<int64_t>>* values;  // per multi-hot column, the shard's keys
   const size_t* values_before;                // their sizes when this row began
-  int* next_column;  // [columns + 1]: the column that followed column c - 1 last time (writers keep an order)
 };
 
 // The parser of both ops; Records: the i-th record's bytes as an absl::string_view.
@@ -202,17 +294,22 @@ class ParseExamplesOp : public OpKernel {
     OP_REQUIRES_OK(ctx, a.Read(ctx, /*skip_allowed=*/false));
     num_dense_ = a.num_dense, num_fields_ = a.num_fields, num_multi_hot_ = a.num_multi_hot;
     schema_name_ = a.schema_name, strict_ = a.strict;
+    for (int i = 0; i < kLog1pTable; ++i) log1p_[i] = static_cast<float>(std::log1p(std::max<double>(i, 0.0)));
+    // A row before its record is read: every column missing, each dense one its default.
+    missing_dense_.assign(num_dense_, 0.0f);
+    for (int f = 0; f < num_fields_; ++f) missing_ids_.push_back(Tag(f, kMissing));
     columns_.reserve(a.kinds.size());
     for (size_t c = 0; c < a.kinds.size(); ++c) {
       const double d = a.defaults[c];
       columns_.push_back({static_cast<int8_t>(a.kinds[c]), static_cast<int8_t>(a.value_modes[c]),
                           static_cast<bool>(a.log1p[c]), a.slots[c],
                           static_cast<float>(a.log1p[c] ? std::log1p(std::max(d, 0.0)) : d), a.names[c]});
+      if (a.kinds[c] == kDense) missing_dense_[a.slots[c]] = columns_.back().missing_dense;
+      if (a.kinds[c] == kLabel) label_ = static_cast<int>(c);
     }
-    for (size_t c = 0; c < columns_.size(); ++c) {
-      OP_REQUIRES(ctx, by_name_.emplace(columns_[c].name, static_cast<int>(c)).second,
-                  errors::InvalidArgument("column '", columns_[c].name, "' is named twice"));
-    }
+    names_list_ = a.names;  // names_ reads the list it was built from
+    const int twice = names_.Build(names_list_);
+    OP_REQUIRES(ctx, twice < 0, errors::InvalidArgument("column '", names_list_[twice], "' is named twice"));
   }
 
  protected:
@@ -224,11 +321,24 @@ class ParseExamplesOp : public OpKernel {
  private:
   bool ParseRecord(absl::string_view record, const Row& row, std::string* problem) const;
   bool ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row, std::string* problem) const;
+  bool TakeOne(const Column& c, const uint8_t* b, const uint8_t* e, const Row& row) const;
   bool TakeFeature(const Column& column, int kind, const uint8_t* b, const uint8_t* e, const Row& row,
                    std::string* problem) const;
 
+  // A dense column's value: log1p(max(v, 0)) or v, as a float.
+  float DenseValue(const Column& c, double v) const {
+    if (!c.log1p) return static_cast<float>(v);
+    if (v > 0.0 && v < kLog1pTable && static_cast<int>(v) == v) return log1p_[static_cast<int>(v)];
+    return static_cast<float>(std::log1p(std::max(v, 0.0)));
+  }
+
   std::vector<Column> columns_;
-  absl::flat_hash_map<absl::string_view, int> by_name_;  // views of columns_' names
+  std::vector<std::string> names_list_;
+  NameTable names_;
+  std::vector<float> missing_dense_;
+  std::vector<int64_t> missing_ids_;
+  float log1p_[kLog1pTable];
+  int label_ = 0;
   std::string schema_name_;
   int num_dense_, num_fields_, num_multi_hot_;
   bool strict_;
@@ -236,20 +346,9 @@ class ParseExamplesOp : public OpKernel {
 
 // One record into its row; false (and why in *problem) if it is bad.
 bool ParseExamplesOp::ParseRecord(absl::string_view record, const Row& row, std::string* problem) const {
-  const Column* label = nullptr;
-  for (const Column& c : columns_) {  // every column missing until its feature is found
-    switch (c.kind) {
-      case kLabel: label = &c; break;
-      case kDense: row.dense[c.slot] = c.missing_dense; break;
-      case kCategorical: row.ids[c.slot] = Tag(c.slot, kMissing); break;
-      case kHour:
-        row.ids[c.slot] = Tag(c.slot, kMissing);
-        row.ids[c.slot + 1] = Tag(c.slot + 1, kMissing);
-        break;
-      case kMultiHot: row.lengths[c.slot] = 0; break;
-      default: break;
-    }
-  }
+  std::copy(missing_dense_.begin(), missing_dense_.end(), row.dense);  // missing until its feature is found
+  std::copy(missing_ids_.begin(), missing_ids_.end(), row.ids);
+  std::fill(row.lengths, row.lengths + num_multi_hot_, 0);
   *row.label = -1.0f;  // not yet seen
   const uint8_t* p = reinterpret_cast<const uint8_t*>(record.data());
   const uint8_t* end = p + record.size();
@@ -266,7 +365,7 @@ bool ParseExamplesOp::ParseRecord(absl::string_view record, const Row& row, std:
       return Fail(problem, "is not a tf.train.Example (a field of wire type " + std::to_string(wire) + "): a corrupt record");
     }
   }
-  if (*row.label < 0.0f) return Fail(problem, "label feature '" + label->name + "' is absent or empty");
+  if (*row.label < 0.0f) return Fail(problem, "label feature '" + columns_[label_].name + "' is absent or empty");
   return true;
 }
 
@@ -274,7 +373,6 @@ bool ParseExamplesOp::ParseRecord(absl::string_view record, const Row& row, std:
 bool ParseExamplesOp::ParseFeatures(const uint8_t* p, const uint8_t* end, const Row& row,
                                     std::string* problem) const {
   static const char kCorrupt[] = "is not a tf.train.Example (a feature entry ends past its message): a corrupt record";
-  int previous = -1;
   while (p < end) {
     uint64_t tag;
     if (!ReadVarint(&p, end, &tag)) return Fail(problem, kCorrupt);
@@ -285,7 +383,7 @@ bool ParseExamplesOp::ParseFeatures(const uint8_t* p, const uint8_t* end, const 
     }
     const uint8_t *entry, *entry_end;
     if (!ReadSpan(&p, end, &entry, &entry_end)) return Fail(problem, kCorrupt);
-    absl::string_view key;
+    absl::string_view key(reinterpret_cast<const char*>(entry), 0);  // no key field: the empty name
     const uint8_t *value = nullptr, *value_end = nullptr;
     while (entry < entry_end) {  // map entry { key = 1; value = 2; }, either order
       if (!ReadVarint(&entry, entry_end, &tag)) return Fail(problem, kCorrupt);
@@ -299,15 +397,9 @@ bool ParseExamplesOp::ParseFeatures(const uint8_t* p, const uint8_t* end, const 
         return Fail(problem, kCorrupt);
       }
     }
-    // The feature after the previous one is most often the one that came after it in the last record.
-    int column = row.next_column[previous + 1];
-    if (column < 0 || columns_[column].name != key) {
-      const auto found = by_name_.find(key);
-      if (found == by_name_.end()) continue;  // a feature the schema does not read
-      column = found->second;
-      row.next_column[previous + 1] = column;
-    }
-    previous = column;
+    const int column = names_.Find(key.data(), key.size(), reinterpret_cast<const char*>(end) - key.data());
+    if (column < 0) continue;  // a feature the schema does not read
+    if (value != nullptr && TakeOne(columns_[column], value, value_end, row)) continue;
     int kind = kNoList;
     const uint8_t *b = nullptr, *e = nullptr;
     if (value != nullptr && !FeatureList(value, value_end, &kind, &b, &e))
@@ -315,6 +407,65 @@ bool ParseExamplesOp::ParseFeatures(const uint8_t* p, const uint8_t* end, const 
     if (!TakeFeature(columns_[column], kind, b, e, row, problem)) return false;
   }
   return true;
+}
+
+// The commonest form of a feature, its column's one value in a bytes list, a packed float list or
+// a packed int64 list (what TensorFlow's writers give a list of one), taken without TakeFeature's
+// visits: the same result. False, the row untouched, for any other form and for a bad value:
+// TakeFeature takes the feature then, or names its problem.
+bool ParseExamplesOp::TakeOne(const Column& c, const uint8_t* b, const uint8_t* e, const Row& row) const {
+  // Feature { list (field 1..3, length size - 2) { value or packed values (field 1, length size - 4) } }
+  const ptrdiff_t size = e - b;
+  if (size < 4 || size > 129 || (b[0] & 7) != 2 || b[1] != size - 2 || b[2] != 0x0a || b[3] != size - 4)
+    return false;
+  const int list = b[0] >> 3;
+  const uint8_t* v = b + 4;
+  if (list == kBytesList) {
+    uint64_t x;
+    if (c.kind != kCategorical || !CategoricalKey(c.value_mode, reinterpret_cast<const char*>(v), size - 4, &x))
+      return false;
+    row.ids[c.slot] = Tag(c.slot, x);
+    return true;
+  }
+  double number;
+  int64_t integer = 0;
+  if (list == kFloatList && size == 8) {
+    float f;
+    std::memcpy(&f, v, 4);
+    number = f;
+  } else if (list == kInt64List) {
+    uint64_t x;
+    if (!ReadVarint(&v, e, &x) || v != e) return false;
+    integer = static_cast<int64_t>(x);
+    number = static_cast<double>(integer);
+  } else {
+    return false;
+  }
+  switch (c.kind) {
+    case kLabel:
+      if (number != 0.0 && number != 1.0) return false;
+      *row.label = static_cast<float>(number);
+      return true;
+    case kDense:
+      if (!std::isfinite(number)) return false;
+      row.dense[c.slot] = DenseValue(c, number);
+      return true;
+    case kCategorical: {  // an integer: its decimal text's key (an int column's: the integer itself)
+      uint64_t x;
+      char buf[24];
+      if (list != kInt64List) return false;
+      if (c.value_mode == kInt) {
+        if (integer < 0 || static_cast<uint64_t>(integer) >= kMissing) return false;
+        x = static_cast<uint64_t>(integer);
+      } else if (!CategoricalValue(c.value_mode, buf, IntegerText(integer, buf), &x)) {
+        return false;
+      }
+      row.ids[c.slot] = Tag(c.slot, x);
+      return true;
+    }
+    default:
+      return false;
+  }
 }
 
 // One feature's list into the row (a later entry of the same feature replaces an earlier one).
@@ -385,7 +536,7 @@ bool ParseExamplesOp::TakeFeature(const Column& c, int kind, const uint8_t* b, c
         break;
       }
       const double v = ValueNumber(first);
-      const float value = static_cast<float>(c.log1p ? std::log1p(std::max(v, 0.0)) : v);
+      const float value = DenseValue(c, v);
       if (!std::isfinite(v)) return Fail(problem, "dense feature '" + name + "' is not a finite number: " + std::to_string(v));
       row.dense[c.slot] = value;
       break;
@@ -438,11 +589,10 @@ void ParseExamplesOp::Parse(OpKernelContext* ctx, int64_t n, const Records& reco
   Shard(workers->num_threads, workers->workers, n, cost_per_record, [&](int64_t begin, int64_t end) {
     std::vector<std::vector<int64_t>> values(M);
     std::vector<size_t> before(M);
-    std::vector<int> next_column(columns_.size() + 1, -1);
     for (int64_t i = begin; i < end; ++i) {
       for (int m = 0; m < M; ++m) before[m] = values[m].size();
       const Row row{&labels_data[i], &dense_data[i * D], &ids_data[i * F], &lengths_data[i * M], &values,
-                    before.data(), next_column.data()};
+                    before.data()};
       if (!ParseRecord(records(i), row, &problems[i])) {  // its keys stay in the shard's list; its lengths say how many
         for (int m = 0; m < M; ++m) lengths_data[i * M + m] = static_cast<int64_t>(values[m].size() - before[m]);
       }

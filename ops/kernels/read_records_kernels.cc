@@ -15,6 +15,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/lib/hash/crc32c.h"
+#include "crc32c_sse42.h"
 
 namespace tensorflow {
 namespace ttf {
@@ -35,8 +36,17 @@ inline uint32_t Fixed32(const char* p) {
   return v;
 }
 
+// The CRC32C of data[0:n): by the SSE4.2 instruction where the CPU has it (crc32c_sse42.h), else TensorFlow's.
+inline uint32_t Crc32c(const char* data, size_t n) {
+#ifdef TTF_CRC32C_SSE42
+  static const bool sse42 = crc32c_hw::Available();
+  if (sse42) return crc32c_hw::Sse42Value(data, n);
+#endif
+  return crc32c::Value(data, n);
+}
+
 inline bool CrcMatches(const char* data, size_t n, const char* masked) {
-  return crc32c::Unmask(Fixed32(masked)) == crc32c::Value(data, n);
+  return crc32c::Unmask(Fixed32(masked)) == Crc32c(data, n);
 }
 
 // The bytes of a file from byte `base` on, read as the framing asks for them.
