@@ -223,6 +223,21 @@ def test_an_int8_adagrad_step_is_numpys_rowwise_adagrad_within_one_code():
     np.testing.assert_array_equal(exported[:, -1], own[order])
 
 
+def test_a_one_element_int8_row_keeps_one_accumulator_through_save_and_restore():
+    """dim 1 (a first-order weight alone): the row-wise accumulator is the element's own, one fp32,
+    and an export restores to the same accumulator."""
+    keys = np.arange(1, 200, 3, dtype=np.int64)
+    rng = np.random.default_rng(8)
+    h = new_table("int8", 1)
+    grads = rng.normal(size=(len(keys), 1)).astype(np.float32)
+    ops().ttf_table_apply_adagrad(h, keys, grads, 0.1, 1e-7, 1)
+    saved = export(h)
+    np.testing.assert_array_equal(saved["values"][:, 1], (np.float32(0.1) + grads[:, 0] ** 2).astype(np.float32))
+    restored = new_table("int8", 1)
+    import_(restored, saved)
+    np.testing.assert_array_equal(export(restored)["values"][:, 1], saved["values"][:, 1])
+
+
 def test_a_checkpoint_with_one_rowwise_accumulator_restores_into_both():
     """An int8 Adagrad export from before the last element kept its own accumulator (one
     accumulator a row, written dim times) restores as it is: both accumulators take it, and
