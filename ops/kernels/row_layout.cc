@@ -10,7 +10,7 @@ int64_t RoundUp4(int64_t bytes) { return (bytes + 3) / 4 * 4; }
 int64_t SlotBytes(SlotFormat slot, int64_t dim) {
   switch (slot) {
     case SlotFormat::kBf16: return RoundUp4(2 * dim);
-    case SlotFormat::kFp32Row: return 4;
+    case SlotFormat::kFp32Row: return 4 * RowwiseMomentFloats(dim);
     default: return 4 * dim;
   }
 }
@@ -99,8 +99,9 @@ void RowLayout::ToFull(const float* work, float* full) const {
   const float* in = work + dim_;
   for (int k = 0; k < num_slots(); ++k) {
     float* out = full + (k + 1) * dim_;
-    if (slots_[k] == SlotFormat::kFp32Row) {
-      std::fill(out, out + dim_, in[0]);
+    if (slots_[k] == SlotFormat::kFp32Row) {  // the leading moment, then the last element's
+      std::fill(out, out + dim_ - 1, in[0]);
+      out[dim_ - 1] = in[SlotWorkFloats(k) - 1];
     } else {
       std::memcpy(out, in, dim_ * sizeof(float));
     }
@@ -114,9 +115,11 @@ void RowLayout::FromFull(const float* full, float* work) const {
   for (int k = 0; k < num_slots(); ++k) {
     const float* in = full + (k + 1) * dim_;
     if (slots_[k] == SlotFormat::kFp32Row) {
-      double sum = 0.0;  // in double: dim equal floats give back that float exactly
-      for (int64_t j = 0; j < dim_; ++j) sum += in[j];
-      out[0] = static_cast<float>(sum / static_cast<double>(dim_));
+      const int64_t leading = std::max<int64_t>(dim_ - 1, 1);  // dim 1: the one float is the last's
+      double sum = 0.0;  // in double: equal floats give back that float exactly
+      for (int64_t j = 0; j < leading; ++j) sum += in[j];
+      out[0] = static_cast<float>(sum / static_cast<double>(leading));
+      out[SlotWorkFloats(k) - 1] = in[dim_ - 1];
     } else {
       std::memcpy(out, in, dim_ * sizeof(float));
     }

@@ -4,14 +4,19 @@
 //   stored  the row store's words (fp32 rows: the fp32 floats themselves, so fp32 tables are
 //           what they were, bit for bit)
 //   work    what the update functor reads and writes: [value (dim) | each slot: dim floats, or
-//           one for a row-wise slot]
+//           RowwiseMomentFloats(dim) for a row-wise slot: the leading dim - 1 elements' moment,
+//           then the last element's own]
 //   full    the export and checkpoint layout: [value | each slot: dim floats] (a row-wise
-//           slot is repeated dim times; read back, its dim floats' mean)
+//           slot: its leading moment repeated dim - 1 times, then the last element's; read
+//           back, the mean of the first dim - 1 floats and the last float)
 // Formats by table rows and optimizer:
 //   fp32  every slot fp32 (today's rows)
 //   bf16  every slot bf16, element-wise
-//   int8  adagrad: its accumulator row-wise (one fp32, RowwiseAdagradUpdate); adam: m bf16
+//   int8  adagrad: its accumulator row-wise (two fp32, RowwiseAdagradUpdate); adam: m bf16
 //         element-wise, v row-wise (PartialRowwiseAdamUpdate); ftrl: both slots bf16
+// The full layout is the same for every format, so a checkpoint written before the row-wise
+// slot kept the last element's moment apart (one fp32 for the whole row, written dim times)
+// restores as it is: both moments start from that one value.
 // An update writes back with stochastic rounding drawn from (seed, key, step): the value's
 // element j draws j, slot k's element j draws (k + 1) * dim + j. A new row's initial value,
 // the slots' initial values and rows converted from the full layout (an import) round to
@@ -25,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "compressed_updates.h"
 #include "row_codec.h"
 #include "row_kernels.h"
 
@@ -62,7 +68,8 @@ class RowLayout {
   void Encode(const float* work, const RoundingDraws* draws, float* stored) const;
   // The value part alone (dim floats; the slots' words are left as they are).
   void EncodeValue(const float* value, const RoundingDraws* draws, float* stored) const;
-  // work <-> full (a row-wise slot: repeated; read back as the mean, summed in double).
+  // work <-> full (a row-wise slot's leading moment: repeated; read back as the mean, summed in
+  // double).
   void ToFull(const float* work, float* full) const;
   void FromFull(const float* full, float* work) const;
   // A value (dim floats) as a stored row would read it back after rounding to nearest: what a
@@ -76,7 +83,7 @@ class RowLayout {
   void UseKernels(const RowKernels& kernels) { kernels_ = &kernels; }
 
  private:
-  int64_t SlotWorkFloats(int k) const { return slots_[k] == SlotFormat::kFp32Row ? 1 : dim_; }
+  int64_t SlotWorkFloats(int k) const { return slots_[k] == SlotFormat::kFp32Row ? RowwiseMomentFloats(dim_) : dim_; }
 
   RowFormat format_ = RowFormat::kFp32;
   int64_t dim_ = 0;

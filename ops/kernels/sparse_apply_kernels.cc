@@ -168,7 +168,7 @@ int64_t UpdateRows(const F& update, const RowLayout& layout, uint64_t seed, int6
     if (i + 8 < n && ids[i + 8] != KeyIndex::kNone) {  // the whole row: value and slots
       const char* ahead = reinterpret_cast<const char*>(store->row(ids[i + 8]));
       for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b, 1);
-      // A compressed row is not a whole number of lines (int8 Adam at dim 32: 108 bytes), so
+      // A compressed row is not a whole number of lines (int8 Adam at dim 32: 112 bytes), so
       // it can end on a line the loop above does not reach.
       if (row_bytes % 64 != 0) __builtin_prefetch(ahead + row_bytes - 1, 1);
     }

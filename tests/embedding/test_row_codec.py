@@ -211,36 +211,56 @@ def mean_square(g):
     return (total.astype(np.float32) / f32(g.shape[1])).astype(np.float32)
 
 
-@pytest.mark.parametrize("dim", [32, 13])  # 13: MeanSquare's partial sums past the last 8
+def state_floats(dim):
+    """Floats of a row-wise moment (RowwiseMomentFloats): the leading dim - 1 elements', then the
+    last element's own; one at dim 1."""
+    return 2 if dim > 1 else 1
+
+
+@pytest.mark.parametrize("dim", [33, 14, 1])  # 14: MeanSquare's partial sums past the last 8; 1: one moment
 def test_rowwise_adagrad_matches_the_reference(updates, dim):
+    """Row-wise Adagrad: one accumulator for the leading dim - 1 elements (their mean g^2), and
+    the last element's own (its g^2), as element-wise Adagrad."""
     rng = np.random.default_rng(3)
     steps, n, lr, eps = 5, 64, f32(0.05), f32(1e-7)
-    rows = np.concatenate([rng.normal(size=(n, dim)), np.full((n, 1), 0.1)], 1).astype(np.float32)
+    rows = np.concatenate([rng.normal(size=(n, dim)), np.full((n, state_floats(dim)), 0.1)], 1).astype(np.float32)
     grads = rng.normal(size=(steps, n, dim)).astype(np.float32)
     got = updates("adagrad", rows, grads, lr, eps=eps)
-    ref = rows.copy()
+    ref, last, own = rows.copy(), dim - 1, dim + state_floats(dim) - 1
     for t in range(steps):
-        ref[:, dim] = (ref[:, dim] + mean_square(grads[t])).astype(np.float32)
-        step = (lr / np.sqrt((ref[:, dim] + eps).astype(np.float32))).astype(np.float32)
-        ref[:, :dim] = (ref[:, :dim] - (step[:, None] * grads[t]).astype(np.float32)).astype(np.float32)
+        g = grads[t]
+        if last > 0:
+            ref[:, dim] = (ref[:, dim] + mean_square(g[:, :last])).astype(np.float32)
+            step = (lr / np.sqrt((ref[:, dim] + eps).astype(np.float32))).astype(np.float32)
+            ref[:, :last] = (ref[:, :last] - (step[:, None] * g[:, :last]).astype(np.float32)).astype(np.float32)
+        ref[:, own] = (ref[:, own] + (g[:, last] * g[:, last]).astype(np.float32)).astype(np.float32)
+        step = (lr / np.sqrt((ref[:, own] + eps).astype(np.float32))).astype(np.float32)
+        ref[:, last] = (ref[:, last] - (step * g[:, last]).astype(np.float32)).astype(np.float32)
     # float32 operation for operation; sqrt and the in-order sum are exact IEEE in both.
     np.testing.assert_array_equal(got, ref)
 
 
-def test_partial_rowwise_adam_matches_the_reference(updates):
+@pytest.mark.parametrize("dim", [33, 1])
+def test_partial_rowwise_adam_matches_the_reference(updates, dim):
+    """Partial row-wise Adam: m per element; v for the leading dim - 1 elements (their mean g^2)
+    and the last element's own."""
     rng = np.random.default_rng(4)
-    steps, n, dim = 6, 64, 32
+    steps, n, k = 6, 64, state_floats(dim)
     lr, b1, b2, eps = f32(0.01), f32(0.9), f32(0.999), f32(1e-7)
-    rows = np.concatenate([rng.normal(size=(n, dim)), np.zeros((n, dim + 1))], 1).astype(np.float32)
+    rows = np.concatenate([rng.normal(size=(n, dim)), np.zeros((n, dim + k))], 1).astype(np.float32)
     grads = rng.normal(size=(steps, n, dim)).astype(np.float32)
     got = updates("adam", rows, grads, lr, b1, b2, eps)
-    ref = rows.astype(np.float64)
+    ref, last = rows.astype(np.float64), dim - 1
+    x, m, v = ref[:, :dim], ref[:, dim:2 * dim], ref[:, 2 * dim:]  # views into ref
     for t in range(1, steps + 1):
         g = grads[t - 1].astype(np.float64)
         alpha = float(lr) * np.sqrt(1 - float(b2) ** t) / (1 - float(b1) ** t)
-        ref[:, 2 * dim] += ((g * g).mean(1) - ref[:, 2 * dim]) * (1 - float(b2))
-        ref[:, dim:2 * dim] += (g - ref[:, dim:2 * dim]) * (1 - float(b1))
-        ref[:, :dim] -= ref[:, dim:2 * dim] * (alpha / (np.sqrt(ref[:, 2 * dim]) + float(eps)))[:, None]
+        if last > 0:
+            v[:, 0] += ((g[:, :last] ** 2).mean(1) - v[:, 0]) * (1 - float(b2))
+        v[:, k - 1] += (g[:, last] ** 2 - v[:, k - 1]) * (1 - float(b2))
+        m += (g - m) * (1 - float(b1))
+        x[:, :last] -= m[:, :last] * (alpha / (np.sqrt(v[:, 0]) + float(eps)))[:, None]
+        x[:, last] -= m[:, last] * (alpha / (np.sqrt(v[:, k - 1]) + float(eps)))
     # A float64 reference of the formulas: the float32 kernel within float32 rounding (pow's
     # bias correction is computed in float32 there).
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)

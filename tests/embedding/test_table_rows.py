@@ -95,13 +95,15 @@ def test_lookup_of_converted_rows_is_numpys_encoding_bit_for_bit():
         import_(h, src)
         got = lookup(h, src["keys"], dim)
         np.testing.assert_array_equal(got.view(np.uint32), reference(src["values"][:, :dim]).view(np.uint32))
-        # the export holds the same value; int8 Adam's v is the mean of the elements' v, one a row
+        # the export holds the same value; int8 Adam's v is the mean of the leading dim - 1
+        # elements' v (one a row, repeated), then the last element's own
         ex = export(h)
         np.testing.assert_array_equal(ex["values"][:, :dim], got[np.argsort(src["keys"])])
         if rows == "int8":
             v = src["values"][:, 2 * dim:][np.argsort(src["keys"])]
-            mean = np.mean(v.astype(np.float64), axis=1).astype(np.float32)
-            np.testing.assert_array_equal(ex["values"][:, 2 * dim:], np.repeat(mean[:, None], dim, axis=1))
+            mean = np.mean(v[:, :-1].astype(np.float64), axis=1).astype(np.float32)
+            np.testing.assert_array_equal(ex["values"][:, 2 * dim:3 * dim - 1], np.repeat(mean[:, None], dim - 1, 1))
+            np.testing.assert_array_equal(ex["values"][:, 3 * dim - 1], v[:, -1])
             np.testing.assert_array_equal(ex["values"][:, dim:2 * dim],
                                           bf16_nearest(src["values"][:, dim:2 * dim][np.argsort(src["keys"])]))
 
@@ -137,16 +139,16 @@ def test_stored_values_export_the_rows_as_stored_against_numpy():
 
 
 def rowwise_adam(x, m, v, g, step, lr, b1, b2, eps):
-    """Partial row-wise Adam (compressed_updates.h) in float32: m per element, v one a row."""
+    """Partial row-wise Adam (compressed_updates.h) in float32: m per element, v [n, 2]: one for
+    the leading dim - 1 elements (their mean g^2), one for the last element (its g^2)."""
     f = np.float32
     t = f(step)
     alpha = f(lr) * np.sqrt(f(1) - f(b2) ** t) / (f(1) - f(b1) ** t)
-    msq = np.zeros(len(g), f)
-    for j in range(g.shape[1]):  # summed in order, as MeanSquare
-        msq = (msq + g[:, j] * g[:, j]).astype(f)
-    v = (v + (msq / f(g.shape[1]) - v) * (f(1) - f(b2))).astype(f)
+    g2 = np.stack([mean_square(g[:, :-1]), (g[:, -1] * g[:, -1]).astype(f)], 1)
+    v = (v + (g2 - v) * (f(1) - f(b2))).astype(f)
     m = (m + (g - m) * (f(1) - f(b1))).astype(f)
-    return (x - m * (alpha / (np.sqrt(v) + f(eps)))[:, None]).astype(f)
+    steps = (alpha / (np.sqrt(v) + f(eps))).astype(f)
+    return (x - m * np.concatenate([np.repeat(steps[:, :1], g.shape[1] - 1, 1), steps[:, 1:]], 1)).astype(f)
 
 
 def adam(x, m, v, g, step, lr, b1, b2, eps):
@@ -170,7 +172,7 @@ def test_an_adam_step_matches_numpy_within_one_quantization_step(rows):
     after = lookup(h, keys, dim)
     zeros = np.zeros_like(grads)
     if rows == "int8":
-        ref = rowwise_adam(before, zeros, np.zeros(n, np.float32), grads, 1, *ADAM)
+        ref = rowwise_adam(before, zeros, np.zeros((n, 2), np.float32), grads, 1, *ADAM)
         step = (ref.max(axis=1) - ref.min(axis=1)) / 255  # one code of the written row
         tolerance = step[:, None] * 1.0001
     else:
@@ -198,19 +200,67 @@ def test_an_sgd_step_matches_numpy_within_one_quantization_step(rows):
 
 
 def test_an_int8_adagrad_step_is_numpys_rowwise_adagrad_within_one_code():
+    """Row-wise Adagrad: one accumulator for the leading dim - 1 elements (their mean g^2), the
+    last element's own (its g^2: a first-order weight's step is element-wise Adagrad's)."""
     dim, n = 8, 300
     rng = np.random.default_rng(4)
     keys = rng.choice(1 << 40, n, replace=False).astype(np.int64)
     h = new_table("int8", dim)
     before = lookup(h, keys, dim)
     grads = rng.normal(size=(n, dim)).astype(np.float32)
+    grads[:, -1] *= 7  # a first-order weight's gradient, ~7x the embedding elements' (DeepFM)
     ops().ttf_table_apply_adagrad(h, keys, grads, 0.1, 1e-7, 1)
     f = np.float32
-    accum = (f(0.1) + mean_square(grads)).astype(f)  # initial_accumulator_value 0.1
-    ref = (before - (f(0.1) / np.sqrt(accum + f(1e-7)))[:, None] * grads).astype(f)
-    step = (ref.max(axis=1) - ref.min(axis=1)) / 255
-    assert np.all(np.abs(lookup(h, keys, dim) - ref) <= step[:, None] * 1.0001)
-    np.testing.assert_array_equal(export(h)["values"][:, dim:], np.repeat(accum[np.argsort(keys)][:, None], dim, 1))
+    accum = (f(0.1) + mean_square(grads[:, :-1])).astype(f)  # initial_accumulator_value 0.1
+    own = (f(0.1) + grads[:, -1] * grads[:, -1]).astype(f)
+    step = (f(0.1) / np.sqrt(np.stack([accum] * (dim - 1) + [own], 1) + f(1e-7))).astype(f)
+    ref = (before - step * grads).astype(f)
+    code = (ref.max(axis=1) - ref.min(axis=1)) / 255
+    assert np.all(np.abs(lookup(h, keys, dim) - ref) <= code[:, None] * 1.0001)
+    order = np.argsort(keys)
+    exported = export(h)["values"][:, dim:]  # the full layout: the leading accumulator dim - 1 times, then the last's
+    np.testing.assert_array_equal(exported[:, :-1], np.repeat(accum[order][:, None], dim - 1, 1))
+    np.testing.assert_array_equal(exported[:, -1], own[order])
+
+
+def test_a_one_element_int8_row_keeps_one_accumulator_through_save_and_restore():
+    """dim 1 (a first-order weight alone): the row-wise accumulator is the element's own, one fp32,
+    and an export restores to the same accumulator."""
+    keys = np.arange(1, 200, 3, dtype=np.int64)
+    rng = np.random.default_rng(8)
+    h = new_table("int8", 1)
+    grads = rng.normal(size=(len(keys), 1)).astype(np.float32)
+    ops().ttf_table_apply_adagrad(h, keys, grads, 0.1, 1e-7, 1)
+    saved = export(h)
+    np.testing.assert_array_equal(saved["values"][:, 1], (np.float32(0.1) + grads[:, 0] ** 2).astype(np.float32))
+    restored = new_table("int8", 1)
+    import_(restored, saved)
+    np.testing.assert_array_equal(export(restored)["values"][:, 1], saved["values"][:, 1])
+
+
+def test_a_checkpoint_with_one_rowwise_accumulator_restores_into_both():
+    """An int8 Adagrad export from before the last element kept its own accumulator (one
+    accumulator a row, written dim times) restores as it is: both accumulators take it, and
+    training goes on."""
+    dim, n = 8, 50
+    rng = np.random.default_rng(6)
+    keys = np.sort(rng.choice(1 << 40, n, replace=False)).astype(np.int64)
+    accum = (rng.random(n) + 0.1).astype(np.float32)
+    old = dict(keys=keys, values=np.concatenate([rng.normal(size=(n, dim)), np.repeat(accum[:, None], dim, 1)],
+                                                1).astype(np.float32),
+               meta=np.tile(np.array([[1, 5]], np.int64), (n, 1)), candidate_keys=np.zeros([0], np.int64),
+               candidate_meta=np.zeros([0, 2], np.int64), optimizer=b"adagrad",
+               slot_init=np.array([0.1], np.float32), step=np.int64(5))
+    h = new_table("int8", dim)
+    import_(h, old)
+    np.testing.assert_array_equal(export(h)["values"][:, dim:], old["values"][:, dim:])
+    before = lookup(h, keys, dim)
+    grads = rng.normal(size=(n, dim)).astype(np.float32)
+    ops().ttf_table_apply_adagrad(h, keys, grads, 0.1, 1e-7, 6)
+    f = np.float32
+    want = np.stack([(accum + mean_square(grads[:, :-1])).astype(f), (accum + grads[:, -1] ** 2).astype(f)], 1)
+    np.testing.assert_array_equal(export(h)["values"][:, [dim, 2 * dim - 1]], want)
+    assert not np.array_equal(lookup(h, keys, dim), before)
 
 
 @pytest.mark.parametrize("rows,optimizer", [("int8", "adam"), ("bf16", "adam"), ("int8", "adagrad"),
