@@ -97,7 +97,8 @@ def parse_args(argv, description=None):
     tables.add_argument("--table-rows", choices=["fp32", "bf16", "int8"], default="fp32",
                         help="how ttf tables store rows: fp32, bf16, or int8 (a scale and an offset a row), with "
                              "the optimizer's slots to match (int8: Adagrad's accumulator and Adam's second "
-                             "moment one a row, docs/table_rows.md); updates round stochastically, seeded. "
+                             "moment one a row plus one for the row's last element, docs/table_rows.md); updates "
+                             "round stochastically, seeded. "
                              "Not with --dram-budget (default fp32)")
     step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, on every topology)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
