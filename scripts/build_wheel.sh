@@ -41,7 +41,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/ttf-wheel.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 echo "[build_wheel] compiling the ops for TensorFlow $tf_version and packing ttf (pip wheel, no build isolation)"
 # No isolation: the build must see the installed TensorFlow, not the newest one pip would fetch.
-# Objects are reused from build/ops_obj when their sources did not change (setup.py).
+# Objects are reused from build/ops_obj when their sources did not change (setup.py). setuptools packs
+# whatever its build/lib* holds, so a library built there for another TensorFlow would ride along: cleared.
+rm -rf build/lib.* build/bdist.*
 "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps -q -w "$work" . >"$work/pip.log" 2>&1 ||
   { tail -n 30 "$work/pip.log" >&2; echo "build_wheel: pip wheel failed (log above)" >&2; exit 1; }
 raw=("$work"/ttf-*.whl)

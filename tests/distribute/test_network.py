@@ -169,7 +169,13 @@ def run_and_watch(args, expected_listeners, timeout=240):
                 break
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # say what the job was doing, and what was left running
+            left = subprocess.run(["ps", "-o", "stat=,pid=,ppid=,args=", "-s", str(proc.pid)], capture_output=True,
+                                  text=True).stdout
+            raise AssertionError(f"start_all.sh did not stop within 120 s of Ctrl-C; still running:\n{left}\n"
+                                 f"its output:\n{''.join(lines)[-4000:]}") from None
         reader.join(timeout=10)
         out = "".join(lines)
         for _ in range(10):  # processes still alive in the job's session (zombies being reaped do not count)
