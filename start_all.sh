@@ -4,6 +4,8 @@
 # (written to data/cache on first use) and printing the AUC beside the best achievable one.
 # Run with -h for every flag. Sets itself up on first use (./.venv, packages, op build).
 set -euo pipefail
+# Ctrl-C exits 130 in every phase, the set-up too (each phase below replaces this with its own stop).
+trap 'echo "[start_all] interrupted"; exit 130' INT
 cd "$(dirname "$0")"
 start_all_args=("$@")  # kept to run again inside the private network namespace
 # TTF_NETWORK counts only when private_network.py set it for this very process (the same pid).
