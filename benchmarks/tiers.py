@@ -79,6 +79,9 @@ def parse_args(argv):
                       help="the step timed: 'table' (a training lookup and an Adam update of the table alone: "
                            "the strictest ratio) or 'deepfm' (a DeepFM train step of models/ctr.py, batch "
                            "--batch/26 rows of 26 fields, 13 dense columns, Adam: the issue's job) (default table)")
+    tier.add_argument("--rows", choices=["fp32", "bf16", "int8"], default="fp32",
+                      help="how the table stores rows, on both paths (docs/table_rows.md; --keys' default still "
+                           "counts fp32's bytes a row) (default fp32)")
     tier.add_argument("--steps", type=int, default=60, help="timed training steps per run (default 60)")
     tier.add_argument("--warm-steps", type=int, default=20, help="untimed training steps first (default 20)")
     tier.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating (default 2)")
@@ -158,7 +161,8 @@ def tier_layer(args, tiered):
     """A DynamicEmbedding of one table (so tf.train.Checkpoint saves it in ttf's format)."""
     os.makedirs(args.ssd_dir, exist_ok=True)
     layer = ttf.DynamicEmbedding(args.dim, seed=1, num_shards=args.num_shards, name="emb", evict_policy=args.policy,
-                                 dram_budget=args.dram_budget if tiered else 0, ssd_dir=args.ssd_dir if tiered else "")
+                                 dram_budget=args.dram_budget if tiered else 0, ssd_dir=args.ssd_dir if tiered else "",
+                                 rows=args.rows)
     layer(tf.constant([[0]], tf.int64))  # built: its table exists
     return layer
 
@@ -187,7 +191,7 @@ def deepfm(args, tiered, first_step):
     os.makedirs(args.ssd_dir, exist_ok=True)
     spec = ctr.ModelSpec(model="fm", embedding_dim=args.dim)
     table = ttf.embedding.TableConfig(num_shards=args.num_shards, dram_budget=args.dram_budget if tiered else 0,
-                                      ssd_dir=args.ssd_dir if tiered else "", evict_policy=args.policy)
+                                      ssd_dir=args.ssd_dir if tiered else "", evict_policy=args.policy, rows=args.rows)
     model = ctr.build(spec, "ttf", seed=1, table=table)
     optimizer = ctr.make_optimizer("ttf", "adam", 0.001)
     optimizer.iterations.assign(first_step - 1)  # its next apply updates the table at first_step
@@ -339,7 +343,7 @@ def tier_main(args, argv):
     result = {
         "command": " ".join(["benchmarks/tiers.py"] + (argv if argv is not None else sys.argv[1:])),
         "dram_budget_mib": round(budget_mib, 1), "keys": args.keys, "dram_keys": args.dram_keys, "batch": args.batch,
-        "dim": args.dim,
+        "dim": args.dim, "rows": args.rows,
         "rows_over_dram_rows": round(args.keys / max(1, runs["tiered"][0]["dram_rows"]), 1),
         "tiered_steps_per_s": tiered_sps, "dram_steps_per_s": dram_sps,
         "throughput_ratio": round(tiered_sps / dram_sps, 3), "throughput_target_met": tiered_sps >= 0.7 * dram_sps,

@@ -98,8 +98,8 @@ def parse_args(argv, description=None):
                         help="how ttf tables store rows: fp32, bf16, or int8 (a scale and an offset a row), with "
                              "the optimizer's slots to match (int8: Adagrad's accumulator and Adam's second "
                              "moment one a row plus one for the row's last element, docs/table_rows.md); updates "
-                             "round stochastically, seeded. "
-                             "Not with --dram-budget (default fp32)")
+                             "round stochastically, seeded; with --dram-budget, the disk tier holds the rows as stored "
+                             "(default fp32)")
     step = p.add_argument_group("training step (ttf.precision.PrecisionTrainStep, on every topology)")
     step.add_argument("--max-non-finite-steps", type=int, default=20,
                       help="stop with an error (exit 1) after this many steps in a row whose loss or gradient was "

@@ -49,7 +49,8 @@ class TableSummaryOp : public TableOpKernel {
         ++size;
       });
       // A tiered shard's disk rows count the same (read sequentially, same lock).
-      OP_REQUIRES_OK(ctx, sh.tier.disk.ForEachLive([&](int64_t key, const RowMeta& meta, const float* row) {
+      OP_REQUIRES_OK(ctx, sh.tier.disk.ForEachLive([&](int64_t key, const RowMeta& meta, const float* stored) {
+        const float* row = FullRow(layout, stored, &scratch);
         checksum += HashEntry(kRowSalt, key, row, stride, meta);
         for (int64_t i = 0; i < stride; ++i) value_sum += row[i];
         ++size;

@@ -8,7 +8,7 @@
 // two forms are one). A DeepFM / Wide&Deep row is `dim` embedding values plus the id's
 // first-order weight as its last element (models/ctr.py), whose gradient is ~7x the
 // embedding elements' (rms): in one shared moment it took steps several times element-wise
-// Adam's, and int8 Adam's AUC sat +0.0018 above fp32's; with its own moment, +0.0006
+// Adam's, and int8 Adam's AUC sat +0.0018 above fp32's; with its own moment, +0.0007
 // (benchmarks/results/table_memory.md). For a row without such a weight the last element
 // simply gets its element-wise moment.
 //

@@ -222,10 +222,10 @@ void DiskTier::Clear() {
 Status DiskTier::CompactIfStale() {
   const int64_t stale = static_cast<int64_t>(next_slot_) - index.size();
   if (stale < 4096 || stale <= index.size()) return OkStatus();
-  return Rewrite(stride_, {}, 1);
+  return Rewrite(stride_, nullptr);
 }
 
-Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim) {
+Status DiskTier::Rewrite(int64_t new_stride, const std::function<void(float* row)>& init_slots) {
   if (fd_ < 0 || index.size() == 0) {
     Clear();
     stride_ = new_stride;
@@ -255,7 +255,7 @@ Status DiskTier::Rewrite(int64_t new_stride, const std::vector<float>& fill_per_
     std::memcpy(record, header, sizeof(header));
     float* row = reinterpret_cast<float*>(record + sizeof(header));
     std::memcpy(row, old_row, stride_ * sizeof(float));
-    for (int64_t f = stride_; f < new_stride; ++f) row[f] = fill_per_slot[f / dim - 1];
+    if (new_stride > stride_) init_slots(row);
     keys.push_back(key);
     if (static_cast<int64_t>(keys.size()) == per_write) written = flush();
   }));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -102,9 +103,10 @@ class DiskTier {
   // Removes the key's row if it is on disk (*removed says whether it was); a read error is returned.
   Status Remove(int64_t key, uint64_t hash, bool* removed);
   void Clear();  // drops every row and truncates the file
-  // Rewrites the live records into a new file, sequentially; with a wider stride, each row
-  // gets fill_per_slot[f / dim - 1] after its old floats. On failure the tier is unchanged.
-  Status Rewrite(int64_t new_stride, const std::vector<float>& fill_per_slot, int64_t dim);
+  // Rewrites the live records into a new file, sequentially; with a wider stride, each row's
+  // old words are followed by what init_slots(row) writes (the slots' initial values in the
+  // table's row layout). On failure the tier is unchanged.
+  Status Rewrite(int64_t new_stride, const std::function<void(float* row)>& init_slots);
   Status CompactIfStale();  // Rewrite when stale records outnumber live ones
   // Calls f(key, meta, row) for every live record (row: stride floats, valid during the call),
   // reading the file sequentially ~4 MiB at a time: one pass, bounded RAM, no read per row.

@@ -191,8 +191,9 @@ Status EmbeddingTable::Relayout(const std::string& optimizer, const std::vector<
   // Rows hold a value only before their first slots (EnsureSlots, a merge into a fresh table):
   // the value's words stay, the slots' initial values follow.
   const RowLayout layout(config_.rows, config_.dim, optimizer, static_cast<int64_t>(slot_init.size()));
-  for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->tier.disk.Rewrite(layout.words(), slot_init, config_.dim));
-  for (auto& sh : shards_) sh->rows.store.Widen(layout.words(), [&](float* row) { layout.InitSlots(slot_init, row); });
+  auto init_slots = [&](float* row) { layout.InitSlots(slot_init, row); };
+  for (auto& sh : shards_) TF_RETURN_IF_ERROR(sh->tier.disk.Rewrite(layout.words(), init_slots));
+  for (auto& sh : shards_) sh->rows.store.Widen(layout.words(), init_slots);
   optimizer_ = optimizer;
   slot_init_ = slot_init;
   layout_ = layout;

@@ -239,32 +239,6 @@ class NameTable {
   const std::vector<std::string>* names_ = nullptr;
 };
 
-// CategoricalValue's key of 8 hex digits in auto mode (Criteo's form), in one word of 8 bytes
-// (s[0] its low byte, little-endian): no branch a byte, no table. False if the 8 bytes are not
-// all hex digits (CategoricalValue decides then).
-inline bool Hex8(const char* s, uint64_t* v) {
-  constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
-  uint64_t w;
-  std::memcpy(&w, s, 8);
-  if (w & kHigh) return false;
-  // Each byte x < 0x80: bit 7 of x + (0x80 - lo) says x >= lo, of x + (0x7f - hi) says x > hi.
-  const uint64_t digit = (w + kOnes * (0x80 - '0')) & ~(w + kOnes * (0x7f - '9'));
-  const uint64_t folded = w | kOnes * 0x20;  // 'A'-'F' onto 'a'-'f'
-  const uint64_t letter = (folded + kOnes * (0x80 - 'a')) & ~(folded + kOnes * (0x7f - 'f'));
-  if (((digit | letter) & kHigh) != kHigh) return false;
-  // A digit's value is its low nibble; a letter's (bit 6 set) its low nibble + 9.
-  uint64_t n = (w & kOnes * 0x0f) + ((w >> 6) & kOnes) * 9;
-  // s[0] is the most significant digit: join pairs of bytes, then of 16-bit lanes, then the halves.
-  n = ((n & 0x000f000f000f000fULL) << 4) | ((n >> 8) & 0x000f000f000f000fULL);
-  n = ((n & 0x000000ff000000ffULL) << 8) | ((n >> 16) & 0x000000ff000000ffULL);
-  *v = ((n & 0xffff) << 16) | ((n >> 32) & 0xffff);
-  return true;
-}
-
-inline bool CategoricalKey(int mode, const char* s, size_t n, uint64_t* v) {
-  return (mode == kAuto && n == 8 && Hex8(s, v)) || CategoricalValue(mode, s, n, v);
-}
-
 // log1p of the small integers that counts mostly are, computed once (DenseValue).
 constexpr int kLog1pTable = 1024;
 
@@ -422,7 +396,7 @@ bool ParseExamplesOp::TakeOne(const Column& c, const uint8_t* b, const uint8_t* 
   const uint8_t* v = b + 4;
   if (list == kBytesList) {
     uint64_t x;
-    if (c.kind != kCategorical || !CategoricalKey(c.value_mode, reinterpret_cast<const char*>(v), size - 4, &x))
+    if (c.kind != kCategorical || !CategoricalValue(c.value_mode, reinterpret_cast<const char*>(v), size - 4, &x))
       return false;
     row.ids[c.slot] = Tag(c.slot, x);
     return true;
@@ -453,13 +427,7 @@ bool ParseExamplesOp::TakeOne(const Column& c, const uint8_t* b, const uint8_t* 
     case kCategorical: {  // an integer: its decimal text's key (an int column's: the integer itself)
       uint64_t x;
       char buf[24];
-      if (list != kInt64List) return false;
-      if (c.value_mode == kInt) {
-        if (integer < 0 || static_cast<uint64_t>(integer) >= kMissing) return false;
-        x = static_cast<uint64_t>(integer);
-      } else if (!CategoricalValue(c.value_mode, buf, IntegerText(integer, buf), &x)) {
-        return false;
-      }
+      if (list != kInt64List || !CategoricalValue(c.value_mode, buf, IntegerText(integer, buf), &x)) return false;
       row.ids[c.slot] = Tag(c.slot, x);
       return true;
     }

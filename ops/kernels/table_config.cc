@@ -85,10 +85,6 @@ Status ValidateConfig(const TableConfig& c) {
   if (c.tiered() == c.ssd_dir.empty())
     return errors::InvalidArgument("dram_budget (", c.dram_budget, ") and ssd_dir ('", c.ssd_dir,
                                    "') go together: set both for a DRAM + SSD tier, or neither");
-  if (c.tiered() && c.rows != RowFormat::kFp32)
-    return errors::InvalidArgument("rows='", RowFormatName(c.rows), "' with a DRAM + SSD tier (dram_budget ",
-                                   c.dram_budget, ") is not supported yet: use rows='fp32' with the tier, or drop "
-                                   "dram_budget");
   if ((c.evict_policy == EvictPolicy::kTtl) != (c.ttl_steps > 0))
     return errors::InvalidArgument("ttl_steps (", c.ttl_steps, ") must be > 0 exactly when evict_policy is 'ttl'");
   if (!std::isfinite(c.init.a) || !std::isfinite(c.init.b))

@@ -171,14 +171,14 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
   std::vector<uint32_t>& ids = ScratchIds(n);
   ProbeAll(sh.rows, keys, hashes, n, ids.data());
   // The keys without a DRAM row are read from disk first, all at once (LocateMany): a
-  // training lookup reads whole records (meta and stride floats: one pread either way) and
-  // stages them for the update; an inference lookup reads the value only.
+  // training lookup reads whole records (meta and the stride's words: one pread either way)
+  // and stages them for the update; an inference lookup reads the value's words only.
   thread_local std::vector<int64_t> disk_keys;
   thread_local std::vector<uint64_t> disk_hashes;
   thread_local std::vector<uint32_t> disk_slots;
   thread_local std::vector<RowMeta> disk_metas;
   thread_local std::vector<float> disk_rows;
-  const int64_t disk_floats = training ? stride : dim;
+  const int64_t disk_floats = training ? stride : layout_.value_words();
   if (tiered) {
     disk_keys.clear();
     disk_hashes.clear();
@@ -216,7 +216,7 @@ Status EmbeddingTable::Find(int s, const int64_t* keys, const uint64_t* hashes, 
       if (disk_slots[j] != DiskIndex::kNone) {
         ++disk_hits;
         const float* row = disk_rows.data() + j * disk_floats;
-        std::memcpy(dst, row, dim * sizeof(float));
+        layout_.DecodeValue(row, dst);  // a disk record holds the stored words
         if (training) {
           const size_t at = to_stage.size();
           to_stage.resize(at + staged_record_bytes);

@@ -304,7 +304,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     sh.rows = KeyedStore(layout.words());  // frees the old rows first
     sh.admission = admission_.NewShard();  // no candidates, none dropped, an empty sketch
     sh.tier.disk.Clear();
-    TF_RETURN_IF_ERROR(sh.tier.disk.Rewrite(layout.words(), src.slot_init, config_.dim));  // empty: sets the stride
+    TF_RETURN_IF_ERROR(sh.tier.disk.Rewrite(layout.words(), nullptr));  // empty: sets the stride
     sh.rows.index = std::move(row_index[s]);
     KeyedStore& candidates = sh.admission.candidates;
     candidates.index = std::move(cand_index[s]);

@@ -277,19 +277,18 @@ def test_train_cli_table_capacity_is_rows_or_bytes(capsys):
 
 
 def test_train_cli_table_rows(capsys):
-    """--table-rows reaches the tables; what is not supported with it yet is a one-line usage error."""
+    """--table-rows reaches the tables, with every topology and with the DRAM + SSD tier; without
+    --tiacc it is a one-line usage error."""
     from models import train
 
     assert train.parse_args(["--tiacc", "--table-rows", "int8"]).table.layer_options()["rows"] == "int8"
     assert train.parse_args(["--tiacc"]).table.layer_options()["rows"] == "fp32"
-    # a parameter-server cluster and publishing take compressed rows (tests/distribute/test_ps_rows.py,
-    # tests/serving/test_int8_rows.py)
+    # a parameter-server cluster, publishing and the disk tier take compressed rows
+    # (tests/distribute/test_ps_rows.py, tests/serving/test_int8_rows.py, tests/embedding/test_table_tiers.py)
     for flags in (["--ps-hosts", "127.0.0.1:1", "--worker-hosts", "127.0.0.1:2", "--chief-host", "127.0.0.1:3"],
-                  ["--publish-dir", "/tmp/x"]):
+                  ["--publish-dir", "/tmp/x"], ["--dram-budget", "64M", "--ssd-dir", "/tmp"]):
         assert train.parse_args(["--tiacc", "--table-rows", "int8", *flags]).table.rows == "int8"
     for flags, message in [
-        (["--tiacc", "--table-rows", "int8", "--dram-budget", "64M", "--ssd-dir", "/tmp"],
-         "--table-rows int8 with a DRAM + SSD tier (--dram-budget) is not supported yet: use --table-rows fp32"),
         (["--table-rows", "bf16"], "--table-rows bf16 stores ttf tables' rows: add --tiacc"),
     ]:
         with pytest.raises(SystemExit) as exited:

@@ -145,13 +145,10 @@ def parse_dram_budget(dram_budget):
                      f"got {dram_budget!r}")
 
 
-def check_rows(rows, dram_budget=0):
-    """ValueError naming rows unless it is a row format this table setting supports."""
+def check_rows(rows):
+    """ValueError naming rows unless it is a row format."""
     if rows not in ROW_FORMATS:
         raise ValueError(f"rows must be one of {ROW_FORMATS}, got {rows!r}")
-    if rows != "fp32" and dram_budget:
-        raise ValueError(f"rows={rows!r} with a DRAM + SSD tier (dram_budget) is not supported yet: use rows='fp32' "
-                         "with the tier, or drop dram_budget")
 
 
 def check_tier(dram_budget, ssd_dir):
@@ -224,8 +221,8 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
         with optimizer slots to match (docs/table_rows.md). Lookups read them as float32;
         updates run in float32 and write back with stochastic rounding seeded by (seed, key,
         step), so rows stay a pure function of the seed and the update history. Exports and
-        checkpoints hold float32 rows: a restore into another row format converts. Not with
-        dram_budget yet.
+        checkpoints hold float32 rows: a restore into another row format converts. With
+        dram_budget, the disk tier keeps the rows as stored.
       name: a readable name (made unique).
       device: where the table lives, e.g. "/job:ps/replica:0/task:0".
     """
@@ -241,7 +238,7 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
             raise ValueError(f"num_shards must be in [1, 4096], got {num_shards}")
         check_eviction(capacity, evict_policy, ttl_steps)
         dram_budget = check_tier(dram_budget, ssd_dir)
-        check_rows(rows, dram_budget)
+        check_rows(rows)
         self.rows = rows
         self.capacity_rows, self.capacity_bytes = parse_capacity(capacity)
         if self.capacity_bytes and dram_budget:

@@ -28,7 +28,7 @@ class TableConfig:
       num_shards: lock shards inside each table shard (parallelism within one process; each
         must hold one row).
       rows: how rows are stored: "fp32", "bf16" or "int8", with optimizer slots to match
-        (docs/table_rows.md); not with dram_budget yet.
+        (docs/table_rows.md); with dram_budget, the disk tier holds them as stored.
 
     Raises ValueError naming the field and the fix.
 
@@ -63,7 +63,7 @@ class TableConfig:
             raise ValueError(f"dram_budget: {err}") from None
         if bool(budget) != bool(self.ssd_dir):
             raise ValueError("dram_budget and ssd_dir go together: give both for a DRAM + SSD tier, or neither")
-        check_rows(self.rows, budget)
+        check_rows(self.rows)
         if budget and capacity_bytes:
             raise ValueError(f"capacity {self.capacity} (bytes) with dram_budget: a tiered table's RAM is already "
                              "bounded by dram_budget; give capacity in rows to bound both tiers")
@@ -91,7 +91,8 @@ class TableConfig:
         """Raises ValueError when a shard cannot hold what one update needs: a capacity in
         bytes below one row (with `num_slots` optimizer slots of `dim` floats) for each lock
         shard, or a dram_budget below one batch's `batch_rows` rows (each update's rows are in
-        DRAM while it runs)."""
+        DRAM while it runs). A row counts fp32's bytes here: at most what a bf16 or int8 row
+        takes, so a compressed table may be refused a budget it would just fit."""
         row_bytes = tier_row_bytes(dim, num_slots)
         _, capacity_bytes = parse_capacity(self.capacity)
         if capacity_bytes and capacity_bytes < self.num_shards * row_bytes:
@@ -103,4 +104,4 @@ class TableConfig:
         if budget and budget < batch_rows * row_bytes:
             raise ValueError(
                 f"dram_budget {budget} bytes holds {budget // row_bytes} rows, below one batch's {batch_rows} "
-                f"({row_bytes} bytes a row): give at least {batch_rows * row_bytes}")
+                f"({row_bytes} bytes a row, counted as fp32's): give at least {batch_rows * row_bytes}")
