@@ -147,15 +147,15 @@ class Case:
             cfg.update(capacity=0, capacity_bytes=cfg["num_shards"] * row_bytes * int(pick(rng, [1, 3, 50])))
         elif rng.random() < 0.3:  # a DRAM + SSD tier (with the capacity and policy drawn above)
             cfg.update(dram_budget=int(pick(rng, [1, 100, 4096, 1 << 20])), ssd_dir=SSD_DIR)
-        if "dram_budget" not in cfg and rng.random() < 0.4:  # compressed rows (not with the tier yet)
+        if rng.random() < 0.4:  # compressed rows (with the tier too)
             cfg.update(rows=pick(rng, ["bf16", "int8"]))
         cfg.update(attrs)
         if not valid:
             key = pick(rng, ["dim", "num_shards", "init_a", "init_b", "default_value", "max_candidates",
                              "admission_min_count", "seed", "capacity", "ttl_steps", "dram_budget", "ssd_dir",
                              "admission_sketch_bytes", "capacity_bytes", "rows"])
-            if key == "rows":  # compressed rows with the tier: refused
-                cfg.update(rows=pick(rng, ["bf16", "int8"]), dram_budget=4096, ssd_dir=SSD_DIR)
+            if key == "rows":  # not a row format
+                cfg.update(rows=pick(rng, ["int4", "fp16", "INT8", ""]))
             elif key == "ssd_dir":
                 cfg.update(dram_budget=4096, ssd_dir=pick(rng, ["/nonexistent/ttf", "/proc", ""]))
             elif key == "capacity_bytes":  # below a row a shard, with a row capacity, or with a tier
