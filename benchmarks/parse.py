@@ -16,6 +16,7 @@ tf.io.parse_example (FixedLenFeatures: no keys, no transform), interleaved (ABBA
     .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 200000
     .venv/bin/python benchmarks/parse.py --formats --repeats 5 --file-rows 300000 --data-dir /tmp/formats
     .venv/bin/python benchmarks/parse.py --tfrecord-ops --repeats 5 --file-rows 300000 --data-dir /tmp/formats
+    .venv/bin/python benchmarks/parse.py --part-files 200 --repeats 3 --file-rows 400000 --data-dir /tmp/formats
 """
 import argparse
 import os
@@ -105,6 +106,37 @@ def formats_files(args):
     return text, parquet, record
 
 
+def part_files(args):
+    """--part-files N: the --formats rows split into N TFRecord and N Parquet part files, one folder
+    each, and the time of making a Reader over each folder (what a job waits before its first
+    step: the file listing and the layout check), interleaved ABBA."""
+    _, parquet, record = formats_files(args)
+    folders = {fmt: os.path.join(os.path.dirname(parquet), f"parts-{args.part_files}", fmt)
+               for fmt in ("tfrecord", "parquet")}
+    if not os.path.isdir(folders["parquet"]):
+        for folder in folders.values():
+            os.makedirs(folder)
+        table = pq.read_table(parquet)
+        records = list(tf.data.TFRecordDataset(record).as_numpy_iterator())
+        per = -(-table.num_rows // args.part_files)
+        for i in range(args.part_files):
+            pq.write_table(table.slice(i * per, per), os.path.join(folders["parquet"], f"part-{i:05d}.parquet"))
+            with tf.io.TFRecordWriter(os.path.join(folders["tfrecord"], f"part-{i:05d}.tfrecord")) as writer:
+                for r in records[i * per:(i + 1) * per]:
+                    writer.write(r)
+    times = {fmt: [] for fmt in folders}
+    for i in range(args.repeats):
+        for fmt in (list(folders) if i % 2 == 0 else list(folders)[::-1]):
+            wall, cpu = time.perf_counter(), time.process_time()
+            ttf.data.Reader(folders[fmt], schema="criteo")
+            times[fmt].append((time.perf_counter() - wall, time.process_time() - cpu))
+    print(f"{args.part_files} part files of {-(-args.file_rows // args.part_files):,} rows, medians of {args.repeats}")
+    print("| format | Reader(folder) wall s | CPU s |\n|---|---|---|")
+    for fmt, runs in times.items():
+        print(f"| {fmt} | {statistics.median(w for w, _ in runs):.3f} | {statistics.median(c for _, c in runs):.3f} |")
+    return 0
+
+
 def tfrecord_ops(args):
     """The two ops of the TFRecord path alone on the --formats file: TtfReadRecords framing the whole
     file in blocks of 4,096 records (reads and CRC32C), and TtfParseExampleSpans on those blocks,
@@ -190,11 +222,16 @@ def main():
     parser.add_argument("--data-dir", help="--formats: write the files here once and reuse them in later runs (runs "
                         "of two builds compared as processes in turn read the same files; default: a new temporary "
                         "folder each run)")
+    parser.add_argument("--part-files", type=int, default=0,
+                        help="time making a Reader over the --formats rows split into this many TFRecord and Parquet "
+                             "part files (see part_files)")
     args = parser.parse_args()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     if args.tfrecord_ops:
         return tfrecord_ops(args)
+    if args.part_files:
+        return part_files(args)
     if args.formats:
         return formats(args)
 

@@ -218,6 +218,26 @@ def test_a_type_changing_after_the_sampled_records_is_one_line_through_the_reade
     assert skipping.bad_lines == 1
 
 
+def test_files_of_another_layout_fail_when_the_reader_is_made_or_read_naming_the_file(tmp_path):
+    """The Reader checks the first file's first 1,000 records and each further file's first 16 when
+    made (a folder of part files is not read twice); a layout change past those is the parse op's
+    one line, naming the file and record."""
+    schema = ttf.data.Schema([ttf.data.Label("click"), ttf.data.Categorical("item")], name="late")
+    first, ints, late = (str(tmp_path / f"{n}.tfrecord") for n in ("a", "b", "c"))
+    write_records(first, [example(click=[i % 2], item=[b"abc"]) for i in range(100)])
+    write_records(ints, [example(click=[1], item=[7])] + [example(click=[1], item=[b"x"])] * 10)
+    with pytest.raises(ValueError) as err:
+        ttf.data.Reader([first, ints], schema)
+    assert str(err.value) == (f"{ints}: feature 'item' is a int64_list here and another list in {first}; give files "
+                              "of one layout")
+    write_records(late, [example(click=[0], item=[2.5] if i == 20 else [b"y"]) for i in range(40)])
+    reader = ttf.data.Reader([first, late], schema)
+    with pytest.raises(tf.errors.InvalidArgumentError) as err:
+        list(reader.dataset(512, shuffle=False))
+    assert err.value.message.startswith(f"{late}, record 20: bad late record: feature 'item' is a float_list"), \
+        err.value.message
+
+
 # ---- TtfReadRecords: the TFRecord framing read in the op, then TtfParseExampleSpans on the block
 
 def write_records(path, records, compression=""):
