@@ -217,7 +217,8 @@ def _restore_table(name, logical, prefix):
                 lambda: tf.print(f"ttf: restoring {layer.name} from", num_sources, f"shards into {shards}",
                                  output_stream=sys.stderr),
                 tf.no_op)
-        _note_conversion(layer, ops().ttf_bundle_string(prefix, f"{name}/ttf/src-0/row_layout"))
+        if not delta:  # its deltas hold the same layout: one line
+            _note_conversion(layer, ops().ttf_bundle_string(prefix, f"{name}/ttf/src-0/row_layout"))
     dim = layer.dim
     slot_row = tf.repeat(slot_init, dim)  # what a row without slots gets, as the optimizer would give
     for table, num_partitions, partition in targets:
@@ -275,8 +276,9 @@ def _note_conversion(layer, row_layout):
     rows = layer.tables[0].rows
     stored = tf.strings.regex_replace(row_layout, "^rows=([a-z0-9]+) .*$", "\\1")
     tf.cond(tf.logical_and(tf.not_equal(row_layout, ""), tf.not_equal(stored, rows)),
-            lambda: tf.print(f"ttf: restoring {layer.name}: converting the checkpoint's", stored, f"rows to {rows} rows",
-                             "(its row layout:", row_layout, ")", output_stream=sys.stderr),
+            lambda: tf.print(tf.strings.join([f"ttf: restoring {layer.name}: converting the checkpoint's ", stored,
+                                              f" rows to {rows} rows (its row layout: ", row_layout, ")"]),
+                             output_stream=sys.stderr),
             tf.no_op)
 
 
