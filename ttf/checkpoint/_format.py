@@ -102,7 +102,7 @@ def _write_source(prefix, base, table, since_step):
     """Writes one source (a table shard) under `base` (`<obj>/ttf/src-<i>`) in bundles
     `prefix`-p<k> (TtfTableSave: one piece of at most PIECE_BYTES in RAM at a time, a tiered
     table's disk rows streamed from its files) and `prefix`-header; returns (their prefixes
-    [num_parts + 1], its layout: optimizer, slot_init, step and stride, the row width with
+    [num_parts + 1], its layout: optimizer, slot_init, step and stride, the words of a row with
     slots). since_step: None (full) or the delta's start. A compressed table's header holds
     its row layout tag."""
     delta = since_step is not None
