@@ -7,7 +7,9 @@
   Adagrad are their row-wise forms (ops/kernels/row_layout.h), and the reference is too.
 - Rows are a pure function of (seed, key, update history): two runs give the same bytes.
 - Save and restore: an export restores to the same rows (bf16 bit for bit, int8 to the same
-  codes), and restoring into another row format converts.
+  codes); a checkpoint's stored words with their layout tag restore to the bit (the table
+  checksum), and into another row format convert as the export does; a tag that cannot be
+  read or does not fit is refused in one line.
 - What is not supported yet is refused in one line.
 """
 import itertools
