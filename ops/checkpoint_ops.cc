@@ -39,6 +39,7 @@ REGISTER_OP("TtfTableSave")
     .Output("step: int64")
     .Output("stride: int32")
     .Output("deleted_keys: int64")
+    .Output("row_layout: string")
     .Attr("delta: bool = false")
     .Attr("piece_bytes: int = 67108864")
     .Attr("record: int = 0")
@@ -53,6 +54,7 @@ REGISTER_OP("TtfTableSave")
       c->set_output(3, c->Scalar());
       c->set_output(4, c->Scalar());
       c->set_output(5, c->Vector(n));
+      c->set_output(6, c->Scalar());
       return OkStatus();
     })
     .Doc(R"doc(
@@ -68,8 +70,26 @@ TtfTableExport) are taken, and kept until a TtfTableCommitSave (so a save that f
 none). Returns the pieces' prefixes
 (at least one), the layout (optimizer, slot_init, step = the table step before the first
 shard was copied, stride = the row width with slots) and, with delta, the keys deleted since
-the last committed save. With delta, only rows and candidates last seen after since_step
-(>= -1) are written; without it since_step is ignored.
+the last committed save, and row_layout: '' for fp32 rows, whose values are the full layout
+(dim * (1 + slots) floats), else the layout tag of compressed rows, whose values are their
+stored words as they are (stride words, float32 bits; restored by TtfTableImportStored).
+With delta, only rows and candidates last seen after since_step (>= -1) are written; without
+it since_step is ignored.
+)doc");
+
+REGISTER_OP("TtfBundleString")
+    .Input("prefix: string")
+    .Input("tensor_name: string")
+    .Output("value: string")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle unused;
+      for (int i = 0; i < 2; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+      c->set_output(0, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The scalar string tensor `tensor_name` of the tensor bundle `prefix`, or '' when the bundle holds no
+such tensor (a checkpoint's optional entries, such as a table source's row layout tag).
 )doc");
 
 REGISTER_OP("TtfTableCommitSave")

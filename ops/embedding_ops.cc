@@ -358,6 +358,20 @@ REGISTER_OP("TtfTableRemove")
     })
     .Doc("Removes these keys' rows and admission candidates (absent keys are ignored); returns rows removed.");
 
+// TtfTableImport's and TtfTableImportStored's shapes.
+static Status ImportShape(InferenceContext* c) {
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 2, &unused));
+  TF_RETURN_IF_ERROR(ScalarInput(c, 6));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(7), 1, &unused));
+  TF_RETURN_IF_ERROR(ScalarInput(c, 8));
+  return OkStatus();
+}
+
 REGISTER_OP("TtfTableImport")
     .Input("table: resource")
     .Input("keys: int64")
@@ -368,18 +382,7 @@ REGISTER_OP("TtfTableImport")
     .Input("optimizer: string")
     .Input("slot_init: float")
     .Input("step: int64")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 2, &unused));
-      TF_RETURN_IF_ERROR(ScalarInput(c, 6));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(7), 1, &unused));
-      TF_RETURN_IF_ERROR(ScalarInput(c, 8));
-      return OkStatus();
-    })
+    .SetShapeFn(ImportShape)
     .Attr("num_partitions: int >= 1 = 1")
     .Attr("partition: int >= 0 = 0")
     .Attr("merge: bool = false")
@@ -391,6 +394,33 @@ partition are taken (the low 32 bits of the key's SplitMix64 hash mod num_partit
 ttf.embedding.shard_of computes it), read in place from the inputs. The input is validated whole
 before the table changes: shapes, counts and last-seen steps >= 0, step >= 0, optimizer
 one of '', sgd, adagrad, adam, ftrl with its slot count (0, 0, 1, 2, 2), distinct keys.
+)doc");
+
+REGISTER_OP("TtfTableImportStored")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Input("meta: int64")
+    .Input("candidate_keys: int64")
+    .Input("candidate_meta: int64")
+    .Input("optimizer: string")
+    .Input("slot_init: float")
+    .Input("step: int64")
+    .Input("row_layout: string")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ImportShape(c));
+      return ScalarInput(c, 9);
+    })
+    .Attr("num_partitions: int >= 1 = 1")
+    .Attr("partition: int >= 0 = 0")
+    .Attr("merge: bool = false")
+    .Doc(R"doc(
+TtfTableImport of a checkpoint's rows (ttf/checkpoint/_format.py): row_layout '' is the full
+layout, as TtfTableImport's values; a layout tag (RowLayout::Tag, as TtfTableSave returns it)
+means each row of values is that layout's stored words (float32 bits, not numbers), with the
+optimizer's slots or none (then they start at slot_init). Rows of the table's own layout are
+copied as they are (the same bits); others are decoded and converted. A tag that cannot be
+read, of another dim or of other slots is an InvalidArgument naming the cause and the fix.
 )doc");
 
 REGISTER_OP("TtfTableDestroy")

@@ -149,6 +149,8 @@ class TableSaveOp : public TableOpKernel {
     out->scalar<int32_t>()() = static_cast<int32_t>(layout.stride);
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({static_cast<int64_t>(deleted.size())}), &out));
     std::copy(deleted.begin(), deleted.end(), out->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({}), &out));
+    out->scalar<tstring>()() = layout.row_layout;
   }
 
  private:
@@ -171,6 +173,27 @@ class TableCommitSaveOp : public TableOpKernel {
   int record_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableCommitSave").Device(DEVICE_CPU), TableCommitSaveOp);
+
+class BundleStringOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    for (int i = 0; i < 2; ++i)
+      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  errors::InvalidArgument(i == 0 ? "prefix" : "tensor_name", " must be a scalar, got shape ",
+                                          ctx->input(i).shape().DebugString()));
+    BundleReader reader(ctx->env(), ctx->input(0).scalar<tstring>()());
+    OP_REQUIRES_OK(ctx, reader.status());
+    const std::string name = ctx->input(1).scalar<tstring>()();
+    Tensor value(DT_STRING, TensorShape({}));
+    if (reader.Contains(name)) OP_REQUIRES_OK(ctx, reader.Lookup(name, &value));
+    OP_REQUIRES(ctx, value.dtype() == DT_STRING && value.dims() == 0,
+                errors::InvalidArgument(name, " in the checkpoint ", ctx->input(0).scalar<tstring>()(),
+                                        " is not a scalar string: the checkpoint is damaged"));
+    ctx->set_output(0, value);
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("TtfBundleString").Device(DEVICE_CPU), BundleStringOp);
 
 }  // namespace
 }  // namespace ttf

@@ -539,11 +539,23 @@ class TableImportOp : public TableOpKernel {
     src.slot_init.assign(slot_init.flat<float>().data(), slot_init.flat<float>().data() + expected_slots);
     for (float v : src.slot_init)
       OP_REQUIRES(ctx, std::isfinite(v), errors::InvalidArgument("slot_init must be finite, got ", v));
+    if (ctx->num_inputs() > 9) {  // TtfTableImportStored
+      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(9).shape()),
+                  errors::InvalidArgument("row_layout must be a scalar, got shape ",
+                                          ctx->input(9).shape().DebugString()));
+      src.row_layout = std::string(ctx->input(9).scalar<tstring>()());
+    }
+    RowLayout from;
+    OP_REQUIRES_OK(ctx, SourceRowLayout(src, table->dim(), &from));
     const int64_t n = keys.NumElements();
-    const int64_t stride = table->dim() * (1 + expected_slots);
+    const int64_t stride = from.words();
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n && values.dim_size(1) == stride,
-                errors::InvalidArgument("values must have shape [", n, ", ", stride, "] (dim ", table->dim(),
-                                        " times 1 + ", expected_slots, " slots), got ", values.shape().DebugString()));
+                src.row_layout.empty()
+                    ? errors::InvalidArgument("values must have shape [", n, ", ", stride, "] (dim ", table->dim(),
+                                              " times 1 + ", expected_slots, " slots), got ",
+                                              values.shape().DebugString())
+                    : errors::InvalidArgument("values must have shape [", n, ", ", stride, "] (the words of a row '",
+                                              src.row_layout, "'), got ", values.shape().DebugString()));
     OP_REQUIRES_OK(ctx, CheckMeta(ctx->input(3), "meta", n));
     const int64_t m = candidate_keys.NumElements();
     OP_REQUIRES_OK(ctx, CheckMeta(ctx->input(5), "candidate_meta", m));
@@ -567,6 +579,7 @@ class TableImportOp : public TableOpKernel {
   bool merge_;
 };
 REGISTER_KERNEL_BUILDER(Name("TtfTableImport").Device(DEVICE_CPU), TableImportOp);
+REGISTER_KERNEL_BUILDER(Name("TtfTableImportStored").Device(DEVICE_CPU), TableImportOp);
 
 class TableDestroyOp : public OpKernel {
  public:

@@ -1,11 +1,21 @@
 #include "row_layout.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 
 namespace tensorflow {
 namespace ttf {
 namespace {
 int64_t RoundUp4(int64_t bytes) { return (bytes + 3) / 4 * 4; }
+
+const char* SlotFormatName(SlotFormat slot) {
+  switch (slot) {
+    case SlotFormat::kBf16: return "bf16";
+    case SlotFormat::kFp32Row: return "fp32row";
+    default: return "fp32";
+  }
+}
 
 int64_t SlotBytes(SlotFormat slot, int64_t dim) {
   switch (slot) {
@@ -40,7 +50,7 @@ std::vector<SlotFormat> SlotFormats(RowFormat format, const std::string& optimiz
 }
 
 RowLayout::RowLayout(RowFormat format, int64_t dim, const std::string& optimizer, int64_t num_slots)
-    : format_(format), dim_(dim), slots_(SlotFormats(format, optimizer, num_slots)) {
+    : format_(format), dim_(dim), optimizer_(optimizer), slots_(SlotFormats(format, optimizer, num_slots)) {
   part_offset_.assign(1, 0);
   part_offset_.push_back(RoundUp4(RowValueBytes(format, dim)));
   work_floats_ = dim;
@@ -147,6 +157,42 @@ void RowLayout::InitSlots(const std::vector<float>& slot_init, float* stored) co
       std::fill_n(reinterpret_cast<float*>(part), SlotWorkFloats(k), init);
     }
   }
+}
+
+std::string RowLayout::Tag() const {
+  std::ostringstream tag;
+  tag << "rows=" << RowFormatName(format_) << " dim=" << dim_ << " optimizer=" << optimizer_ << " slots=";
+  for (int k = 0; k < num_slots(); ++k) tag << (k > 0 ? "," : "") << SlotFormatName(slots_[k]);
+  tag << " words=" << words_;
+  return tag.str();
+}
+
+bool LayoutOfTag(const std::string& tag, RowLayout* layout, std::string* why) {
+  // Five fields key=value: the format, dim and optimizer give the layout; the slot formats and
+  // words it gives must be the tag's (rows another ttf stores otherwise do not fit).
+  static const char* kKeys[] = {"rows", "dim", "optimizer", "slots", "words"};
+  std::istringstream in(tag);
+  std::string field, value[5];
+  int n = 0;
+  for (; in >> field; ++n) {
+    const std::string key = field.substr(0, field.find('='));
+    if (n >= 5 || key != kKeys[n] || key.size() == field.size()) break;
+    value[n] = field.substr(key.size() + 1);
+  }
+  RowFormat format;
+  char* end = nullptr;
+  const int64_t dim = n == 5 ? std::strtoll(value[1].c_str(), &end, 10) : 0;
+  if (n != 5 || !in.eof() || !ParseRowFormat(value[0], &format) || dim < 1 || *end != '\0') {
+    *why = "cannot be read (expected 'rows=<fp32|bf16|int8> dim=<n> optimizer=<name> slots=<formats> words=<n>')";
+    return false;
+  }
+  const int64_t num_slots = value[3].empty() ? 0 : std::count(value[3].begin(), value[3].end(), ',') + 1;
+  *layout = RowLayout(format, dim, value[2], num_slots);
+  if (layout->Tag() != tag) {
+    *why = "does not fit this ttf's rows, which store that format, dim and optimizer as '" + layout->Tag() + "'";
+    return false;
+  }
+  return true;
 }
 
 const float* FullRow(const RowLayout& layout, const float* stored, std::vector<float>* scratch) {

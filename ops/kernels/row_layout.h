@@ -47,6 +47,7 @@ class RowLayout {
   RowFormat format() const { return format_; }
   bool fp32() const { return format_ == RowFormat::kFp32; }
   int64_t dim() const { return dim_; }
+  const std::string& optimizer() const { return optimizer_; }
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
   int64_t words() const { return words_; }  // 4-byte words of a stored row
   int64_t work_floats() const { return work_floats_; }
@@ -78,6 +79,9 @@ class RowLayout {
   // Writes the slots' initial values (slot_init[k] in every element of slot k, rounded to
   // nearest) into a stored row whose value is set.
   void InitSlots(const std::vector<float>& slot_init, float* stored) const;
+  // The layout tag a checkpoint of these rows carries (docs/checkpoints.md), e.g.
+  // "rows=int8 dim=8 optimizer=adagrad slots=fp32row words=4": what decodes them without the table.
+  std::string Tag() const;
   // The codecs it runs (row_kernels.h: the CPU's best unless a test picks the scalar ones).
   const RowKernels& kernels() const { return *kernels_; }
   void UseKernels(const RowKernels& kernels) { kernels_ = &kernels; }
@@ -87,6 +91,7 @@ class RowLayout {
 
   RowFormat format_ = RowFormat::kFp32;
   int64_t dim_ = 0;
+  std::string optimizer_;
   std::vector<SlotFormat> slots_;
   std::vector<int64_t> part_offset_{0, 0};  // byte offset of the value, each slot, then the end
   int64_t words_ = 0, work_floats_ = 0;
@@ -99,6 +104,10 @@ std::vector<SlotFormat> SlotFormats(RowFormat format, const std::string& optimiz
 // "fp32", "bf16" or "int8" -> the format; InvalidArgument-free: false for another name.
 bool ParseRowFormat(const std::string& name, RowFormat* format);
 const char* RowFormatName(RowFormat format);
+
+// The layout a tag (RowLayout::Tag) names; false with the cause in *why when the tag cannot be
+// read or names other bytes than this ttf's layout of its format, dim and optimizer.
+bool LayoutOfTag(const std::string& tag, RowLayout* layout, std::string* why);
 
 // The full layout of a stored row: `stored` itself for fp32 rows, else decoded into `scratch`.
 const float* FullRow(const RowLayout& layout, const float* stored, std::vector<float>* scratch);

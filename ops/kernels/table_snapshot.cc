@@ -91,11 +91,14 @@ Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, s
   RowLayout rows;  // the slot layout stays this one throughout (relayout_mu_)
   {
     std::shared_lock<std::shared_mutex> lock(shards_[0]->mu);  // optimizer_ and slot_init_ are read under a shard lock
-    layout.stride = config_.dim * (1 + static_cast<int64_t>(slot_init_.size()));
     layout.optimizer = optimizer_;
     layout.slot_init = slot_init_;
     rows = layout_;
   }
+  // A row as the store holds it: fp32 rows are the full layout; compressed rows keep their
+  // words, named by the layout tag, so a restore into the same layout is the same bits.
+  layout.stride = rows.words();
+  if (!rows.fp32()) layout.row_layout = rows.Tag();
   // Before the first shard: an update landing after some shard's copy (its step above every
   // completed one) stamps its rows later than this, so the next delta holds them.
   layout.step = step();
@@ -112,7 +115,6 @@ Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, s
     return OkStatus();
   };
   deleted->clear();
-  std::vector<float> scratch;  // a compressed row in the full layout
   for (auto& shard : shards_) {
     TableShard& sh = *shard;
     if (piece.rows > 0 || piece.candidates > 0) {
@@ -141,7 +143,7 @@ Status EmbeddingTable::Save(int64_t since_step, const SaveAllocator& allocate, s
         [&](int64_t key, const RowMeta& m, const float* row) {
           if (!status.ok()) return;
           if (piece.rows == piece.max_rows && !(status = write()).ok()) return;
-          piece.PutRow(piece.rows++, stride, key, m, FullRow(rows, row, &scratch));
+          piece.PutRow(piece.rows++, stride, key, m, row);
         },
         [&](int64_t key, const RowMeta& m) {
           if (!status.ok()) return;
@@ -200,32 +202,76 @@ Status IndexShard(const int64_t* keys, const ShardOrder& so, int s, const char* 
   return OkStatus();
 }
 
-// An imported row (the full layout) into a stored row: compressed rows round to nearest, so
-// an export of a table of the same format imports back to the same codes.
-void PutImported(const RowLayout& layout, const float* full, float* stored) {
-  if (layout.fp32()) {
-    std::memcpy(stored, full, layout.full_floats() * sizeof(float));
+// An imported row (in `from`'s words) into a stored row of `to`. The same layout's words are
+// copied: the same bits (a row of the same format without slots: its value's, the slots
+// initialised). Another is decoded to the full layout (the slots `from` lacks start
+// at slot_init) and converted, compressed rows rounding to nearest, so an export of a table of
+// the same format imports back to the same codes.
+void PutImported(const RowLayout& from, const RowLayout& to, bool same, const std::vector<float>& slot_init,
+                 const float* row, float* stored) {
+  if (same) {
+    std::memcpy(stored, row, to.words() * sizeof(float));
     return;
   }
-  thread_local std::vector<float> work;
-  work.resize(layout.work_floats());
-  layout.FromFull(full, work.data());
-  layout.Encode(work.data(), nullptr, stored);
+  if (from.format() == to.format() && from.num_slots() == 0) {  // a shard saved before any update
+    std::memcpy(stored, row, to.value_words() * sizeof(float));
+    to.InitSlots(slot_init, stored);
+    return;
+  }
+  thread_local std::vector<float> scratch, padded, work;
+  const float* full = FullRow(from, row, &scratch);
+  if (from.num_slots() < to.num_slots()) {
+    padded.assign(full, full + from.full_floats());
+    for (int64_t k = from.num_slots(); k < to.num_slots(); ++k) padded.insert(padded.end(), to.dim(), slot_init[k]);
+    full = padded.data();
+  }
+  if (to.fp32()) {
+    std::memcpy(stored, full, to.full_floats() * sizeof(float));
+    return;
+  }
+  work.resize(to.work_floats());
+  to.FromFull(full, work.data());
+  to.Encode(work.data(), nullptr, stored);
 }
 
 }  // namespace
 
+Status SourceRowLayout(const ImportSource& src, int64_t dim, RowLayout* layout) {
+  const int64_t slots = static_cast<int64_t>(src.slot_init.size());
+  if (src.row_layout.empty()) {
+    *layout = RowLayout(RowFormat::kFp32, dim, src.optimizer, slots);
+    return OkStatus();
+  }
+  std::string why;
+  if (!LayoutOfTag(src.row_layout, layout, &why))
+    return errors::InvalidArgument("the checkpoint's row layout tag '", src.row_layout, "' ", why,
+                                   ": it was written by another ttf version; restore it with that version");
+  if (layout->dim() != dim)
+    return errors::InvalidArgument("the checkpoint holds rows of dim ", layout->dim(), " (row layout '",
+                                   src.row_layout, "'), this table has dim ", dim,
+                                   ": restore it into a table of dim ", layout->dim());
+  if (layout->num_slots() > 0 && (layout->optimizer() != src.optimizer || layout->num_slots() != slots))
+    return errors::InvalidArgument("the checkpoint's rows hold the slots of '", layout->optimizer(),
+                                   "' (row layout '", src.row_layout, "'), its table those of '", src.optimizer,
+                                   "': the checkpoint is damaged; restore an earlier one");
+  return OkStatus();
+}
+
 Status EmbeddingTable::Import(const ImportSource& src) {
   const int64_t slots = static_cast<int64_t>(src.slot_init.size());
-  const int64_t stride = config_.dim * (1 + slots);
   const RowLayout layout(config_.rows, config_.dim, src.optimizer, slots);
+  RowLayout from;  // how src.values hold a row
+  TF_RETURN_IF_ERROR(SourceRowLayout(src, config_.dim, &from));
+  const int64_t stride = from.words();
+  const bool same = from.Tag() == layout.Tag();
   // Validate everything before the table changes: an import either happens whole or not at all.
   TF_RETURN_IF_ERROR(CheckCapacityBytesHoldARow(config_, layout.words(), slots));
   // A NaN/Inf value or slot would poison every step that reads its row: refuse it.
   int64_t non_finite = 0, first_bad = -1;
+  std::vector<float> scratch;
   for (int64_t i = 0; i < src.num_rows; ++i) {
-    const float* row = src.values + i * stride;
-    if (!std::all_of(row, row + stride, [](float x) { return std::isfinite(x); })) {
+    const float* row = FullRow(from, src.values + i * stride, &scratch);
+    if (!std::all_of(row, row + from.full_floats(), [](float x) { return std::isfinite(x); })) {
       if (first_bad < 0) first_bad = i;
       ++non_finite;
     }
@@ -279,7 +325,7 @@ Status EmbeddingTable::Import(const ImportSource& src) {
           TF_RETURN_IF_ERROR(sh.tier.disk.Remove(key, h, &was_on_disk));
           id = sh.rows.Add(key, h);
         }
-        PutImported(layout, src.values + i * stride, sh.rows.store.row(id));
+        PutImported(from, layout, same, src.slot_init, src.values + i * stride, sh.rows.store.row(id));
         sh.rows.store.meta(id) = RowMeta{src.meta[2 * i], src.meta[2 * i + 1]};
       }
       for (int64_t j = cands.offsets[s]; j < cands.offsets[s + 1]; ++j) {
@@ -316,7 +362,8 @@ Status EmbeddingTable::Import(const ImportSource& src) {
     candidates.store.TakeFirst(m);
     for (int64_t j = 0; j < n; ++j) {  // id j is the shard's j-th imported key (IndexShard)
       const int64_t i = rows.order[rows.offsets[s] + j];
-      PutImported(layout, src.values + i * stride, sh.rows.store.row(static_cast<uint32_t>(j)));
+      PutImported(from, layout, same, src.slot_init, src.values + i * stride,
+                  sh.rows.store.row(static_cast<uint32_t>(j)));
       sh.rows.store.meta(static_cast<uint32_t>(j)) = RowMeta{src.meta[2 * i], src.meta[2 * i + 1]};
     }
     for (int64_t j = 0; j < m; ++j) {

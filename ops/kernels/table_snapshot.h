@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "row_layout.h"
 #include "table_shard.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/lib/core/status.h"
@@ -47,6 +48,9 @@ struct ExportLayout {
   std::string optimizer;
   std::vector<float> slot_init;
   int64_t step = 0;
+  // Save: "" when a row is `stride` floats of the full layout (fp32 rows), else the layout tag
+  // (RowLayout::Tag) of the stored words a row is.
+  std::string row_layout;
 };
 using ExportAllocator = std::function<Status(const ExportLayout&, ExportBuffers*)>;
 // The buffers a streamed save (Save) fills from the front: room for max_rows rows and
@@ -65,7 +69,7 @@ using SaveAllocator = std::function<Status(const ExportLayout&, SavePiece*)>;
 struct ImportSource {
   const int64_t* keys = nullptr;
   int64_t num_rows = 0;
-  const float* values = nullptr;  // num_rows x dim * (1 + slot_init.size())
+  const float* values = nullptr;  // num_rows x the words of SourceRowLayout
   const int64_t* meta = nullptr;  // num_rows x 2
   const int64_t* candidate_keys = nullptr;
   int64_t num_candidates = 0;
@@ -73,11 +77,18 @@ struct ImportSource {
   std::string optimizer;
   std::vector<float> slot_init;
   int64_t step = 0;
+  // How `values` hold a row: "" the full layout (dim * (1 + slot_init.size()) floats), else a
+  // checkpoint's layout tag (RowLayout::Tag): its stored words, with optimizer's slots or none.
+  std::string row_layout;
   // Only keys with PartitionOf(key, num_partitions) == partition are imported.
   int64_t num_partitions = 1, partition = 0;
   // false: replace the whole content; true: upsert these rows, keep the others.
   bool merge = false;
 };
+
+// The layout of src.values' rows for a table of `dim` (see ImportSource::row_layout), or an
+// InvalidArgument naming why the tag cannot be read or does not fit, and the fix.
+Status SourceRowLayout(const ImportSource& src, int64_t dim, RowLayout* layout);
 
 // Calls row(key, meta, floats) for each of a shard's rows last seen after since_step (DRAM,
 // then its disk tier's, read sequentially), then candidate(key, meta) for each such

@@ -83,7 +83,8 @@ def misplaced_restore_ops(logical):
         tf.TensorSpec([], tf.string)).graph
     bad, devices = [], {task_of(t._resource_device) for t in logical.layer.tables}  # pylint: disable=protected-access
     for op, device in ops_of(graph):
-        if op.type in ("TtfTableImport", "TtfTableRemove", "While") and task_of(device) not in devices:
+        on_shard = ("TtfTableImport", "TtfTableImportStored", "TtfTableRemove", "While")
+        if op.type in on_shard and task_of(device) not in devices:
             bad.append(f"{op.type} {op.name} on {device!r}")
         if op.type == "RestoreV2" and task_of(device) not in devices and "part-" in str(op.inputs[1]):
             bad.append(f"RestoreV2 {op.name} reads pieces on {device!r}")

@@ -1,5 +1,6 @@
 """ttf.checkpoint.CheckpointManager: full + delta checkpoints restore bit-identically (rows,
-slots, counts, candidates, evictions, dense weights, optimizer state, step), in any sharding."""
+slots, counts, candidates, evictions, dense weights, optimizer state, step), in any sharding,
+for fp32 and compressed rows (int8: its stored words, docs/checkpoints.md)."""
 import os
 
 import numpy as np
@@ -8,11 +9,13 @@ import tensorflow as tf
 
 import ttf
 from table_order import by_key
+from ttf.checkpoint import _format
 
 
-def build(num_shards):
+def build(num_shards, rows="fp32"):
     ids = tf.keras.Input([4], dtype=tf.int64, name="ids")
-    emb = ttf.DynamicEmbedding(4, seed=3, admission_min_count=2, shard_devices=["/cpu:0"] * num_shards, name="emb")
+    emb = ttf.DynamicEmbedding(4, seed=3, admission_min_count=2, shard_devices=["/cpu:0"] * num_shards, name="emb",
+                               rows=rows)
     x = tf.keras.layers.Flatten()(emb(ids))
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(1))(x)
     model = tf.keras.Model(ids, out)
@@ -38,10 +41,13 @@ def assert_identical(a, b):
     assert len(opt_a.variables) == len(opt_b.variables) > 1
     for va, vb in zip(opt_a.variables, opt_b.variables):
         np.testing.assert_array_equal(va.numpy(), vb.numpy(), err_msg=va.name)
+    assert ttf.embedding.table_summary(emb_a)[:2] == ttf.embedding.table_summary(emb_b)[:2]  # the stored bits
 
 
-def test_full_plus_deltas_restore_bit_identically_into_any_sharding(tmp_path):
-    live = build(2)
+@pytest.mark.parametrize("rows", ["fp32", "int8"])
+def test_full_plus_deltas_restore_bit_identically_into_any_sharding(tmp_path, rows, capfd, monkeypatch):
+    monkeypatch.setattr(_format, "PIECE_BYTES", 1024)  # streamed: several pieces a shard
+    live = build(2, rows)
     model, emb, optimizer = live
     manager = ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(model=model, optimizer=optimizer), str(tmp_path),
                                                full_every=3)
@@ -56,8 +62,14 @@ def test_full_plus_deltas_restore_bit_identically_into_any_sharding(tmp_path):
     assert kinds == ["ckpt", "delta", "delta", "ckpt", "delta"]
     assert int(emb.tables[0].stats()[0]) + int(emb.tables[1].stats()[0]) > 0  # candidates are part of it
 
+    at_save = by_key(emb.export_table())
+    reader = tf.train.load_checkpoint(manager.latest)
+    tags = [n for n in reader.get_variable_to_shape_map() if n.endswith("/row_layout")]
+    assert len(tags) == (0 if rows == "fp32" else 2), tags  # fp32: the checkpoint of before, no tag
+    if rows == "int8":
+        assert reader.get_tensor(tags[0]) == b"rows=int8 dim=4 optimizer=adam slots=bf16,fp32row words=7"
     for shards in (2, 3, 1):
-        restored = build(shards)
+        restored = build(shards, rows)
         manager_b = ttf.checkpoint.CheckpointManager(
             tf.train.Checkpoint(model=restored[0], optimizer=restored[2]), str(tmp_path), full_every=3)
         assert manager_b.restore_latest() == int(optimizer.iterations)
@@ -69,6 +81,15 @@ def test_full_plus_deltas_restore_bit_identically_into_any_sharding(tmp_path):
         step(model, optimizer, batch)
         step(restored[0], restored[2], batch)
     assert_identical(live, restored)
+    if rows == "int8":  # into bf16 rows: decoded, converted, in one line
+        capfd.readouterr()
+        other = build(3, "bf16")
+        ttf.checkpoint.CheckpointManager(tf.train.Checkpoint(model=other[0], optimizer=other[2]), str(tmp_path),
+                                         full_every=3).restore_latest()
+        assert "converting the checkpoint's int8 rows to bf16 rows" in capfd.readouterr().err
+        want, got = at_save, by_key(other[1].export_table())
+        np.testing.assert_array_equal(got["keys"], want["keys"])
+        np.testing.assert_allclose(got["values"], want["values"], rtol=2 ** -8, atol=1e-30)
 
 
 def test_a_delta_is_smaller_than_a_full_checkpoint_and_never_taken_for_one(tmp_path):

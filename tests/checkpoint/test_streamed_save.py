@@ -59,7 +59,7 @@ def test_pieces_hold_exactly_the_export(tmp_path, since_step):
     table = trained_tiered_table(tmp_path)
     piece_bytes = 2048  # 2048 // (24 + 4 * 12) = 28 rows a piece: many pieces
     delta = since_step is not None
-    prefixes, optimizer, slot_init, step, stride, deleted = ops().ttf_table_save(
+    prefixes, optimizer, slot_init, step, stride, deleted, row_layout = ops().ttf_table_save(
         table.resource_handle, str(tmp_path / "save"), "t/ttf/src-0", -1 if not delta else since_step,
         delta=delta, piece_bytes=piece_bytes)
     want = table.export(since_step=since_step)
@@ -72,7 +72,7 @@ def test_pieces_hold_exactly_the_export(tmp_path, since_step):
         np.testing.assert_array_equal(value, expected[name], err_msg=name)
     assert optimizer.numpy() == want["optimizer"].numpy() and int(step) == int(want["step"])
     np.testing.assert_array_equal(slot_init.numpy(), want["slot_init"].numpy())
-    assert int(stride) == DIM * 3
+    assert int(stride) == DIM * 3 and row_layout.numpy() == b""  # fp32 rows: the full layout, no tag
     if delta:
         np.testing.assert_array_equal(deleted.numpy(), want["deleted_keys"].numpy())
 

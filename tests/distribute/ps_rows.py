@@ -1,7 +1,7 @@
 """Run by test_ps_rows.py in a process of its own (it connects to a cluster): compressed table
 rows (rows="int8" / "bf16") on real parameter servers. Three in-process PS and a chief; a table
 sharded over 2 PS trains as the same table sharded on the chief does (the same kernels: the
-same bytes); its checkpoint (full + delta) restores into 3 PS and into the chief; its int8
+same bytes); its checkpoint (full + delta) restores into 3 PS and into the chief, to the bit; its int8
 serving shards, built on each PS, hold the training codes. Saves the tables' rows in
 OUT_DIR; the test compares them.
 
@@ -34,13 +34,14 @@ def train(layer, optimizer, batches):
 
 
 def save_rows(layer, path):
-    """The logical table's rows (the full export) and each shard's stored values, by key."""
+    """The logical table's rows (the full export), each shard's stored values, by key, and its checksum."""
     full = layer.export_table()
     stored = [t.export(stored_values=True) for t in layer.tables]
     np.savez(path, keys=full["keys"].numpy(), values=full["values"].numpy(), meta=full["meta"].numpy(),
              stored_keys=np.concatenate([s["keys"].numpy() for s in stored]),
              stored=np.concatenate([s["values"].numpy() for s in stored]),
-             devices=np.array([t._resource_device for t in layer.tables]))  # pylint: disable=protected-access
+             devices=np.array([t._resource_device for t in layer.tables]),  # pylint: disable=protected-access
+             checksum=ttf.embedding.table_summary(layer)[1])
 
 
 def serving_rows(layer, path):

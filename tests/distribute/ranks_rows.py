@@ -57,11 +57,12 @@ def train(model, optimizer, first_id, steps):
 
 
 def save_rows(layer, name):
-    """This rank's rows: the full export (values with slots) and the stored values (codes)."""
+    """This rank's rows: the full export (values with slots), the stored values (codes) and the checksum."""
     table = layer.tables[0]
     full, stored = table.export(), table.export(stored_values=True)
     np.savez(os.path.join(directory, f"{name}-{rank}.npz"), keys=full["keys"].numpy(), values=full["values"].numpy(),
-             meta=full["meta"].numpy(), stored_keys=stored["keys"].numpy(), stored=stored["values"].numpy())
+             meta=full["meta"].numpy(), stored_keys=stored["keys"].numpy(), stored=stored["values"].numpy(),
+             checksum=ttf.embedding.table_summary(layer)[1])
 
 
 model, layer, optimizer, manager = make_model()

@@ -135,8 +135,8 @@ def test_a_save_failing_on_one_rank_raises_on_every_rank_and_keeps_the_last_chec
 
 def test_int8_rows_on_two_ranks_checkpoint_restore_and_serve_their_codes(tmp_path):
     """Compressed rows on Horovod: tests/distribute/ranks_rows.py (the script test_ranks_rows.py runs on
-    TensorFlow's collectives) on 2 ranks, int8 rows, checked as there (the same codes after a restore
-    into the ranks and into one process, the int8 serving export holding them byte for byte)."""
+    TensorFlow's collectives) on 2 ranks, int8 rows, checked as there (the same bits and checksum after a
+    restore into the ranks and into one process, the int8 serving export holding them byte for byte)."""
     pytest.importorskip("horovod.tensorflow", reason="run ./scripts/setup_horovod.sh (./test.sh --all does)")
     proc = subprocess.run([sys.executable, HOROVODRUN, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
                            os.path.join(ROOT, "tests", "distribute", "ranks_rows.py"), "horovod", "-", "-", "int8",

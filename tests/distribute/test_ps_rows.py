@@ -1,7 +1,7 @@
 """Compressed table rows (rows="int8" / "bf16", docs/table_rows.md) on real parameter servers
 (ps_rows.py: 3 in-process TensorFlow servers and a chief): a table on 2 PS trains to the same
 bytes as on the chief (the same kernels), its checkpoint (full + delta) restores into 3 PS and
-into one process (bf16 bit for bit, int8 the same codes), and its int8 serving shards, built
+into one process bit for bit (the source's table checksum), and its int8 serving shards, built
 on each PS, hold the training codes, scale and bias byte for byte."""
 import os
 import subprocess
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.distribute.test_ranks_rows import DIM, assert_same_rows, rank_rows
+from tests.distribute.test_ranks_rows import DIM, assert_same_rows, rank_rows, saved_checksum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
@@ -30,8 +30,9 @@ def test_compressed_rows_on_parameter_servers_train_restore_and_serve(tmp_path):
         np.testing.assert_array_equal(on_ps[0]["values"].view(np.uint32),
                                       rank_rows(tmp_path, f"{rows}", "chief")[0]["values"].view(np.uint32))
         np.testing.assert_array_equal(on_ps[1], rank_rows(tmp_path, f"{rows}", "chief")[1])
-        for target in ("three_ps", "one"):
-            assert_same_rows(rank_rows(tmp_path, f"{rows}", target), on_ps, rows)
+        for target in ("three_ps", "one"):  # to the bit: the source's checksum
+            assert_same_rows(rank_rows(tmp_path, f"{rows}", target), on_ps)
+            assert saved_checksum(tmp_path, rows, target) == saved_checksum(tmp_path, rows, "ps")
         with np.load(tmp_path / f"{rows}-serving.npz") as served:
             assert all("/job:ps/" in d for d in served["devices"]), served["devices"]
             order = np.argsort(served["keys"])

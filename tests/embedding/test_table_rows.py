@@ -7,7 +7,9 @@
   Adagrad are their row-wise forms (ops/kernels/row_layout.h), and the reference is too.
 - Rows are a pure function of (seed, key, update history): two runs give the same bytes.
 - Save and restore: an export restores to the same rows (bf16 bit for bit, int8 to the same
-  codes), and restoring into another row format converts.
+  codes); a checkpoint's stored words with their layout tag restore to the bit (the table
+  checksum), and into another row format convert as the export does; a tag that cannot be
+  read or does not fit is refused in one line.
 - An unknown row format is refused in one line.
 """
 import itertools
@@ -311,6 +313,86 @@ def test_restore_into_another_row_format_converts():
     to_bf16 = new_table("bf16", dim)
     import_(to_bf16, int8_rows)
     np.testing.assert_array_equal(export(to_bf16)["values"], bf16_nearest(int8_rows["values"]))
+
+
+def checksum(h):
+    return int(ops().ttf_table_summary(h)[1])
+
+
+def save_stored(h, path):
+    """A TtfTableSave of the table (one piece) read back: its fields and its row layout tag."""
+    prefixes, optimizer, slot_init, step, _, _, tag = ops().ttf_table_save(h, str(path), "t", -1)
+    parts = [f"t/part-0/{f}" for f in FIELDS[:5]]
+    fields = tf.raw_ops.RestoreV2(prefix=prefixes[0], tensor_names=parts, shape_and_slices=[""] * 5,
+                                  dtypes=[tf.int64, tf.float32, tf.int64, tf.int64, tf.int64])
+    return dict(zip(FIELDS, fields), optimizer=optimizer, slot_init=slot_init, step=step), tag.numpy().decode()
+
+
+def import_stored(h, saved, tag, **attrs):
+    ops().ttf_table_import_stored(h, *(saved[f] for f in FIELDS), tag, **attrs)
+
+
+@pytest.mark.parametrize("rows,optimizer,want_tag", [
+    ("int8", "adagrad", "rows=int8 dim=8 optimizer=adagrad slots=fp32row words=6"),
+    ("int8", "adam", "rows=int8 dim=8 optimizer=adam slots=bf16,fp32row words=10"),
+    ("bf16", "ftrl", "rows=bf16 dim=8 optimizer=ftrl slots=bf16,bf16 words=12"),
+    ("fp32", "adam", "")])
+def test_a_save_holds_the_stored_words_and_restores_them_to_the_bit(tmp_path, rows, optimizer, want_tag):
+    """A checkpoint's rows (TtfTableSave) are the row store's words, with the layout tag (fp32:
+    the full layout, no tag, as before): into the same layout they come back to the bit (the
+    table checksum); into another format they convert as the full layout would."""
+    keys = np.arange(1, 1500, 5, dtype=np.int64)
+    src = trained(rows, keys, optimizer=optimizer)
+    saved, tag = save_stored(src, tmp_path / "s")
+    assert tag == want_tag
+    assert saved["values"].shape == (len(export(src)["keys"]), 24 if rows == "fp32" else int(tag.split("words=")[1]))
+    if rows == "fp32":  # the full layout, as an export holds it
+        np.testing.assert_array_equal(by_key_values(saved), export(src)["values"])
+    same = new_table(rows)
+    import_stored(same, saved, tag)
+    assert checksum(same) == checksum(src)
+    for other in {"fp32", "bf16", "int8"} - {rows}:
+        converted, through_full = new_table(other), new_table(other)
+        import_stored(converted, saved, tag)
+        import_(through_full, export(src))
+        assert checksum(converted) == checksum(through_full), other
+
+
+def by_key_values(saved):
+    return saved["values"].numpy()[np.argsort(saved["keys"].numpy(), kind="stable")]
+
+
+def test_rows_saved_without_slots_restore_with_the_optimizers_slots(tmp_path):
+    """A shard saved before any update has no slots: into the job's optimizer its slots start at
+    slot_init (as the full layout's padding gives them)."""
+    plain = fp32_export()
+    plain.update(values=plain["values"][:, :8], optimizer=b"", slot_init=np.zeros([0], np.float32))
+    src = new_table("int8")
+    import_(src, plain)
+    saved, tag = save_stored(src, tmp_path / "s")
+    assert tag == "rows=int8 dim=8 optimizer= slots= words=4"
+    saved.update(optimizer=b"adagrad", slot_init=np.array([0.1], np.float32))
+    restored = new_table("int8")
+    import_stored(restored, saved, tag)
+    got = export(restored)
+    np.testing.assert_array_equal(got["values"][:, :8], export(src)["values"][:, :8])
+    np.testing.assert_array_equal(got["values"][:, 8:], np.full((len(plain["keys"]), 8), 0.1, np.float32))
+
+
+@pytest.mark.parametrize("tag,match", [
+    ("rows=int4 dim=8 optimizer=adam slots=bf16,fp32row words=10", "cannot be read"),
+    ("int8", "cannot be read"),
+    ("rows=int8 dim=8 optimizer=adam slots=bf16,bf16 words=12", "does not fit this ttf's rows"),
+    ("rows=int8 dim=4 optimizer=adam slots=bf16,fp32row words=7", "restore it into a table of dim 4"),
+    ("rows=int8 dim=8 optimizer=ftrl slots=bf16,bf16 words=12", "hold the slots of 'ftrl'")])
+def test_a_row_layout_tag_that_cannot_be_read_or_does_not_fit_is_refused(tmp_path, tag, match):
+    keys = np.arange(1, 300, 5, dtype=np.int64)
+    saved, _ = save_stored(trained("int8", keys), tmp_path / "s")
+    h = trained("int8", keys[:20])
+    before = checksum(h)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        import_stored(h, saved, tag)
+    assert checksum(h) == before  # untouched
 
 
 def test_compressed_rows_take_less_memory():

@@ -195,6 +195,7 @@ class Case:
         return snap
 
     def import_(self, h, dim, **attrs):
+        import numpy as np
         from ttf._ops import ops
         snap = self.snapshot(dim)
         fields = ("keys", "values", "meta", "candidate_keys", "candidate_meta", "optimizer", "slot_init", "step")
@@ -203,6 +204,16 @@ class Case:
                          partition=int(pick(self.rng, [0, 1, 2, 5, -1])))
         if self.rng.random() < 0.3:
             attrs["merge"] = True
+        if self.rng.random() < 0.3:  # a checkpoint's stored words (random bits) under a real, bad or no tag
+            rows = pick(self.rng, ["int8", "bf16"])
+            words = (dim + 11) // 4 if rows == "int8" else (dim + 1) // 2
+            tag = pick(self.rng, [f"rows={rows} dim={dim} optimizer= slots= words={words}", "", "rows=int4",
+                                  f"rows={rows} dim={dim + 1} optimizer= slots= words={words}", ["a", "b"]])
+            if self.rng.random() < 0.7:
+                bits = self.rng.integers(0, 1 << 32, (np.size(snap["keys"]), words), dtype=np.uint64)
+                snap["values"] = bits.astype(np.uint32).view(np.float32)
+            return self.call("import stored", ops().ttf_table_import_stored, h, *(snap[f] for f in fields), tag,
+                             **attrs)
         return self.call("import", ops().ttf_table_import, h, *(snap[f] for f in fields), **attrs)
 
     def apply(self, h, dim, n=None):

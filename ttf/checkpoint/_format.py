@@ -16,7 +16,13 @@ table's object name `<obj>`:
   <obj>/ttf/optimizer, slot_init, step the logical table's layout and step
   <obj>/ttf/src-<i>/num_parts          int64
   <obj>/ttf/src-<i>/deleted_keys       int64 [D] (delta only)
+  <obj>/ttf/src-<i>/row_layout         string (compressed rows only): the layout tag of values
   <obj>/ttf/src-<i>/part-<k>/keys, values, meta, candidate_keys, candidate_meta
+
+values: fp32 rows in the full layout (dim * (1 + slots) floats: an fp32 table's checkpoint is
+what it always was); bf16 and int8 rows as the row store holds them, their stored words as
+float32 bits, decoded by the source's row_layout tag (ops/kernels/row_layout.h), so a restore
+into a table of the same layout copies them (the same bits) and another decodes and converts.
 
 Restore: each new shard, on its device, reads the pieces one at a time (RestoreV2) and
 imports the keys it owns (the Import op's partition filter: shard_of), so a process holds
@@ -79,12 +85,11 @@ def _save_table(name, logical, tmp):
                 written, layout = _write_source(tf.strings.join([tmp, f"-s{i}"]), f"{name}/ttf/src-{i}", table, since)
             prefixes.append(written)
             layouts.append(layout)
-    strides = tf.stack([layout["stride"] for layout in layouts])
-    widest = tf.argmax(strides)  # a shard holding the optimizer's slots, if any does
-    dim = logical.layer.dim
+    slots = tf.stack([tf.size(layout["slot_init"]) for layout in layouts])
+    widest = tf.argmax(slots)  # a shard holding the optimizer's slots, if any does
     layout = {"kind": tf.constant("delta" if delta else "full"), "num_sources": tf.constant(len(layouts), tf.int64),
               "optimizer": tf.gather(tf.stack([s["optimizer"] for s in layouts]), widest),
-              "slot_init": tf.concat([s["slot_init"] for s in layouts], 0)[: tf.reduce_max(strides) // dim - 1],
+              "slot_init": tf.concat([s["slot_init"] for s in layouts], 0)[: tf.reduce_max(slots)],
               "step": tf.reduce_max(tf.stack([s["step"] for s in layouts]))}
     with tf.device("CPU:0"):
         header = tf.strings.join([tmp, "-layout"])
@@ -97,15 +102,19 @@ def _write_source(prefix, base, table, since_step):
     """Writes one source (a table shard) under `base` (`<obj>/ttf/src-<i>`) in bundles
     `prefix`-p<k> (TtfTableSave: one piece of at most PIECE_BYTES in RAM at a time, a tiered
     table's disk rows streamed from its files) and `prefix`-header; returns (their prefixes
-    [num_parts + 1], its layout: optimizer, slot_init, step and stride, the row width with
-    slots). since_step: None (full) or the delta's start."""
+    [num_parts + 1], its layout: optimizer, slot_init, step and stride, the words of a row with
+    slots). since_step: None (full) or the delta's start. A compressed table's header holds
+    its row layout tag."""
     delta = since_step is not None
-    parts, optimizer, slot_init, step, stride, deleted_keys = ops().ttf_table_save(
+    parts, optimizer, slot_init, step, stride, deleted_keys, row_layout = ops().ttf_table_save(
         table.resource_handle, prefix, base, tf.cast(since_step if delta else -1, tf.int64), delta=delta,
         piece_bytes=PIECE_BYTES)
     num_parts = tf.size(parts, out_type=tf.int64)
     names = [f"{base}/num_parts"] + ([f"{base}/deleted_keys"] if delta else [])
     values = [num_parts] + ([deleted_keys] if delta else [])
+    if table.rows != "fp32":  # fp32 rows are the full layout: no tag, the checkpoint of before
+        names.append(f"{base}/row_layout")
+        values.append(row_layout)
     header = _save_v2(tf.strings.join([prefix, "-header"]), names, values)
     layout = {"optimizer": optimizer, "slot_init": slot_init, "step": step, "stride": stride}
     return tf.concat([parts, [header]], 0), layout
@@ -208,6 +217,8 @@ def _restore_table(name, logical, prefix):
                 lambda: tf.print(f"ttf: restoring {layer.name} from", num_sources, f"shards into {shards}",
                                  output_stream=sys.stderr),
                 tf.no_op)
+        if not delta:  # its deltas hold the same layout: one line
+            _note_conversion(layer, ops().ttf_bundle_string(prefix, f"{name}/ttf/src-0/row_layout"))
     dim = layer.dim
     slot_row = tf.repeat(slot_init, dim)  # what a row without slots gets, as the optimizer would give
     for table, num_partitions, partition in targets:
@@ -224,6 +235,7 @@ def _restore_table(name, logical, prefix):
                 base = tf.strings.join([f"{name}/ttf/src-", tf.strings.as_string(i)])
                 with tf.control_dependencies([done]):
                     num_parts = _read(prefix, [tf.strings.join([base, "/num_parts"])], (tf.int64,))[0]
+                    row_layout = ops().ttf_bundle_string(prefix, tf.strings.join([base, "/row_layout"]))
                     if delta:  # the keys deleted since the last save: others' are ignored
                         deleted = _read(prefix, [tf.strings.join([base, "/deleted_keys"])], (tf.int64,))[0]
                         removed = ops().ttf_table_remove(handle, deleted)
@@ -234,15 +246,17 @@ def _restore_table(name, logical, prefix):
                     names = [tf.strings.join([base, "/part-", tf.strings.as_string(k), f"/{f}"]) for f in PART_FIELDS]
                     with tf.control_dependencies([done]):
                         keys, values, meta, candidate_keys, candidate_meta = _read(prefix, tf.stack(names), _PART_DTYPES)
-                        missing = tf.size(slot_row) + dim - tf.shape(values)[1]  # 0, or all the slots
+                        # Full-layout rows without slots get them here (stored words: by the import).
+                        missing = tf.where(tf.equal(row_layout, ""), tf.size(slot_row) + dim - tf.shape(values)[1], 0)
                         values = tf.cond(  # no copy of the piece unless it lacks the slots
                             missing > 0,
                             lambda values=values, missing=missing: tf.concat(
                                 [values, tf.tile(slot_row[None, tf.size(slot_row) - missing:],
                                                  [tf.shape(values)[0], 1])], 1),
                             lambda values=values: values)
-                        imported = ops().ttf_table_import(handle, keys, values, meta, candidate_keys, candidate_meta,
-                                                          optimizer, slot_init, step, merge=True, **partitioned)
+                        imported = ops().ttf_table_import_stored(
+                            handle, keys, values, meta, candidate_keys, candidate_meta, optimizer, slot_init, step,
+                            row_layout, merge=True, **partitioned)
                     with tf.control_dependencies([imported]):
                         return k + 1, tf.identity(done)
 
@@ -254,6 +268,18 @@ def _restore_table(name, logical, prefix):
                 done = tf.identity(done)
             tf.while_loop(lambda i, _: i < num_sources, restore_source, (tf.constant(0, tf.int64), done))
     _note_step(logical, step)
+
+
+def _note_conversion(layer, row_layout):
+    """One line when a checkpoint's stored rows (row_layout: a source's tag, '' for the full
+    layout) are of another format than the layer's: they are decoded and converted."""
+    rows = layer.tables[0].rows
+    stored = tf.strings.regex_replace(row_layout, "^rows=([a-z0-9]+) .*$", "\\1")
+    tf.cond(tf.logical_and(tf.not_equal(row_layout, ""), tf.not_equal(stored, rows)),
+            lambda: tf.print(tf.strings.join([f"ttf: restoring {layer.name}: converting the checkpoint's ", stored,
+                                              f" rows to {rows} rows (its row layout: ", row_layout, ")"]),
+                             output_stream=sys.stderr),
+            tf.no_op)
 
 
 def _restore_attributes(base, logical, prefix):

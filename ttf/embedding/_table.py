@@ -220,9 +220,10 @@ class EmbeddingTable(tf.saved_model.experimental.TrackableResource):
       rows: how rows are stored: "fp32", "bf16" or "int8" (a scale and an offset a row),
         with optimizer slots to match (docs/table_rows.md). Lookups read them as float32;
         updates run in float32 and write back with stochastic rounding seeded by (seed, key,
-        step), so rows stay a pure function of the seed and the update history. Exports and
-        checkpoints hold float32 rows: a restore into another row format converts. With
-        dram_budget, the disk tier keeps the rows as stored.
+        step), so rows stay a pure function of the seed and the update history. Exports hold
+        float32 rows, checkpoints the stored rows (restored to the bit into the same rows); a
+        restore into another row format converts. With dram_budget, the disk tier keeps the
+        rows as stored.
       name: a readable name (made unique).
       device: where the table lives, e.g. "/job:ps/replica:0/task:0".
     """
