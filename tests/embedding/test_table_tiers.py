@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import ttf
 from tests.embedding.test_table_races import run_concurrently
+from tests.embedding.test_table_rows import import_stored, save_stored
 from ttf._ops import ops
 from ttf.embedding import EmbeddingTable, parse_size, tier_row_bytes
 
@@ -359,6 +360,27 @@ def test_checkpoints_cross_tiers_both_ways(tmp_path, rows):
         np.testing.assert_array_equal(train_step(back, keys, step), train_step(plain, keys, step))
     assert_same_content(back, plain)
 
+
+
+@pytest.mark.parametrize("rows", ["int8", "bf16"])
+def test_a_checkpoint_of_compressed_tiered_rows_restores_to_the_bit_in_either_tier(tmp_path, rows):
+    """A checkpoint (TtfTableSave) of a compressed table holds its stored words, DRAM's and the
+    disk tier's alike; they restore to the same checksum into a table without a tier and into
+    another tiered one (whose import demotes rows back to disk)."""
+    budget = 30 * tier_row_bytes(DIM, 2) * 4
+    tiered = EmbeddingTable(DIM, num_shards=4, dram_budget=budget, ssd_dir=str(tmp_path), rows=rows)
+    for step, keys in enumerate(zipf_batches(3, 30), start=1):
+        train_step(tiered, keys, step)
+    assert tiered.tier_stats()["disk_rows"] > 0
+    saved, tag = save_stored(tiered.resource_handle, tmp_path / "ckpt")
+    assert tag.startswith(f"rows={rows} dim={DIM} optimizer=adam"), tag
+    summary = lambda t: [int(x) for x in ops().ttf_table_summary(t.resource_handle)[:2]]  # noqa: E731
+    plain = EmbeddingTable(DIM, num_shards=3, rows=rows)
+    import_stored(plain.resource_handle, saved, tag)
+    back = EmbeddingTable(DIM, num_shards=4, dram_budget=budget, ssd_dir=str(tmp_path), rows=rows)
+    import_stored(back.resource_handle, saved, tag)
+    assert summary(plain) == summary(back) == summary(tiered)
+    assert back.tier_stats()["disk_rows"] > 0
 
 def test_the_disk_file_is_unlinked_at_creation(tmp_path):
     table = EmbeddingTable(DIM, num_shards=2, dram_budget=tier_row_bytes(DIM, 2) * 4, ssd_dir=str(tmp_path))
