@@ -15,8 +15,9 @@ benchmarks/results/sync.md.
 
 --link RATE[,DELAY] (functional model only) puts each worker on its own "host": a network namespace, the two joined
 by a veth pair as tests/distribute/test_multihost.py joins its hosts, each end's egress shaped to RATE by
-`tc qdisc ... tbf` and delayed by DELAY with netem (a kernel without sch_netem takes RATE alone). Each run then also reports the bytes the link carried (both
-directions, the whole job: set-up, the steps and the evaluation) per global step. The namespaces are removed when
+`tc qdisc ... tbf` and delayed by DELAY with netem (a kernel without sch_netem takes RATE alone). Each run then
+also reports the bytes the link carried (both directions, the whole job: set-up, the steps and the evaluation) per
+global step. The namespaces are removed when
 the benchmark ends, fails or is interrupted.
 """
 import argparse
@@ -80,7 +81,8 @@ def run_functional(pipeline, args, data, link=None):
     if link is None:
         hosts, prefixes = ",".join(f"127.0.0.1:{port}" for port in _free_ports(2)), [[], []]
     else:
-        hosts, prefixes = ",".join(f"{addr}:22231" for _, _, addr in link), [["ip", "netns", "exec", ns] for ns, _, _ in link]
+        hosts = ",".join(f"{addr}:22231" for _, _, addr in link)
+        prefixes = [["ip", "netns", "exec", ns] for ns, _, _ in link]
         sent = [_tx_bytes(ns, dev) for ns, dev, _ in link]
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--hosts", hosts, "--data", data,
            "--steps", str(args.steps), "--batch-size", str(args.batch_size)] + (["--pipeline"] if pipeline else [])
@@ -103,8 +105,8 @@ def run_functional(pipeline, args, data, link=None):
         m["link_bytes_per_step"] = sum(_tx_bytes(ns, dev) - b for (ns, dev, _), b in zip(link, sent)) / args.steps
         wire = f", link {m['link_bytes_per_step'] / 1e6:.2f} MB/step"
     print(f"[sync-pipeline] {LABELS[pipeline]:9} {m['steps_per_sec']:.2f} steps/s, "
-          f"{m['cpu_seconds_per_step'] * 1000:.0f} CPU ms/step, AUC {m['auc']:.6f}{wire} ({time.time() - started:.0f} s, "
-          f"load {m['load']:.1f})", flush=True)
+          f"{m['cpu_seconds_per_step'] * 1000:.0f} CPU ms/step, AUC {m['auc']:.6f}{wire} "
+          f"({time.time() - started:.0f} s, load {m['load']:.1f})", flush=True)
     return m
 
 
@@ -121,8 +123,8 @@ def _free_ports(n):
 def _sh(*cmd):
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
-        raise SystemExit(f"[sync-pipeline] `{' '.join(cmd)}` failed: {done.stderr.strip()} (--link needs root, "
-                         f"iproute2 and the sch_netem module)")
+        raise SystemExit(f"[sync-pipeline] `{' '.join(cmd)}` failed: {done.stderr.strip()} (--link needs root and "
+                         f"iproute2; a DELAY needs the kernel's sch_netem: give RATE alone without it)")
     return done.stdout
 
 
@@ -219,8 +221,9 @@ def main(argv=None):
     if not args.no_record:
         from _results import machine, record  # noqa: PLC0415
 
+        delay = f"delay {link[1]}" if link and link[1] else "no added delay"
         where = (f"2 workers in two network namespaces of this host, joined by a veth link shaped by tc "
-                 f"(rate {link[0]}, {'delay ' + link[1] if link[1] else 'no added delay'} each way)" if link else "2 workers on this host")
+                 f"(rate {link[0]}, {delay} each way)" if link else "2 workers on this host")
         entry = (f"## SyncWorkers pipelined vs plain, {args.pairs} ABBA pairs "
                  f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n\n"
                  f"Command: `.venv/bin/python benchmarks/sync_pipeline.py {' '.join(sys.argv[1:])}`  \n"
